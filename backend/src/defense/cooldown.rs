@@ -1,0 +1,284 @@
+//! Layer 1: the cooldown lock.
+//!
+//! **Stops:** a burst of simultaneous attempts at the same action by the same
+//! user (double clicks, a client retrying in a tight loop, a script fired
+//! twice). Of any number of attempts that arrive together, exactly one wins
+//! the atomic `SET key token NX PX ttl`; the rest get 429 without a single
+//! database query.
+//!
+//! **Does not guarantee** correctness. The lock expires after its TTL, Redis
+//! may lose it (a failover, a restart), and it fails open when Redis is
+//! unreachable. Everything it lets through is still decided by the
+//! idempotency key and the row guard, which alone keep the money right.
+//!
+//! **Bounds:** the window is `cooldown_ttl_ms`; each Redis call is bounded by
+//! `redis_command_timeout_ms` (connecting included) and the pool wait by
+//! `redis_pool_wait_ms_max`.
+//!
+//! **Lifecycle:** the key is not released on success or on a business
+//! refusal; it is a cooldown window, not a mutex. It is released after a
+//! server-side failure, so that an honest retry after our crash is not
+//! blocked, and only by its owner (compare-and-delete in Lua), so a slow
+//! request whose window already expired can never delete a newer holder's
+//! key.
+//!
+//! **When Redis fails:** `fail_open` (default) logs a warning, counts the
+//! pass and lets the request through; `fail_closed` answers 503. An
+//! infrastructure error is never reported as 429.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use deadpool_redis::{Pool, Runtime, Timeouts};
+use rand::RngCore;
+use redis::Script;
+use secrecy::ExposeSecret;
+use sha2::{Digest, Sha256};
+
+use crate::domain::UserId;
+use crate::settings::{CooldownScope, Settings, StoreErrorPolicy};
+
+/// Compare-and-delete: only the holder of `token` may remove the key.
+const RELEASE_IF_OWNER: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// The outcome of asking for the cooldown window.
+#[derive(Debug)]
+pub enum Cooldown {
+    /// This request holds the window.
+    Acquired(CooldownPermit),
+    /// Another request holds it; refuse with 429.
+    Active { retry_after_ms: u64 },
+    /// Redis could not be asked and the policy is fail-open: the lower
+    /// layers decide alone.
+    PassedWithoutStore,
+    /// The layer is switched off by configuration.
+    Disabled,
+}
+
+/// Proof of holding a cooldown window: the key and the random token that
+/// only this request knows.
+#[derive(Debug)]
+pub struct CooldownPermit {
+    key: String,
+    token: String,
+}
+
+/// Redis could not be asked and the policy is fail-closed.
+#[derive(Debug, thiserror::Error)]
+#[error("the cooldown store is unavailable")]
+pub struct CooldownUnavailable;
+
+#[derive(Clone)]
+pub struct CooldownLock {
+    /// `None` when the layer is disabled; no Redis connection is made then.
+    pool: Option<Pool>,
+    ttl_ms: u64,
+    scope: CooldownScope,
+    on_store_error: StoreErrorPolicy,
+    key_prefix: String,
+    command_timeout: Duration,
+    release_script: Arc<Script>,
+    /// Requests let through because Redis could not be asked.
+    fail_open_passes: Arc<AtomicU64>,
+}
+
+impl CooldownLock {
+    /// Builds the pool without connecting: the server starts (and fails
+    /// open) even while Redis is down.
+    pub fn from_settings(settings: &Settings) -> anyhow::Result<Self> {
+        let pool = if settings.cooldown_enabled {
+            Some(redis_pool(settings)?)
+        } else {
+            None
+        };
+        Ok(Self {
+            pool,
+            ttl_ms: settings.cooldown_ttl_ms,
+            scope: settings.cooldown_scope,
+            on_store_error: settings.cooldown_on_store_error,
+            key_prefix: settings.redis_key_prefix.clone(),
+            command_timeout: Duration::from_millis(settings.redis_command_timeout_ms),
+            release_script: Arc::new(Script::new(RELEASE_IF_OWNER)),
+            fail_open_passes: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    pub fn pool(&self) -> Option<&Pool> {
+        self.pool.as_ref()
+    }
+
+    pub fn fail_open_passes(&self) -> u64 {
+        self.fail_open_passes.load(Ordering::Relaxed)
+    }
+
+    /// The Redis key for `user` doing `action`; with the body scope, a
+    /// digest of the canonical body narrows it to identical requests.
+    pub fn key(&self, user: UserId, action: &str, canonical_body: &str) -> String {
+        match self.scope {
+            CooldownScope::UserAction => format!("{}cooldown:{user}:{action}", self.key_prefix),
+            CooldownScope::UserActionBody => {
+                let digest = Sha256::digest(canonical_body.as_bytes());
+                format!(
+                    "{}cooldown:{user}:{action}:{}",
+                    self.key_prefix,
+                    hex::encode(&digest[..16])
+                )
+            }
+        }
+    }
+
+    /// One atomic `SET key token NX PX ttl`; on refusal, one `PTTL` for the
+    /// `Retry-After` value.
+    #[tracing::instrument(name = "defense.cooldown", skip_all, fields(user.id = %user))]
+    pub async fn try_acquire(
+        &self,
+        user: UserId,
+        action: &str,
+        canonical_body: &str,
+    ) -> Result<Cooldown, CooldownUnavailable> {
+        let Some(pool) = &self.pool else {
+            return Ok(Cooldown::Disabled);
+        };
+        let key = self.key(user, action, canonical_body);
+        let token = random_token();
+        let attempt = async {
+            let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+            let set: Option<String> = redis::cmd("SET")
+                .arg(&key)
+                .arg(&token)
+                .arg("NX")
+                .arg("PX")
+                .arg(self.ttl_ms)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            if set.is_some() {
+                return Ok(None);
+            }
+            let remaining_ms: i64 = redis::cmd("PTTL")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>(Some(remaining_ms))
+        };
+        match tokio::time::timeout(self.command_timeout, attempt).await {
+            Ok(Ok(None)) => Ok(Cooldown::Acquired(CooldownPermit { key, token })),
+            // The key may have expired between SET and PTTL (-2), or have no
+            // TTL at all (-1, which we never write): either way, retry soon.
+            Ok(Ok(Some(remaining_ms))) => Ok(Cooldown::Active {
+                retry_after_ms: u64::try_from(remaining_ms).unwrap_or(0),
+            }),
+            Ok(Err(error)) => self.store_failed(&error),
+            Err(_elapsed) => self.store_failed("timed out"),
+        }
+    }
+
+    fn store_failed(&self, error: &str) -> Result<Cooldown, CooldownUnavailable> {
+        match self.on_store_error {
+            StoreErrorPolicy::FailOpen => {
+                let passes = self.fail_open_passes.fetch_add(1, Ordering::Relaxed) + 1;
+                tracing::warn!(
+                    error,
+                    cooldown.fail_open_passes = passes,
+                    "cooldown store unreachable; failing open, the PostgreSQL layers decide alone"
+                );
+                Ok(Cooldown::PassedWithoutStore)
+            }
+            StoreErrorPolicy::FailClosed => {
+                tracing::error!(error, "cooldown store unreachable; failing closed");
+                Err(CooldownUnavailable)
+            }
+        }
+    }
+
+    /// Gives the window back after a server-side failure, if we still own
+    /// it. Best effort: if Redis is gone too, the window simply expires.
+    pub async fn release(&self, permit: &CooldownPermit) -> bool {
+        let Some(pool) = &self.pool else {
+            return false;
+        };
+        let attempt = async {
+            let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+            self.release_script
+                .key(&permit.key)
+                .arg(&permit.token)
+                .invoke_async::<i64>(&mut conn)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(self.command_timeout, attempt).await {
+            Ok(Ok(deleted)) => deleted == 1,
+            Ok(Err(error)) => {
+                tracing::warn!(error, "could not release the cooldown window");
+                false
+            }
+            Err(_elapsed) => {
+                tracing::warn!("releasing the cooldown window timed out");
+                false
+            }
+        }
+    }
+}
+
+impl CooldownPermit {
+    /// A permit for an arbitrary key and token; lets tests prove that only
+    /// the owner's token releases a window.
+    pub fn for_key(key: String, token: String) -> Self {
+        Self { key, token }
+    }
+
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+/// 128 random bits: unguessable, so no other request can release our key.
+fn random_token() -> String {
+    let mut bytes = [0u8; 16];
+    rand::thread_rng().fill_bytes(&mut bytes);
+    hex::encode(bytes)
+}
+
+/// A Redis pool with every limit explicit. Creating it does not connect.
+pub fn redis_pool(settings: &Settings) -> anyhow::Result<Pool> {
+    let mut config = deadpool_redis::Config::from_url(settings.redis_url.expose_secret());
+    let command_timeout = Duration::from_millis(settings.redis_command_timeout_ms);
+    config.pool = Some(deadpool_redis::PoolConfig {
+        max_size: settings.redis_pool_connections_max,
+        timeouts: Timeouts {
+            wait: Some(Duration::from_millis(settings.redis_pool_wait_ms_max)),
+            create: Some(command_timeout),
+            recycle: Some(command_timeout),
+        },
+        ..Default::default()
+    });
+    config
+        .create_pool(Some(Runtime::Tokio1))
+        .map_err(|error| anyhow::anyhow!("invalid Redis configuration: {error}"))
+}
+
+/// Seconds for a `Retry-After` header: rounded up, never zero.
+pub fn retry_after_s(remaining_ms: u64) -> u64 {
+    remaining_ms.div_ceil(1000).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::retry_after_s;
+
+    #[test]
+    fn retry_after_rounds_up_and_is_never_zero() {
+        assert_eq!(retry_after_s(0), 1);
+        assert_eq!(retry_after_s(1), 1);
+        assert_eq!(retry_after_s(1000), 1);
+        assert_eq!(retry_after_s(1001), 2);
+        assert_eq!(retry_after_s(4999), 5);
+    }
+}

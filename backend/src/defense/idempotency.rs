@@ -1,0 +1,264 @@
+//! Layer 2: the idempotency key.
+//!
+//! **Stops:** a client retrying the same transfer: after a timeout, a lost
+//! response, a browser resubmit, or from another instance at the same
+//! moment. The first request with a key claims it by inserting a row whose
+//! primary key is `(user_id, key)`; the claim lives in the same transaction
+//! as the transfer, so the key is taken exactly when the money moves and
+//! freed exactly when it does not (a rollback).
+//!
+//! A second request with the key either
+//! - finds the claim committed with the same fingerprint: it replays the
+//!   stored status and body byte for byte;
+//! - finds a different fingerprint: 422 `idempotency-key-reused`, nothing
+//!   changes;
+//! - finds the claim still in flight: PostgreSQL makes its insert wait for
+//!   the first transaction; if that takes longer than
+//!   `idempotency_wait_ms_max` (a transaction-local `lock_timeout`), 409.
+//!
+//! **Does not guarantee** anything for requests without a key (the cooldown
+//! sheds those bursts, the row guard keeps the balance right) or after a key
+//! expires: after `idempotency_retention_hours` the same key is a new
+//! request.
+//!
+//! **When PostgreSQL fails:** the transaction rolls back, so nothing is
+//! stored and the key is free for a retry; the client gets 503.
+
+use std::time::Duration;
+
+use actix_web::HttpRequest;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::domain::UserId;
+use crate::problem::Problem;
+
+pub const HEADER: &str = "Idempotency-Key";
+
+/// A client-chosen UUID naming one logical operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdempotencyKey(Uuid);
+
+impl IdempotencyKey {
+    /// Accepts a bare UUID or the RFC 8941 string form `"…uuid…"`.
+    pub fn parse(value: &str) -> Result<Self, Problem> {
+        let value = value.trim();
+        let unquoted = value
+            .strip_prefix('"')
+            .and_then(|rest| rest.strip_suffix('"'))
+            .unwrap_or(value);
+        Uuid::try_parse(unquoted).map(Self).map_err(|_| {
+            Problem::validation(
+                "The Idempotency-Key header must be a UUID, optionally in double quotes.",
+            )
+            .with_layer(crate::defense::Layer::Idempotency)
+        })
+    }
+
+    /// Reads the header. Missing is fine unless the deployment requires a
+    /// key (then 400); present but malformed is always 422.
+    pub fn from_request(request: &HttpRequest, required: bool) -> Result<Option<Self>, Problem> {
+        let mut values = request.headers().get_all(HEADER);
+        let Some(value) = values.next() else {
+            if required {
+                return Err(Problem::bad_request(
+                    "This deployment requires an Idempotency-Key header (a UUID) on every transfer.",
+                )
+                .with_layer(crate::defense::Layer::Idempotency));
+            }
+            return Ok(None);
+        };
+        if values.next().is_some() {
+            return Err(
+                Problem::validation("Send exactly one Idempotency-Key header.")
+                    .with_layer(crate::defense::Layer::Idempotency),
+            );
+        }
+        let value = value.to_str().map_err(|_| {
+            Problem::validation("The Idempotency-Key header must be a UUID.")
+                .with_layer(crate::defense::Layer::Idempotency)
+        })?;
+        Self::parse(value).map(Some)
+    }
+
+    pub fn as_uuid(self) -> Uuid {
+        self.0
+    }
+}
+
+/// A response written by the first request, for replay to its retries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    pub status: u16,
+    pub body: String,
+}
+
+/// The outcome of claiming a key.
+#[derive(Debug)]
+pub enum Claim {
+    /// The key is ours: do the work in this transaction, then `complete`.
+    Started,
+    /// A completed request with the same fingerprint: replay its response.
+    Replay(StoredResponse),
+    /// The key was used for a different request.
+    Mismatch,
+    /// Another request with the key did not finish within the wait. The
+    /// transaction is aborted; roll it back.
+    InFlight,
+}
+
+/// Claims `key` for `user` inside `tx`. The caller has set the transaction's
+/// `lock_timeout` to the longest it will wait for an in-flight claim.
+#[tracing::instrument(name = "defense.idempotency", skip_all, fields(user.id = %user))]
+pub async fn claim(
+    tx: &mut PgConnection,
+    user: UserId,
+    key: IdempotencyKey,
+    fingerprint: &[u8; 32],
+    retention_hours: u64,
+) -> Result<Claim, sqlx::Error> {
+    // An expired row still waiting for the sweeper is taken over as if it
+    // were absent: after expiry the same key is a new request.
+    let inserted = sqlx::query_scalar::<_, bool>(
+        "INSERT INTO idempotency_keys (user_id, key, fingerprint, expires_at)
+         VALUES ($1, $2, $3, now() + make_interval(hours => $4))
+         ON CONFLICT (user_id, key) DO UPDATE
+             SET fingerprint = EXCLUDED.fingerprint,
+                 response_status = NULL,
+                 response_body = NULL,
+                 transfer_id = NULL,
+                 created_at = now(),
+                 expires_at = EXCLUDED.expires_at
+             WHERE idempotency_keys.expires_at <= now()
+         RETURNING true",
+    )
+    .bind(user.0)
+    .bind(key.0)
+    .bind(&fingerprint[..])
+    .bind(i32::try_from(retention_hours).unwrap_or(i32::MAX))
+    .fetch_optional(&mut *tx)
+    .await;
+    match inserted {
+        Ok(Some(_)) => return Ok(Claim::Started),
+        Ok(None) => {}
+        Err(error) if is_lock_timeout(&error) => return Ok(Claim::InFlight),
+        Err(error) => return Err(error),
+    }
+
+    // The conflicting claim has committed (the insert waited for it), so
+    // this statement sees it, response included.
+    let (stored_fingerprint, status, body) =
+        sqlx::query_as::<_, (Vec<u8>, Option<i16>, Option<String>)>(
+            "SELECT fingerprint, response_status, response_body
+         FROM idempotency_keys WHERE user_id = $1 AND key = $2",
+        )
+        .bind(user.0)
+        .bind(key.0)
+        .fetch_one(&mut *tx)
+        .await?;
+    if stored_fingerprint != fingerprint {
+        return Ok(Claim::Mismatch);
+    }
+    match (status, body) {
+        (Some(status), Some(body)) => Ok(Claim::Replay(StoredResponse {
+            status: u16::try_from(status).unwrap_or(500),
+            body,
+        })),
+        // A committed claim always carries its response; treat anything
+        // else as still in flight rather than guess.
+        _ => Ok(Claim::InFlight),
+    }
+}
+
+/// Stores the response with the claim, in the transaction that did the work.
+pub async fn complete(
+    tx: &mut PgConnection,
+    user: UserId,
+    key: IdempotencyKey,
+    response: &StoredResponse,
+    transfer_id: Option<Uuid>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE idempotency_keys
+         SET response_status = $3, response_body = $4, transfer_id = $5
+         WHERE user_id = $1 AND key = $2",
+    )
+    .bind(user.0)
+    .bind(key.0)
+    .bind(i16::try_from(response.status).unwrap_or(i16::MAX))
+    .bind(&response.body)
+    .bind(transfer_id)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+/// `lock_timeout` fired: the claim we waited on is still in flight.
+fn is_lock_timeout(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
+}
+
+/// Deletes expired keys in batches of at most `batch_rows_max` until none
+/// are left; returns how many it deleted. Several instances may sweep at
+/// once: `SKIP LOCKED` keeps them off each other's rows.
+pub async fn sweep_expired(pool: &PgPool, batch_rows_max: i64) -> Result<u64, sqlx::Error> {
+    let mut deleted_total = 0;
+    loop {
+        let deleted = sqlx::query(
+            "DELETE FROM idempotency_keys WHERE ctid IN (
+                 SELECT ctid FROM idempotency_keys
+                 WHERE expires_at <= now()
+                 LIMIT $1
+                 FOR UPDATE SKIP LOCKED)",
+        )
+        .bind(batch_rows_max)
+        .execute(pool)
+        .await?
+        .rows_affected();
+        deleted_total += deleted;
+        if deleted < u64::try_from(batch_rows_max).unwrap_or(u64::MAX) {
+            return Ok(deleted_total);
+        }
+    }
+}
+
+/// Runs `sweep_expired` every `interval` until the returned handle is
+/// aborted (the server does so at shutdown).
+pub fn spawn_sweeper(
+    pool: PgPool,
+    interval: Duration,
+    batch_rows_max: i64,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            match sweep_expired(&pool, batch_rows_max).await {
+                Ok(0) => {}
+                Ok(deleted) => tracing::info!(
+                    idempotency.keys_deleted = deleted,
+                    "swept expired idempotency keys"
+                ),
+                Err(error) => {
+                    tracing::warn!(error = %error, "idempotency sweep failed; will retry next interval")
+                }
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_may_be_bare_or_quoted_but_must_be_a_uuid() {
+        let bare = IdempotencyKey::parse("6f1c1c59-3f5e-4a32-9d5e-0a3a1f1f2b10").expect("bare");
+        let quoted =
+            IdempotencyKey::parse("\"6f1c1c59-3f5e-4a32-9d5e-0a3a1f1f2b10\"").expect("quoted");
+        assert_eq!(bare, quoted);
+        assert_eq!(IdempotencyKey::parse("abc").expect_err("bad").status, 422);
+        assert_eq!(IdempotencyKey::parse("\"abc").expect_err("bad").status, 422);
+    }
+}

@@ -1,0 +1,129 @@
+//! Layer 3: the row guard.
+//!
+//! **Stops:** overdrafts and lost updates, whatever got through the first
+//! two layers (a request without a key, a second instance, an expired
+//! cooldown, a fail-open pass). The debit is one statement that checks and
+//! writes at once:
+//!
+//! ```sql
+//! UPDATE wallets SET balance_minor = balance_minor - $amount
+//! WHERE id = $from AND balance_minor >= $amount
+//! ```
+//!
+//! PostgreSQL re-checks the `WHERE` against the newest row version after
+//! waiting for a concurrent writer, so two debits can never both see the same
+//! old balance. Zero rows updated means insufficient funds. The
+//! `balance_minor >= 0` constraint backs the guard up.
+//!
+//! **Deadlocks:** a transfer A→B and one B→A would each lock one wallet and
+//! wait for the other. Both wallets are therefore locked up front, in wallet
+//! id order, so every transfer takes its locks in the same order.
+//!
+//! **Bounds:** a wait for a wallet lock is bounded by the transaction's
+//! `lock_timeout` (`wallet_lock_wait_ms_max`).
+//!
+//! **Does not guarantee** that a retried request is not a second transfer:
+//! that is the idempotency key's job.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::domain::{TransferRequest, UserId, WalletId};
+
+/// What locking the two wallets of a transfer found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockedWallets {
+    pub source_owner: Option<UserId>,
+    pub target_exists: bool,
+}
+
+/// Locks the source and target wallets in id order (`FOR NO KEY UPDATE`:
+/// the lock the later `UPDATE`s take anyway, taken early and in a fixed
+/// order) and reports who owns the source and whether the target exists.
+pub async fn lock_wallets(
+    tx: &mut PgConnection,
+    from: WalletId,
+    to: WalletId,
+) -> Result<LockedWallets, sqlx::Error> {
+    let rows = sqlx::query_as::<_, (Uuid, Uuid)>(
+        "SELECT id, user_id FROM wallets
+         WHERE id = ANY($1)
+         ORDER BY id
+         FOR NO KEY UPDATE",
+    )
+    .bind([from.0, to.0].as_slice())
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(LockedWallets {
+        source_owner: rows
+            .iter()
+            .find(|(id, _)| *id == from.0)
+            .map(|(_, owner)| UserId(*owner)),
+        target_exists: rows.iter().any(|(id, _)| *id == to.0),
+    })
+}
+
+/// The outcome of the guarded debit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Debit {
+    Applied { balance_minor_after: i64 },
+    InsufficientFunds,
+}
+
+/// The guard itself: check and write in one statement.
+#[tracing::instrument(name = "defense.row_guard", skip_all, fields(wallet.id = %from))]
+pub async fn debit(
+    tx: &mut PgConnection,
+    from: WalletId,
+    amount_minor: i64,
+) -> Result<Debit, sqlx::Error> {
+    let balance_after = sqlx::query_scalar::<_, i64>(
+        "UPDATE wallets SET balance_minor = balance_minor - $2
+         WHERE id = $1 AND balance_minor >= $2
+         RETURNING balance_minor",
+    )
+    .bind(from.0)
+    .bind(amount_minor)
+    .fetch_optional(&mut *tx)
+    .await?;
+    Ok(match balance_after {
+        Some(balance_minor_after) => Debit::Applied {
+            balance_minor_after,
+        },
+        None => Debit::InsufficientFunds,
+    })
+}
+
+/// Credits the target and writes the transfer with its two ledger entries
+/// (double entry: the pair sums to zero), in one statement. Call only after
+/// a successful `debit` in the same transaction.
+pub async fn credit_and_record(
+    tx: &mut PgConnection,
+    transfer_id: Uuid,
+    request: &TransferRequest,
+    initiated_by: UserId,
+    idempotency_key: Option<Uuid>,
+) -> Result<DateTime<Utc>, sqlx::Error> {
+    sqlx::query_scalar::<_, DateTime<Utc>>(
+        "WITH credit AS (
+             UPDATE wallets SET balance_minor = balance_minor + $4 WHERE id = $3
+         ), transfer AS (
+             INSERT INTO transfers (id, from_wallet_id, to_wallet_id, amount_minor, initiated_by, idempotency_key)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             RETURNING created_at
+         ), ledger AS (
+             INSERT INTO ledger_entries (transfer_id, wallet_id, amount_minor)
+             VALUES ($1, $2, -$4), ($1, $3, $4)
+         )
+         SELECT created_at FROM transfer",
+    )
+    .bind(transfer_id)
+    .bind(request.from.0)
+    .bind(request.to.0)
+    .bind(request.amount.get())
+    .bind(initiated_by.0)
+    .bind(idempotency_key)
+    .fetch_one(&mut *tx)
+    .await
+}

@@ -1,0 +1,154 @@
+//! Parse, don't validate: the types a transfer is made of. Each has private
+//! fields and one way in that checks the rule; the database repeats the same
+//! rule as a CHECK constraint.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use crate::problem::Problem;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct UserId(pub Uuid);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct WalletId(pub Uuid);
+
+impl std::fmt::Display for UserId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::fmt::Display for WalletId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A positive amount in minor units (cents), at most the configured maximum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AmountMinor(i64);
+
+impl AmountMinor {
+    pub fn parse(value: i64, max: i64) -> Result<Self, Problem> {
+        if value <= 0 {
+            return Err(Problem::validation(
+                "amount_minor must be a positive integer.",
+            ));
+        }
+        if value > max {
+            return Err(Problem::validation(format!(
+                "amount_minor must be at most {max}."
+            )));
+        }
+        Ok(Self(value))
+    }
+
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+/// The body of `POST /api/v1/transfers`, exactly as the client may send it.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TransferBody {
+    pub from_wallet_id: Uuid,
+    pub to_wallet_id: Uuid,
+    /// Minor units (cents); positive.
+    pub amount_minor: i64,
+}
+
+/// A transfer request that passed every check that needs no I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransferRequest {
+    pub from: WalletId,
+    pub to: WalletId,
+    pub amount: AmountMinor,
+}
+
+impl TransferRequest {
+    /// Malformed JSON is a 400; well-formed JSON of the wrong shape or with
+    /// a value outside the rules is a 422.
+    pub fn parse(body: &[u8], amount_minor_max: i64) -> Result<Self, Problem> {
+        let body: TransferBody = serde_json::from_slice(body).map_err(|error| {
+            if error.is_data() {
+                Problem::validation(format!("The transfer body is not valid: {error}."))
+            } else {
+                Problem::bad_request(format!("The body is not valid JSON: {error}."))
+            }
+        })?;
+        if body.from_wallet_id == body.to_wallet_id {
+            return Err(Problem::validation(
+                "from_wallet_id and to_wallet_id must be different wallets.",
+            ));
+        }
+        Ok(Self {
+            from: WalletId(body.from_wallet_id),
+            to: WalletId(body.to_wallet_id),
+            amount: AmountMinor::parse(body.amount_minor, amount_minor_max)?,
+        })
+    }
+
+    /// One spelling per request, whatever the client's key order or
+    /// whitespace: the input to the idempotency fingerprint and the cooldown
+    /// body scope.
+    pub fn canonical_json(&self) -> String {
+        format!(
+            r#"{{"amount_minor":{},"from_wallet_id":"{}","to_wallet_id":"{}"}}"#,
+            self.amount.get(),
+            self.from.0,
+            self.to.0
+        )
+    }
+
+    /// SHA-256 of method, path and canonical body.
+    pub fn fingerprint(&self, method: &str, path: &str) -> [u8; 32] {
+        let mut hasher = Sha256::new();
+        hasher.update(method.as_bytes());
+        hasher.update(b"\n");
+        hasher.update(path.as_bytes());
+        hasher.update(b"\n");
+        hasher.update(self.canonical_json().as_bytes());
+        hasher.finalize().into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(json: &str) -> Result<TransferRequest, Problem> {
+        TransferRequest::parse(json.as_bytes(), 1_000)
+    }
+
+    #[test]
+    fn the_fingerprint_ignores_key_order_and_whitespace() {
+        let a = body(r#"{"from_wallet_id":"00000000-0000-0000-0000-000000000001","to_wallet_id":"00000000-0000-0000-0000-000000000002","amount_minor":5}"#).expect("valid");
+        let b = body(
+            r#"{ "amount_minor": 5, "to_wallet_id": "00000000-0000-0000-0000-000000000002",
+            "from_wallet_id": "00000000-0000-0000-0000-000000000001" }"#,
+        )
+        .expect("valid");
+        assert_eq!(a.fingerprint("POST", "/p"), b.fingerprint("POST", "/p"));
+        assert_ne!(a.fingerprint("POST", "/p"), a.fingerprint("POST", "/q"));
+    }
+
+    #[test]
+    fn syntax_errors_are_400_and_shape_errors_are_422() {
+        assert_eq!(body("{").expect_err("bad").status, 400);
+        assert_eq!(
+            body(r#"{"amount_minor":"x"}"#).expect_err("bad").status,
+            422
+        );
+        let zero = r#"{"from_wallet_id":"00000000-0000-0000-0000-000000000001","to_wallet_id":"00000000-0000-0000-0000-000000000002","amount_minor":0}"#;
+        assert_eq!(body(zero).expect_err("bad").status, 422);
+        let too_much = zero.replace(":0}", ":1001}");
+        assert_eq!(body(&too_much).expect_err("bad").status, 422);
+        let same = r#"{"from_wallet_id":"00000000-0000-0000-0000-000000000001","to_wallet_id":"00000000-0000-0000-0000-000000000001","amount_minor":1}"#;
+        assert_eq!(body(same).expect_err("bad").status, 422);
+    }
+}

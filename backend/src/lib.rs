@@ -1,0 +1,15 @@
+//! Layered Wallet: wallet transfers behind three stacked defenses against
+//! duplicate and racing requests. Start at [`routes::transfers`], which
+//! reads as the three layers in order, and at [`defense`], one file a layer.
+
+pub mod auth;
+pub mod defense;
+pub mod domain;
+pub mod openapi;
+pub mod problem;
+pub mod routes;
+pub mod settings;
+pub mod startup;
+pub mod state;
+pub mod telemetry;
+pub mod transfer;

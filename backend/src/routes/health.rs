@@ -1,0 +1,65 @@
+//! Liveness and readiness.
+
+use std::time::Duration;
+
+use actix_web::{HttpResponse, web};
+use serde::Serialize;
+
+use crate::state::AppState;
+
+/// The process is up. Touches nothing else, so an orchestrator does not
+/// restart us because a dependency is down.
+#[utoipa::path(get, path = "/healthz", tag = "health", responses((status = 200)))]
+pub async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(serde_json::json!({ "status": "ok" }))
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Readiness {
+    pub status: &'static str,
+    pub postgres: &'static str,
+    pub redis: &'static str,
+    /// Requests let through while Redis could not be asked.
+    pub cooldown_fail_open_passes: u64,
+}
+
+/// Ready to take traffic: PostgreSQL answers, and Redis answers (or the
+/// cooldown layer is disabled). 503 otherwise, with what failed.
+#[utoipa::path(get, path = "/readyz", tag = "health",
+    responses((status = 200, body = Readiness), (status = 503, body = Readiness)))]
+pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
+    let probe_timeout = Duration::from_millis(state.settings.db_acquire_wait_ms_max);
+    let postgres =
+        tokio::time::timeout(probe_timeout, sqlx::query("SELECT 1").execute(&state.db)).await;
+    let postgres_ok = matches!(postgres, Ok(Ok(_)));
+
+    let redis = match state.cooldown.pool() {
+        None => "disabled",
+        Some(pool) => {
+            let ping = async {
+                let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+                redis::cmd("PING")
+                    .query_async::<String>(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())
+            };
+            let timeout = Duration::from_millis(state.settings.redis_command_timeout_ms);
+            match tokio::time::timeout(timeout, ping).await {
+                Ok(Ok(_)) => "ok",
+                _ => "unreachable",
+            }
+        }
+    };
+    let ready = postgres_ok && redis != "unreachable";
+    let body = Readiness {
+        status: if ready { "ready" } else { "not_ready" },
+        postgres: if postgres_ok { "ok" } else { "unreachable" },
+        redis,
+        cooldown_fail_open_passes: state.cooldown.fail_open_passes(),
+    };
+    if ready {
+        HttpResponse::Ok().json(body)
+    } else {
+        HttpResponse::ServiceUnavailable().json(body)
+    }
+}

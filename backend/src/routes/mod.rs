@@ -1,0 +1,86 @@
+//! HTTP routes. Handlers parse at the edge, call into the domain, and map
+//! every outcome to a status and an RFC 9457 body.
+
+use actix_web::HttpRequest;
+use actix_web::http::header;
+use actix_web::web::{self, Bytes, BytesMut};
+use futures::StreamExt;
+
+use crate::auth::{self, VerifiedToken};
+use crate::problem::{self, Problem};
+use crate::state::AppState;
+
+pub mod health;
+pub mod transfers;
+pub mod users;
+pub mod wallets;
+
+/// Reads a JSON request body of at most `limit_bytes`: 415 for a body that
+/// is not declared JSON, 413 past the limit (checked against
+/// `Content-Length` first, then while streaming).
+pub async fn read_json_body(
+    request: &HttpRequest,
+    mut payload: web::Payload,
+    limit_bytes: usize,
+) -> Result<Bytes, Problem> {
+    let is_json = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|media| {
+            let media = media.trim();
+            media.eq_ignore_ascii_case("application/json")
+                || media.to_ascii_lowercase().ends_with("+json")
+        });
+    if !is_json {
+        return Err(Problem::unsupported_media_type());
+    }
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<usize>().ok());
+    if declared.is_some_and(|length| length > limit_bytes) {
+        return Err(Problem::payload_too_large(limit_bytes));
+    }
+    let mut body = BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk
+            .map_err(|error| Problem::bad_request(format!("Could not read the body: {error}.")))?;
+        if body.len() + chunk.len() > limit_bytes {
+            return Err(Problem::payload_too_large(limit_bytes));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
+
+/// Full authentication for routes that read: the MAC, then the database
+/// (not revoked, not expired).
+pub async fn authenticate(
+    request: &HttpRequest,
+    state: &AppState,
+) -> Result<VerifiedToken, Problem> {
+    let token = state.tokens.verify_request(request)?;
+    let live = auth::token_is_live(&state.db, &token)
+        .await
+        .map_err(|error| problem::from_database_error(&error, "checking a token"))?;
+    if !live {
+        return Err(Problem::invalid_token(
+            "The bearer token has been revoked or has expired.",
+        ));
+    }
+    Ok(token)
+}
+
+/// Any route we do not serve.
+pub async fn not_found(request: HttpRequest) -> actix_web::HttpResponse {
+    use actix_web::ResponseError;
+    Problem::not_found(format!(
+        "There is nothing at {} {}.",
+        request.method(),
+        request.path()
+    ))
+    .error_response()
+}

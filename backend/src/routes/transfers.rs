@@ -1,0 +1,284 @@
+//! `POST /api/v1/transfers` and the caller's transfer history.
+//!
+//! The create handler reads top to bottom as the request's path: cheap
+//! checks that need no I/O, then layer 1 (cooldown, Redis), then layers 2
+//! and 3 (idempotency key and row guard, one PostgreSQL transaction).
+
+use actix_web::http::StatusCode;
+use actix_web::http::header;
+use actix_web::{HttpRequest, HttpResponse, web};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::defense::Layer;
+use crate::defense::cooldown::{self, Cooldown, CooldownUnavailable};
+use crate::defense::idempotency::{IdempotencyKey, StoredResponse};
+use crate::domain::TransferRequest;
+use crate::problem::{self, PROBLEM_CONTENT_TYPE, Problem};
+use crate::routes::{authenticate, read_json_body};
+use crate::state::AppState;
+use crate::transfer::{self, TransferOutcome};
+
+/// The action name the cooldown window is scoped to.
+const COOLDOWN_ACTION: &str = "transfer";
+
+/// Move money from one of your wallets to any other wallet.
+#[utoipa::path(
+    post, path = "/api/v1/transfers", tag = "transfers",
+    request_body = crate::domain::TransferBody,
+    params(("Idempotency-Key" = Option<Uuid>, Header,
+        description = "A UUID naming this transfer; retries with the same key replay the first response")),
+    responses(
+        (status = 201, description = "Transferred (or replayed, with Idempotent-Replayed: true)", body = transfer::TransferReceipt),
+        (status = 400, description = "Malformed JSON, or a required Idempotency-Key missing", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or invalid token", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The source wallet is not yours", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A request with this key is still in flight", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid amount or wallets, malformed or reused key, insufficient funds, unknown target", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Cooldown window active", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "PostgreSQL (or, failing closed, Redis) unavailable", body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn create_transfer(
+    request: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, Problem> {
+    // Cheap checks, no I/O: who is calling (a MAC), what they ask, which key.
+    let caller = state.tokens.verify_request(&request)?;
+    let body = read_json_body(&request, payload, state.settings.request_body_bytes_max).await?;
+    let transfer_request = TransferRequest::parse(&body, state.settings.transfer_amount_minor_max)?;
+    let key = IdempotencyKey::from_request(&request, state.settings.idempotency_key_required)?;
+
+    // Layer 1: the cooldown lock. A refusal here touches no database.
+    let canonical_body = transfer_request.canonical_json();
+    let permit = match state
+        .cooldown
+        .try_acquire(caller.user_id, COOLDOWN_ACTION, &canonical_body)
+        .await
+    {
+        Ok(Cooldown::Acquired(permit)) => Some(permit),
+        Ok(Cooldown::Active { retry_after_ms }) => return Err(cooldown_active(retry_after_ms)),
+        Ok(Cooldown::PassedWithoutStore | Cooldown::Disabled) => None,
+        Err(CooldownUnavailable) => {
+            return Err(Problem::unavailable(
+                "The cooldown store is unavailable and this deployment fails closed. Retry shortly.",
+            )
+            .with_layer(Layer::Cooldown));
+        }
+    };
+
+    // Layers 2 and 3: the idempotency claim and the row guard, in one
+    // transaction.
+    let fingerprint = transfer_request.fingerprint(request.method().as_str(), request.path());
+    let outcome = transfer::execute(&state, &caller, &transfer_request, key, &fingerprint).await;
+    let response = match outcome {
+        Ok(TransferOutcome::Decided(stored)) => stored_response(&stored, false),
+        Ok(TransferOutcome::Replayed(stored)) => stored_response(&stored, true),
+        Ok(TransferOutcome::KeyReused) => key_reused().into_response(),
+        Ok(TransferOutcome::InFlight) => key_in_flight().into_response(),
+        Err(problem) => problem.into_response(),
+    };
+
+    // Our failure, not the client's: give the window back so an honest
+    // retry is not blocked for the rest of the TTL.
+    if response.status().is_server_error() {
+        if let Some(permit) = &permit {
+            state.cooldown.release(permit).await;
+        }
+    }
+    Ok(response)
+}
+
+/// Sends a response exactly as stored: the same status and the same bytes.
+fn stored_response(stored: &StoredResponse, replayed: bool) -> HttpResponse {
+    let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let content_type = if status.is_success() {
+        "application/json"
+    } else {
+        PROBLEM_CONTENT_TYPE
+    };
+    let mut response = HttpResponse::build(status);
+    response.insert_header((header::CONTENT_TYPE, content_type));
+    if replayed {
+        response.insert_header(("Idempotent-Replayed", "true"));
+    }
+    response.body(stored.body.clone())
+}
+
+fn cooldown_active(retry_after_ms: u64) -> Problem {
+    let seconds = cooldown::retry_after_s(retry_after_ms);
+    Problem::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "cooldown-active",
+        "Cooldown: another transfer is in progress",
+        format!("A transfer by you started moments ago. Try again in {seconds} s."),
+    )
+    .with_layer(Layer::Cooldown)
+    .with_retry_after_s(seconds)
+}
+
+fn key_reused() -> Problem {
+    Problem::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency-key-reused",
+        "Idempotency key reused",
+        "This Idempotency-Key was already used for a different request. Use a new key for a new transfer.",
+    )
+    .with_layer(Layer::Idempotency)
+}
+
+fn key_in_flight() -> Problem {
+    Problem::new(
+        StatusCode::CONFLICT,
+        "idempotency-key-in-flight",
+        "Request with this key still in progress",
+        "A request with this Idempotency-Key is still being processed. Retry shortly to get its result.",
+    )
+    .with_layer(Layer::Idempotency)
+    .with_retry_after_s(1)
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+pub struct HistoryQuery {
+    /// At most `transfers_page_rows_max` (default 100); default 20.
+    pub limit: Option<i64>,
+    /// A transfer id: return only transfers older than it.
+    pub before: Option<Uuid>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct TransferItem {
+    pub id: Uuid,
+    pub from_wallet_id: Uuid,
+    pub to_wallet_id: Uuid,
+    pub amount_minor: i64,
+    pub created_at: DateTime<Utc>,
+    /// `sent` or `received`, from the caller's point of view.
+    pub direction: &'static str,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct TransferPage {
+    pub items: Vec<TransferItem>,
+    /// Pass as `before` to get the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_before: Option<Uuid>,
+}
+
+type TransferRow = (Uuid, Uuid, Uuid, i64, DateTime<Utc>, bool);
+
+/// Your transfers, sent or received, newest first.
+#[utoipa::path(
+    get, path = "/api/v1/transfers", tag = "transfers",
+    params(HistoryQuery),
+    responses(
+        (status = 200, body = TransferPage),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 422, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list_transfers(
+    request: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, Problem> {
+    let caller = authenticate(&request, &state).await?;
+    let query = web::Query::<HistoryQuery>::from_query(request.query_string())
+        .map_err(|error| Problem::validation(format!("Invalid query: {error}.")))?;
+    let max = state.settings.transfers_page_rows_max;
+    let limit = query.limit.unwrap_or(20.min(max));
+    if !(1..=max).contains(&limit) {
+        return Err(Problem::validation(format!(
+            "limit must be between 1 and {max}."
+        )));
+    }
+    let rows = list_for_user(&state.db, caller.user_id.0, query.before, limit + 1)
+        .await
+        .map_err(|error| problem::from_database_error(&error, "listing transfers"))?;
+    let has_more = rows.len() as i64 > limit;
+    let items: Vec<TransferItem> = rows.into_iter().take(limit as usize).map(to_item).collect();
+    let next_before = if has_more {
+        items.last().map(|item| item.id)
+    } else {
+        None
+    };
+    Ok(HttpResponse::Ok().json(TransferPage { items, next_before }))
+}
+
+/// The transfers touching `user_id`'s wallets, newest first, older than
+/// `before` when given. Shared with the browser pages.
+pub async fn list_for_user(
+    db: &sqlx::PgPool,
+    user_id: Uuid,
+    before: Option<Uuid>,
+    limit: i64,
+) -> Result<Vec<TransferRow>, sqlx::Error> {
+    sqlx::query_as::<_, TransferRow>(
+        "WITH mine AS (SELECT id FROM wallets WHERE user_id = $1),
+              cursor AS (SELECT created_at, id FROM transfers WHERE id = $2)
+         SELECT t.id, t.from_wallet_id, t.to_wallet_id, t.amount_minor, t.created_at,
+                t.from_wallet_id IN (SELECT id FROM mine) AS sent
+         FROM transfers t
+         WHERE (t.from_wallet_id IN (SELECT id FROM mine) OR t.to_wallet_id IN (SELECT id FROM mine))
+           AND ($2::uuid IS NULL OR (t.created_at, t.id) < (SELECT created_at, id FROM cursor))
+         ORDER BY t.created_at DESC, t.id DESC
+         LIMIT $3",
+    )
+    .bind(user_id)
+    .bind(before)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+fn to_item((id, from, to, amount_minor, created_at, sent): TransferRow) -> TransferItem {
+    TransferItem {
+        id,
+        from_wallet_id: from,
+        to_wallet_id: to,
+        amount_minor,
+        created_at,
+        direction: if sent { "sent" } else { "received" },
+    }
+}
+
+/// One of your transfers. Anyone else's is a 404.
+#[utoipa::path(
+    get, path = "/api/v1/transfers/{id}", tag = "transfers",
+    params(("id" = Uuid, Path)),
+    responses(
+        (status = 200, body = TransferItem),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get_transfer(
+    request: HttpRequest,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, Problem> {
+    let caller = authenticate(&request, &state).await?;
+    let not_found = || Problem::not_found("You have no transfer with this id.");
+    let id = Uuid::try_parse(&path.into_inner()).map_err(|_| not_found())?;
+    let row = sqlx::query_as::<_, TransferRow>(
+        "SELECT t.id, t.from_wallet_id, t.to_wallet_id, t.amount_minor, t.created_at,
+                f.user_id = $2 AS sent
+         FROM transfers t
+         JOIN wallets f ON f.id = t.from_wallet_id
+         JOIN wallets r ON r.id = t.to_wallet_id
+         WHERE t.id = $1 AND (f.user_id = $2 OR r.user_id = $2)",
+    )
+    .bind(id)
+    .bind(caller.user_id.0)
+    .fetch_optional(&state.db)
+    .await
+    .map_err(|error| problem::from_database_error(&error, "reading a transfer"))?
+    .ok_or_else(not_found)?;
+    Ok(HttpResponse::Ok().json(to_item(row)))
+}

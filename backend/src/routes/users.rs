@@ -1,0 +1,237 @@
+//! Sign-up and sign-in: `POST /api/v1/users`, `POST /api/v1/tokens`,
+//! `DELETE /api/v1/tokens/current`.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use secrecy::SecretString;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::auth;
+use crate::domain::{UserId, WalletId};
+use crate::problem::{self, Problem};
+use crate::routes::{authenticate, read_json_body};
+use crate::settings::Settings;
+use crate::state::AppState;
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Credentials {
+    /// 1 to 64 characters; leading and trailing spaces are not allowed.
+    pub name: String,
+    /// 8 to 128 characters.
+    #[schema(value_type = String, format = Password)]
+    pub password: SecretString,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct SignedUp {
+    pub user_id: Uuid,
+    pub wallet_id: Uuid,
+    /// Shown once; send it as `Authorization: Bearer <token>`.
+    pub token: String,
+    pub balance_minor: i64,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct IssuedTokenBody {
+    pub token: String,
+    pub expires_at: chrono::DateTime<chrono::Utc>,
+}
+
+impl Credentials {
+    fn parse(body: &[u8], settings: &Settings) -> Result<Self, Problem> {
+        let credentials: Credentials = serde_json::from_slice(body).map_err(|error| {
+            if error.is_data() {
+                Problem::validation(format!("Send {{\"name\": …, \"password\": …}}: {error}."))
+            } else {
+                Problem::bad_request(format!("The body is not valid JSON: {error}."))
+            }
+        })?;
+        let name_chars = credentials.name.chars().count();
+        if name_chars == 0
+            || name_chars > settings.user_name_chars_max
+            || credentials.name.trim() != credentials.name
+            || credentials.name.chars().any(char::is_control)
+        {
+            return Err(Problem::validation(format!(
+                "name must be 1 to {} characters, without leading or trailing spaces or control characters.",
+                settings.user_name_chars_max
+            )));
+        }
+        use secrecy::ExposeSecret;
+        let password_chars = credentials.password.expose_secret().chars().count();
+        if password_chars < settings.password_chars_min
+            || password_chars > settings.password_chars_max
+        {
+            return Err(Problem::validation(format!(
+                "password must be {} to {} characters.",
+                settings.password_chars_min, settings.password_chars_max
+            )));
+        }
+        Ok(credentials)
+    }
+}
+
+/// Create a user with a wallet holding the signup grant, and a first token.
+#[utoipa::path(
+    post, path = "/api/v1/users", tag = "users",
+    request_body = Credentials,
+    responses(
+        (status = 201, description = "Signed up", body = SignedUp),
+        (status = 409, description = "Name taken", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid name or password", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn sign_up(
+    request: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, Problem> {
+    let body = read_json_body(&request, payload, state.settings.request_body_bytes_max).await?;
+    let credentials = Credentials::parse(&body, &state.settings)?;
+    let signed_up = create_user(&state, credentials).await?;
+    Ok(HttpResponse::Created().json(signed_up))
+}
+
+/// Creates the user, the wallet and the first token in one transaction.
+/// Shared by the API and the browser sign-up form.
+pub async fn create_user(state: &AppState, credentials: Credentials) -> Result<SignedUp, Problem> {
+    let password_hash = auth::hash_password(credentials.password)
+        .await
+        .map_err(|error| {
+            tracing::error!(error = %error, "password hashing failed");
+            Problem::internal()
+        })?;
+    let user_id = UserId(Uuid::now_v7());
+    let wallet_id = WalletId(Uuid::now_v7());
+    let grant = state.settings.signup_grant_minor;
+    let issued = state.tokens.issue(
+        user_id,
+        chrono::Duration::hours(to_i64(state.settings.api_token_ttl_hours)),
+    );
+
+    let result: Result<(), sqlx::Error> = async {
+        let mut tx = state.db.begin().await?;
+        sqlx::query("INSERT INTO users (id, name, password_hash) VALUES ($1, $2, $3)")
+            .bind(user_id.0)
+            .bind(&credentials.name)
+            .bind(&password_hash)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO wallets (id, user_id, currency, opening_balance_minor, balance_minor)
+             VALUES ($1, $2, $3, $4, $4)",
+        )
+        .bind(wallet_id.0)
+        .bind(user_id.0)
+        .bind(&state.settings.currency)
+        .bind(grant)
+        .execute(&mut *tx)
+        .await?;
+        auth::store_token(&mut *tx, user_id, &issued).await?;
+        tx.commit().await
+    }
+    .await;
+    match result {
+        Ok(()) => {}
+        Err(sqlx::Error::Database(db)) if db.is_unique_violation() => {
+            return Err(Problem::new(
+                StatusCode::CONFLICT,
+                "name-taken",
+                "Name taken",
+                "Another user already has this name; pick another.",
+            ));
+        }
+        Err(error) => return Err(problem::from_database_error(&error, "signing up")),
+    }
+    use secrecy::ExposeSecret;
+    Ok(SignedUp {
+        user_id: user_id.0,
+        wallet_id: wallet_id.0,
+        token: issued.token.expose_secret().to_owned(),
+        balance_minor: grant,
+    })
+}
+
+/// Exchange a name and password for a new bearer token.
+#[utoipa::path(
+    post, path = "/api/v1/tokens", tag = "users",
+    request_body = Credentials,
+    responses(
+        (status = 201, description = "Signed in", body = IssuedTokenBody),
+        (status = 401, description = "Wrong name or password", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn sign_in(
+    request: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, Problem> {
+    let body = read_json_body(&request, payload, state.settings.request_body_bytes_max).await?;
+    let credentials = Credentials::parse(&body, &state.settings)
+        .map_err(|_| Problem::unauthorized("Wrong name or password."))?;
+    let (user_id, issued) = issue_token_for(&state, credentials).await?;
+    let _ = user_id;
+    use secrecy::ExposeSecret;
+    Ok(HttpResponse::Created().json(IssuedTokenBody {
+        token: issued.token.expose_secret().to_owned(),
+        expires_at: issued.expires_at,
+    }))
+}
+
+/// Checks the password and stores a new token. Shared by the API and the
+/// browser sign-in form.
+pub async fn issue_token_for(
+    state: &AppState,
+    credentials: Credentials,
+) -> Result<(UserId, auth::IssuedToken), Problem> {
+    let row =
+        sqlx::query_as::<_, (Uuid, String)>("SELECT id, password_hash FROM users WHERE name = $1")
+            .bind(&credentials.name)
+            .fetch_optional(&state.db)
+            .await
+            .map_err(|error| problem::from_database_error(&error, "signing in"))?;
+    let (user_id, stored_hash) = match row {
+        Some((id, hash)) => (Some(UserId(id)), Some(hash)),
+        None => (None, None),
+    };
+    let matches = auth::verify_password(credentials.password, stored_hash)
+        .await
+        .map_err(|error| {
+            tracing::error!(error = %error, "password verification failed");
+            Problem::internal()
+        })?;
+    let (true, Some(user_id)) = (matches, user_id) else {
+        return Err(Problem::unauthorized("Wrong name or password."));
+    };
+    let issued = state.tokens.issue(
+        user_id,
+        chrono::Duration::hours(to_i64(state.settings.api_token_ttl_hours)),
+    );
+    auth::store_token(&state.db, user_id, &issued)
+        .await
+        .map_err(|error| problem::from_database_error(&error, "storing a token"))?;
+    Ok((user_id, issued))
+}
+
+/// Revoke the token this request carries.
+#[utoipa::path(
+    delete, path = "/api/v1/tokens/current", tag = "users",
+    responses((status = 204, description = "Revoked")),
+    security(("bearer" = []))
+)]
+pub async fn revoke_current(
+    request: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, Problem> {
+    let token = authenticate(&request, &state).await?;
+    auth::revoke_token(&state.db, &token)
+        .await
+        .map_err(|error| problem::from_database_error(&error, "revoking a token"))?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+fn to_i64(hours: u64) -> i64 {
+    i64::try_from(hours).unwrap_or(i64::MAX / 3600)
+}

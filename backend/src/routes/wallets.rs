@@ -1,0 +1,52 @@
+//! `GET /api/v1/wallets/{id}`: a wallet's balance, for its owner only.
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::problem::{self, Problem};
+use crate::routes::authenticate;
+use crate::state::AppState;
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Wallet {
+    pub id: Uuid,
+    pub balance_minor: i64,
+    pub currency: String,
+}
+
+/// A wallet you own. Anyone else's, or one that does not exist, is a 404:
+/// the answer does not reveal which wallets exist.
+#[utoipa::path(
+    get, path = "/api/v1/wallets/{id}", tag = "wallets",
+    params(("id" = Uuid, Path, description = "Wallet id")),
+    responses(
+        (status = 200, body = Wallet),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 404, body = Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get_wallet(
+    request: HttpRequest,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, Problem> {
+    let caller = authenticate(&request, &state).await?;
+    let not_found = || Problem::not_found("You have no wallet with this id.");
+    let id = Uuid::try_parse(&path.into_inner()).map_err(|_| not_found())?;
+    let wallet = sqlx::query_as::<_, (i64, String)>(
+        "SELECT balance_minor, currency FROM wallets WHERE id = $1 AND user_id = $2",
+    )
+    .bind(id)
+    .bind(caller.user_id.0)
+    .fetch_optional(&state.db)
+    .await
+    .map_err(|error| problem::from_database_error(&error, "reading a wallet"))?
+    .ok_or_else(not_found)?;
+    Ok(HttpResponse::Ok().json(Wallet {
+        id,
+        balance_minor: wallet.0,
+        currency: wallet.1,
+    }))
+}

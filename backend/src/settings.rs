@@ -1,0 +1,335 @@
+//! Typed settings: defaults in code, then an optional TOML file, then
+//! environment variables.
+//!
+//! Every limit is a named setting with its unit last in the name
+//! (`cooldown_ttl_ms`, `request_body_bytes_max`) and a default that suits one
+//! small machine. `Settings::validate` runs at start-up, so a bad value stops
+//! the server before it accepts a request instead of misbehaving under load.
+//!
+//! Environment variables: `WALLET_<SETTING>` for any setting (for example
+//! `WALLET_COOLDOWN_TTL_MS=2000`), plus the conventional `DATABASE_URL`,
+//! `REDIS_URL` and `PORT`, which win over everything else.
+
+use std::path::Path;
+
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+
+/// What the cooldown lock is keyed on besides the user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CooldownScope {
+    /// One window per user and action: any second transfer inside the window
+    /// is refused, whatever its body.
+    UserAction,
+    /// One window per user, action and request body: only an identical
+    /// transfer is refused, a different one goes through.
+    UserActionBody,
+}
+
+/// What the cooldown layer does when Redis cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreErrorPolicy {
+    /// Let the request through; the PostgreSQL layers alone keep correctness.
+    FailOpen,
+    /// Answer 503: for deployments that would rather refuse than lose the
+    /// edge's load shedding.
+    FailClosed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    // --- HTTP ---
+    pub http_host: String,
+    pub http_port: u16,
+    /// actix worker threads; one per core is enough for an I/O-bound service.
+    pub http_workers: usize,
+    pub request_body_bytes_max: usize,
+    /// How long in-flight requests get to finish after SIGTERM.
+    pub shutdown_grace_s: u64,
+    pub log_format: LogFormat,
+
+    // --- PostgreSQL ---
+    pub database_url: SecretString,
+    pub db_pool_connections_max: u32,
+    pub db_pool_connections_min: u32,
+    /// How long a request waits for a free connection before answering 503.
+    pub db_acquire_wait_ms_max: u64,
+    pub db_statement_timeout_ms: u64,
+    /// Longest wait for a wallet row lock held by another transfer.
+    pub wallet_lock_wait_ms_max: u64,
+    /// Retries of a transfer transaction that failed on a serialization
+    /// failure or a deadlock; never surfaced to the client as a 500.
+    pub transfer_retries_max: u32,
+    /// Run pending migrations when the server starts.
+    pub migrate_on_start: bool,
+
+    // --- Redis ---
+    pub redis_url: SecretString,
+    pub redis_pool_connections_max: usize,
+    pub redis_pool_wait_ms_max: u64,
+    /// Upper bound on one Redis command, connecting included. A slow Redis is
+    /// treated like an unreachable one.
+    pub redis_command_timeout_ms: u64,
+    /// Prepended to every Redis key, so several deployments (or tests) can
+    /// share one Redis.
+    pub redis_key_prefix: String,
+
+    // --- Layer 1: cooldown lock ---
+    pub cooldown_enabled: bool,
+    pub cooldown_ttl_ms: u64,
+    pub cooldown_scope: CooldownScope,
+    pub cooldown_on_store_error: StoreErrorPolicy,
+
+    // --- Layer 2: idempotency key ---
+    pub idempotency_key_required: bool,
+    /// How long a request waits for a concurrent request with the same key
+    /// to finish before answering 409.
+    pub idempotency_wait_ms_max: u64,
+    pub idempotency_retention_hours: u64,
+    pub idempotency_sweep_interval_s: u64,
+    pub idempotency_sweep_batch_rows_max: i64,
+
+    // --- Money and accounts ---
+    pub currency: String,
+    pub signup_grant_minor: i64,
+    pub transfer_amount_minor_max: i64,
+    pub transfers_page_rows_max: i64,
+    pub user_name_chars_max: usize,
+    pub password_chars_min: usize,
+    pub password_chars_max: usize,
+
+    // --- Authentication ---
+    /// Key for the MAC on bearer tokens; at least 32 bytes. Every instance
+    /// of one deployment needs the same key. Left empty, a random key is made
+    /// at start-up (tokens then die with the process: fine for a demo only).
+    pub token_signing_key: SecretString,
+    pub api_token_ttl_hours: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            http_host: "127.0.0.1".into(),
+            http_port: 8080,
+            http_workers: 2,
+            request_body_bytes_max: 16 * 1024,
+            shutdown_grace_s: 10,
+            log_format: LogFormat::Text,
+
+            database_url: SecretString::from("postgres://postgres@127.0.0.1:5432/layered_wallet"),
+            db_pool_connections_max: 16,
+            db_pool_connections_min: 2,
+            db_acquire_wait_ms_max: 2_000,
+            db_statement_timeout_ms: 5_000,
+            wallet_lock_wait_ms_max: 3_000,
+            transfer_retries_max: 3,
+            migrate_on_start: true,
+
+            redis_url: SecretString::from("redis://127.0.0.1:6379"),
+            redis_pool_connections_max: 32,
+            redis_pool_wait_ms_max: 200,
+            redis_command_timeout_ms: 250,
+            redis_key_prefix: "lw:".into(),
+
+            cooldown_enabled: true,
+            cooldown_ttl_ms: 5_000,
+            cooldown_scope: CooldownScope::UserAction,
+            cooldown_on_store_error: StoreErrorPolicy::FailOpen,
+
+            idempotency_key_required: false,
+            idempotency_wait_ms_max: 2_000,
+            idempotency_retention_hours: 24,
+            idempotency_sweep_interval_s: 900,
+            idempotency_sweep_batch_rows_max: 10_000,
+
+            currency: "USD".into(),
+            signup_grant_minor: 100_000,
+            transfer_amount_minor_max: 10_000_000,
+            transfers_page_rows_max: 100,
+            user_name_chars_max: 64,
+            password_chars_min: 8,
+            password_chars_max: 128,
+
+            token_signing_key: SecretString::from(""),
+            api_token_ttl_hours: 24,
+        }
+    }
+}
+
+impl Settings {
+    /// Defaults, then the TOML file at `path` if given, then the environment.
+    pub fn load(path: Option<&Path>) -> anyhow::Result<Self> {
+        let mut builder = config::Config::builder();
+        if let Some(path) = path {
+            builder = builder.add_source(config::File::from(path).required(true));
+        }
+        builder = builder.add_source(
+            config::Environment::with_prefix("WALLET")
+                .prefix_separator("_")
+                .try_parsing(true),
+        );
+        for (variable, setting) in [
+            ("DATABASE_URL", "database_url"),
+            ("REDIS_URL", "redis_url"),
+            ("PORT", "http_port"),
+        ] {
+            if let Ok(value) = std::env::var(variable) {
+                builder = builder.set_override(setting, value)?;
+            }
+        }
+        let settings: Settings = builder.build()?.try_deserialize()?;
+        Ok(settings)
+    }
+
+    /// Checks every limit once, at start-up. Returns all problems at once so
+    /// an operator fixes a config file in one pass.
+    pub fn validate(&self) -> Result<(), SettingsError> {
+        let mut problems = Vec::new();
+        let mut require = |ok: bool, message: &str| {
+            if !ok {
+                problems.push(message.to_owned());
+            }
+        };
+        require(self.http_workers >= 1, "http_workers must be at least 1");
+        require(
+            (256..=1024 * 1024).contains(&self.request_body_bytes_max),
+            "request_body_bytes_max must be between 256 and 1048576",
+        );
+        require(
+            self.db_pool_connections_max >= 1,
+            "db_pool_connections_max must be at least 1",
+        );
+        require(
+            self.db_pool_connections_min <= self.db_pool_connections_max,
+            "db_pool_connections_min must not exceed db_pool_connections_max",
+        );
+        require(
+            self.db_acquire_wait_ms_max >= 1,
+            "db_acquire_wait_ms_max must be positive",
+        );
+        require(
+            self.db_statement_timeout_ms >= 1,
+            "db_statement_timeout_ms must be positive",
+        );
+        require(
+            self.wallet_lock_wait_ms_max >= 1,
+            "wallet_lock_wait_ms_max must be positive",
+        );
+        require(
+            self.transfer_retries_max <= 10,
+            "transfer_retries_max must be at most 10",
+        );
+        require(
+            self.redis_pool_connections_max >= 1,
+            "redis_pool_connections_max must be at least 1",
+        );
+        require(
+            self.redis_pool_wait_ms_max >= 1,
+            "redis_pool_wait_ms_max must be positive",
+        );
+        require(
+            self.redis_command_timeout_ms >= 1,
+            "redis_command_timeout_ms must be positive",
+        );
+        require(
+            (1..=24 * 3600 * 1000).contains(&self.cooldown_ttl_ms),
+            "cooldown_ttl_ms must be between 1 and 86400000",
+        );
+        require(
+            (1..=60_000).contains(&self.idempotency_wait_ms_max),
+            "idempotency_wait_ms_max must be between 1 and 60000",
+        );
+        require(
+            self.idempotency_retention_hours >= 1,
+            "idempotency_retention_hours must be at least 1",
+        );
+        require(
+            self.idempotency_sweep_interval_s >= 1,
+            "idempotency_sweep_interval_s must be at least 1",
+        );
+        require(
+            self.idempotency_sweep_batch_rows_max >= 1,
+            "idempotency_sweep_batch_rows_max must be at least 1",
+        );
+        require(
+            self.currency.len() == 3 && self.currency.bytes().all(|b| b.is_ascii_uppercase()),
+            "currency must be three upper-case letters, e.g. USD",
+        );
+        require(
+            self.signup_grant_minor >= 0,
+            "signup_grant_minor must not be negative",
+        );
+        require(
+            self.transfer_amount_minor_max >= 1,
+            "transfer_amount_minor_max must be positive",
+        );
+        require(
+            (1..=1000).contains(&self.transfers_page_rows_max),
+            "transfers_page_rows_max must be between 1 and 1000",
+        );
+        require(
+            (1..=64).contains(&self.user_name_chars_max),
+            "user_name_chars_max must be between 1 and 64 (the column's limit)",
+        );
+        require(
+            self.password_chars_min >= 1 && self.password_chars_min <= self.password_chars_max,
+            "password_chars_min must be at least 1 and at most password_chars_max",
+        );
+        require(
+            self.password_chars_max <= 1024,
+            "password_chars_max must be at most 1024",
+        );
+        let key_len = self.token_signing_key.expose_secret().len();
+        require(
+            key_len == 0 || key_len >= 32,
+            "token_signing_key must be empty (random per process) or at least 32 bytes",
+        );
+        require(
+            self.api_token_ttl_hours >= 1,
+            "api_token_ttl_hours must be at least 1",
+        );
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(SettingsError(problems))
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("invalid settings: {}", .0.join("; "))]
+pub struct SettingsError(pub Vec<String>);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_valid() {
+        Settings::default()
+            .validate()
+            .expect("defaults must validate");
+    }
+
+    #[test]
+    fn every_bad_limit_is_reported_at_once() {
+        let settings = Settings {
+            cooldown_ttl_ms: 0,
+            currency: "usd".into(),
+            token_signing_key: SecretString::from("short"),
+            ..Settings::default()
+        };
+        let error = settings.validate().expect_err("must be refused");
+        assert_eq!(error.0.len(), 3, "{error}");
+    }
+}
