@@ -83,6 +83,11 @@ impl Application {
         self.port
     }
 
+    /// Stops the server from elsewhere (tests, embedding).
+    pub fn handle(&self) -> actix_web::dev::ServerHandle {
+        self.server.handle()
+    }
+
     /// Serves until SIGINT or SIGTERM, then drains in-flight requests for
     /// up to `shutdown_grace_s` and stops the sweeper.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {

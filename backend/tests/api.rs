@@ -1,0 +1,413 @@
+//! The REST contract: accounts, reads, the OpenAPI document, and the whole
+//! error matrix, each refusal checked to have changed nothing.
+
+mod common;
+
+use chrono::Duration;
+use common::*;
+use layered_wallet::auth::TokenSigner;
+use layered_wallet::domain::UserId;
+use layered_wallet::settings::CooldownScope;
+use secrecy::{ExposeSecret, SecretString};
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+#[tokio::test]
+async fn sign_up_gives_a_wallet_with_the_grant_and_a_working_token() {
+    let app = spawn_app(|settings| settings.signup_grant_minor = 12_345).await;
+    let response = app
+        .client
+        .post(app.url("/api/v1/users"))
+        .json(&json!({ "name": "carol", "password": "long enough" }))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status(), 201);
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["balance_minor"], 12_345);
+    let wallet_id = body["wallet_id"].as_str().expect("wallet id");
+    let token = body["token"].as_str().expect("token");
+
+    let wallet: Value = app
+        .client
+        .get(app.url(&format!("/api/v1/wallets/{wallet_id}")))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(
+        wallet,
+        json!({ "id": wallet_id, "balance_minor": 12_345, "currency": "USD" })
+    );
+
+    // The password is stored as an argon2 hash, the token as a SHA-256.
+    let stored: String = sqlx::query_scalar("SELECT password_hash FROM users WHERE name = 'carol'")
+        .fetch_one(&app.db)
+        .await
+        .expect("user");
+    assert!(stored.starts_with("$argon2id$"), "{stored}");
+    let tokens: i64 = app
+        .count("SELECT count(*) FROM api_tokens WHERE octet_length(token_hash) = 32")
+        .await;
+    assert_eq!(tokens, 1);
+}
+
+#[tokio::test]
+async fn accounts_refuse_taken_names_bad_input_and_wrong_passwords() {
+    let app = spawn_app(|_| {}).await;
+    app.sign_up("dave").await;
+    let post = |path: &'static str, body: Value| app.client.post(app.url(path)).json(&body).send();
+
+    let (status, body) = problem(
+        post(
+            "/api/v1/users",
+            json!({"name": "dave", "password": "another one"}),
+        )
+        .await
+        .expect("send"),
+    )
+    .await;
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (409, Some("/problems/name-taken"))
+    );
+    let (status, _) = problem(
+        post(
+            "/api/v1/users",
+            json!({"name": "erin", "password": "short"}),
+        )
+        .await
+        .expect("send"),
+    )
+    .await;
+    assert_eq!(status, 422);
+    let (status, _) = problem(
+        post(
+            "/api/v1/users",
+            json!({"name": " erin", "password": "long enough"}),
+        )
+        .await
+        .expect("send"),
+    )
+    .await;
+    assert_eq!(status, 422);
+    let (status, _) = problem(
+        post(
+            "/api/v1/users",
+            json!({"name": "", "password": "long enough"}),
+        )
+        .await
+        .expect("send"),
+    )
+    .await;
+    assert_eq!(status, 422);
+    assert_eq!(app.count("SELECT count(*) FROM users").await, 1);
+
+    let wrong = post(
+        "/api/v1/tokens",
+        json!({"name": "dave", "password": "wrong password"}),
+    )
+    .await
+    .expect("send");
+    assert_eq!(wrong.headers()["www-authenticate"], "Bearer");
+    let (status, _) = problem(wrong).await;
+    assert_eq!(status, 401);
+    let (status, _) = problem(
+        post(
+            "/api/v1/tokens",
+            json!({"name": "nobody", "password": "wrong password"}),
+        )
+        .await
+        .expect("send"),
+    )
+    .await;
+    assert_eq!(status, 401);
+    let right = post(
+        "/api/v1/tokens",
+        json!({"name": "dave", "password": "correct horse battery"}),
+    )
+    .await
+    .expect("send");
+    assert_eq!(right.status(), 201);
+    let body: Value = right.json().await.expect("json");
+    assert!(body["token"].as_str().expect("token").starts_with("lw1."));
+}
+
+/// Reads are the owner's only; anything else is a 404 that does not reveal
+/// whether the wallet or transfer exists.
+#[tokio::test]
+async fn wallets_and_transfers_are_visible_to_their_owners_only() {
+    let app = spawn_app(|settings| settings.cooldown_enabled = false).await;
+    let alice = app.sign_up("alice").await;
+    let bob = app.sign_up("bob").await;
+    let carol = app.sign_up("carol").await;
+    let get = |user: &TestUser, path: String| {
+        app.client
+            .get(app.url(&path))
+            .bearer_auth(&user.token)
+            .send()
+    };
+
+    let (status, _) = problem(
+        get(&bob, format!("/api/v1/wallets/{}", alice.wallet_id))
+            .await
+            .expect("send"),
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, _) = problem(
+        get(&bob, "/api/v1/wallets/not-a-uuid".into())
+            .await
+            .expect("send"),
+    )
+    .await;
+    assert_eq!(status, 404);
+
+    let mut ids = Vec::new();
+    for amount in [1, 2, 3, 4, 5] {
+        let receipt: Value = app
+            .transfer_request(&alice, bob.wallet_id, amount, None)
+            .send()
+            .await
+            .expect("send")
+            .json()
+            .await
+            .expect("json");
+        ids.push(receipt["id"].as_str().expect("id").to_owned());
+    }
+    let received: Value = app
+        .transfer_request(&carol, alice.wallet_id, 9, None)
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+
+    // Newest first, paged with `before`.
+    let page: Value = get(&alice, "/api/v1/transfers?limit=4".into())
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    let items = page["items"].as_array().expect("items");
+    assert_eq!(items.len(), 4);
+    assert_eq!(items[0]["id"], received["id"]);
+    assert_eq!(items[0]["direction"], "received");
+    assert_eq!(items[1]["id"], ids[4].as_str());
+    assert_eq!(items[1]["direction"], "sent");
+    let next = page["next_before"].as_str().expect("a next page");
+    let page: Value = get(&alice, format!("/api/v1/transfers?limit=4&before={next}"))
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    let rest: Vec<&str> = page["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|item| item["id"].as_str().expect("id"))
+        .collect();
+    assert_eq!(rest, vec![ids[1].as_str(), ids[0].as_str()]);
+    assert!(page.get("next_before").is_none());
+
+    let one = get(&bob, format!("/api/v1/transfers/{}", ids[0]))
+        .await
+        .expect("send");
+    assert_eq!(one.status(), 200);
+    let (status, _) = problem(
+        get(&carol, format!("/api/v1/transfers/{}", ids[0]))
+            .await
+            .expect("send"),
+    )
+    .await;
+    assert_eq!(status, 404);
+    let (status, _) = problem(
+        get(&alice, "/api/v1/transfers?limit=0".into())
+            .await
+            .expect("send"),
+    )
+    .await;
+    assert_eq!(status, 422);
+}
+
+/// The status matrix the README shows: every refusal is problem+json with
+/// the right status, type and layer, and changes nothing in the database.
+#[tokio::test]
+async fn every_refusal_in_the_matrix_is_a_problem_and_changes_nothing() {
+    // Body scope: each distinct request has its own window, so only the
+    // deliberate repeat meets the cooldown.
+    let app = spawn_app(|settings| {
+        settings.cooldown_scope = CooldownScope::UserActionBody;
+        settings.signup_grant_minor = 1_000;
+        settings.request_body_bytes_max = 512;
+    })
+    .await;
+    let alice = app.sign_up("alice").await;
+    let bob = app.sign_up("bob").await;
+    let key = new_key();
+    let done = app
+        .transfer_request(&alice, bob.wallet_id, 5, Some(&key))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(done.status(), 201);
+    let revoked = app.sign_up("revoked").await;
+    let revoke = app
+        .client
+        .delete(app.url("/api/v1/tokens/current"))
+        .bearer_auth(&revoked.token)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(revoke.status(), 204);
+
+    let transfers = app.url("/api/v1/transfers");
+    let body = |from: Uuid, to: Uuid, amount: i64| json!({ "from_wallet_id": from, "to_wallet_id": to, "amount_minor": amount });
+    let ok_body = body(alice.wallet_id, bob.wallet_id, 7);
+    let cases: Vec<(&str, reqwest::RequestBuilder, u16, &str, Option<&str>)> = vec![
+        ("missing token", app.client.post(&transfers).json(&ok_body), 401, "unauthorized", None),
+        ("invalid token", app.client.post(&transfers).bearer_auth("lw1.bogus.token").json(&ok_body), 401, "unauthorized", None),
+        ("revoked token", app.client.post(&transfers).bearer_auth(&revoked.token).json(&body(revoked.wallet_id, bob.wallet_id, 1)), 401, "unauthorized", None),
+        ("not your wallet", app.transfer_request_from(&alice, bob.wallet_id, alice.wallet_id, 8, None), 403, "not-your-wallet", None),
+        ("unknown source", app.transfer_request_from(&alice, Uuid::new_v4(), bob.wallet_id, 8, None), 403, "not-your-wallet", None),
+        ("unknown target", app.transfer_request(&alice, Uuid::new_v4(), 9, None), 422, "unknown-target-wallet", Some("row_guard")),
+        ("same source and target", app.transfer_request(&alice, alice.wallet_id, 10, None), 422, "validation-failed", None),
+        ("zero amount", app.transfer_request(&alice, bob.wallet_id, 0, None), 422, "validation-failed", None),
+        ("negative amount", app.transfer_request(&alice, bob.wallet_id, -5, None), 422, "validation-failed", None),
+        ("amount over the maximum", app.transfer_request(&alice, bob.wallet_id, 10_000_001, None), 422, "validation-failed", None),
+        ("wrong field type", app.client.post(&transfers).bearer_auth(&alice.token).json(&json!({"from_wallet_id": alice.wallet_id, "to_wallet_id": bob.wallet_id, "amount_minor": "7"})), 422, "validation-failed", None),
+        ("malformed JSON", app.client.post(&transfers).bearer_auth(&alice.token).header("content-type", "application/json").body("{\"from_wallet_id\":"), 400, "malformed-request", None),
+        ("not JSON", app.client.post(&transfers).bearer_auth(&alice.token).header("content-type", "text/plain").body("hello"), 415, "unsupported-media-type", None),
+        ("body too large", app.client.post(&transfers).bearer_auth(&alice.token).header("content-type", "application/json").body(format!("{{\"pad\":\"{}\"}}", "x".repeat(1_000))), 413, "payload-too-large", None),
+        ("malformed key", app.transfer_request(&alice, bob.wallet_id, 11, Some("nope")), 422, "validation-failed", Some("idempotency")),
+        ("reused key", app.transfer_request(&alice, bob.wallet_id, 12, Some(&key)), 422, "idempotency-key-reused", Some("idempotency")),
+        ("insufficient funds", app.transfer_request(&alice, bob.wallet_id, 5_000, None), 422, "insufficient-funds", Some("row_guard")),
+        ("cooldown", app.transfer_request(&alice, bob.wallet_id, 5_000, None), 429, "cooldown-active", Some("cooldown")),
+    ];
+    for (name, request, status, slug, layer) in cases {
+        let before = app.snapshot().await;
+        let response = request.send().await.expect("send");
+        let (got, problem_body) = problem(response).await;
+        assert_eq!(got, status, "{name}: {problem_body}");
+        assert_eq!(problem_body["type"], format!("/problems/{slug}"), "{name}");
+        assert_eq!(problem_body["layer"].as_str(), layer, "{name}");
+        assert_eq!(app.snapshot().await, before, "{name} changed the database");
+    }
+    app.assert_invariants().await;
+}
+
+/// PostgreSQL unreachable: 503 problem, never a 500, and /readyz says so.
+#[tokio::test]
+async fn with_postgres_unreachable_a_transfer_is_a_503() {
+    assert_redis_reachable().await;
+    let prefix = format!("test:{}:", Uuid::new_v4().simple());
+    let mut settings = test_settings(
+        &format!("postgres://postgres@127.0.0.1:{}/none", closed_port()),
+        &prefix,
+    );
+    settings.migrate_on_start = false;
+    settings.db_acquire_wait_ms_max = 500;
+    let (_, options) = create_database().await;
+    let app = spawn_with(settings, options).await;
+    let signer = TokenSigner::new(&SecretString::from(SIGNING_KEY));
+    let token = signer.issue(UserId(Uuid::new_v4()), Duration::hours(1));
+    let response = app
+        .client
+        .post(app.url("/api/v1/transfers"))
+        .bearer_auth(token.token.expose_secret())
+        .json(&json!({ "from_wallet_id": Uuid::new_v4(), "to_wallet_id": Uuid::new_v4(), "amount_minor": 1 }))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.headers()["retry-after"], "1");
+    let (status, body) = problem(response).await;
+    assert_eq!(status, 503, "{body}");
+    let ready = app
+        .client
+        .get(app.url("/readyz"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(ready.status(), 503);
+    let ready: Value = ready.json().await.expect("json");
+    assert_eq!(ready["postgres"], "unreachable");
+}
+
+#[tokio::test]
+async fn health_readiness_openapi_and_unknown_routes() {
+    let app = spawn_app(|_| {}).await;
+    assert_eq!(
+        app.client
+            .get(app.url("/healthz"))
+            .send()
+            .await
+            .expect("send")
+            .status(),
+        200
+    );
+    let ready: Value = app
+        .client
+        .get(app.url("/readyz"))
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(ready["status"], "ready");
+    assert_eq!(ready["postgres"], "ok");
+    assert_eq!(ready["redis"], "ok");
+
+    let openapi: Value = app
+        .client
+        .get(app.url("/api/openapi.json"))
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    assert!(
+        openapi["openapi"]
+            .as_str()
+            .expect("version")
+            .starts_with("3.")
+    );
+    for path in [
+        "/api/v1/users",
+        "/api/v1/tokens",
+        "/api/v1/wallets/{id}",
+        "/api/v1/transfers",
+        "/api/v1/transfers/{id}",
+    ] {
+        assert!(
+            openapi["paths"].get(path).is_some(),
+            "{path} missing from the OpenAPI document"
+        );
+    }
+    let responses = &openapi["paths"]["/api/v1/transfers"]["post"]["responses"];
+    for status in [
+        "201", "400", "401", "403", "409", "413", "415", "422", "429", "503",
+    ] {
+        assert!(
+            responses.get(status).is_some(),
+            "POST /api/v1/transfers does not document {status}"
+        );
+    }
+
+    let (status, _) = problem(
+        app.client
+            .get(app.url("/no/such/route"))
+            .send()
+            .await
+            .expect("send"),
+    )
+    .await;
+    assert_eq!(status, 404);
+}

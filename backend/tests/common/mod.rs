@@ -1,0 +1,430 @@
+//! Test harness: each test gets its own server on a random port, its own
+//! PostgreSQL database and its own Redis key prefix, so tests run in
+//! parallel against the real stores. Nothing is mocked.
+//!
+//! If PostgreSQL or Redis is not reachable the harness panics with how to
+//! start them; a test never quietly skips.
+
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different part of the harness"
+)]
+
+pub mod proxy;
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use layered_wallet::settings::Settings;
+use layered_wallet::startup::Application;
+use secrecy::{ExposeSecret, SecretString};
+use serde_json::{Value, json};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
+use uuid::Uuid;
+
+pub const SIGNING_KEY: &str = "test-signing-key-test-signing-key-0123456789";
+const HOW_TO_START: &str =
+    "start them with ./scripts/services.sh, or run the tests with ./scripts/test";
+
+/// The PostgreSQL server the tests create their databases on.
+pub fn postgres_server_url() -> String {
+    std::env::var("TEST_DATABASE_URL")
+        .or_else(|_| std::env::var("DATABASE_URL"))
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// A database of its own for one test, migrated by the app on start.
+pub async fn create_database() -> (String, PgConnectOptions) {
+    let server = PgConnectOptions::from_str(&postgres_server_url())
+        .expect("TEST_DATABASE_URL must be a PostgreSQL URL");
+    let mut admin = PgConnection::connect_with(&server.clone().database("postgres"))
+        .await
+        .unwrap_or_else(|error| {
+            panic!(
+                "PostgreSQL is not reachable at {} ({error}); {HOW_TO_START}",
+                postgres_server_url()
+            )
+        });
+    let name = format!("lw_test_{}", Uuid::new_v4().simple());
+    sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut admin)
+        .await
+        .expect("the test role must be allowed to create databases");
+    let options = server.database(&name);
+    (name, options)
+}
+
+pub async fn assert_redis_reachable() {
+    let client = redis::Client::open(redis_url()).expect("REDIS_URL must be a Redis URL");
+    let reachable = tokio::time::timeout(Duration::from_secs(3), async {
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        redis::cmd("PING").query_async::<String>(&mut conn).await
+    })
+    .await;
+    if !matches!(reachable, Ok(Ok(_))) {
+        panic!("Redis is not reachable at {}; {HOW_TO_START}", redis_url());
+    }
+}
+
+/// A TCP port on which nothing listens: a store that is down.
+pub fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
+/// Settings for a test app on `database_url`, with short, test-friendly
+/// limits and a Redis prefix of its own.
+pub fn test_settings(database_url: &str, redis_prefix: &str) -> Settings {
+    Settings {
+        http_port: 0,
+        http_workers: 2,
+        database_url: SecretString::from(database_url.to_owned()),
+        db_pool_connections_max: 10,
+        db_pool_connections_min: 0,
+        redis_url: SecretString::from(redis_url()),
+        redis_key_prefix: redis_prefix.to_owned(),
+        token_signing_key: SecretString::from(SIGNING_KEY),
+        signup_grant_minor: 100_000,
+        idempotency_sweep_interval_s: 3600,
+        shutdown_grace_s: 1,
+        ..Settings::default()
+    }
+}
+
+pub struct TestApp {
+    pub address: String,
+    /// The test's own pool on the app's database, for asserting on state.
+    pub db: PgPool,
+    pub db_options: PgConnectOptions,
+    pub redis_prefix: String,
+    pub client: reqwest::Client,
+    pub settings: Settings,
+    server: Option<(actix_web::dev::ServerHandle, std::thread::JoinHandle<()>)>,
+    /// Shares its database with another TestApp, which drops it.
+    second_instance: bool,
+}
+
+pub struct TestUser {
+    pub name: String,
+    pub user_id: Uuid,
+    pub wallet_id: Uuid,
+    pub token: String,
+}
+
+/// A fresh database and Redis prefix, and an app on them with `adjust`
+/// applied to the settings.
+pub async fn spawn_app(adjust: impl FnOnce(&mut Settings)) -> TestApp {
+    assert_redis_reachable().await;
+    let (_, options) = create_database().await;
+    let prefix = format!("test:{}:", Uuid::new_v4().simple());
+    let mut settings = test_settings(&database_url_of(&options), &prefix);
+    adjust(&mut settings);
+    spawn_with(settings, options).await
+}
+
+/// The server URL (password and all) pointed at the test's database.
+pub fn database_url_of(options: &PgConnectOptions) -> String {
+    let mut url = url::Url::parse(&postgres_server_url()).expect("valid URL");
+    url.set_path(options.get_database().unwrap_or("postgres"));
+    url.to_string()
+}
+
+/// The same URL with another host and port: through a proxy, or to a
+/// closed port.
+pub fn database_url_via(options: &PgConnectOptions, port: u16) -> String {
+    let mut url = url::Url::parse(&database_url_of(options)).expect("valid URL");
+    url.set_host(Some("127.0.0.1")).expect("host");
+    url.set_port(Some(port)).expect("port");
+    url.to_string()
+}
+
+/// A second app on the same database and Redis prefix as `first`: another
+/// instance of one deployment, with its own pools.
+pub async fn spawn_second_instance(first: &TestApp) -> TestApp {
+    let mut settings = first.settings.clone();
+    settings.http_port = 0;
+    let mut second = spawn_with(settings, first.db_options.clone()).await;
+    second.second_instance = true;
+    second
+}
+
+pub async fn spawn_with(settings: Settings, db_options: PgConnectOptions) -> TestApp {
+    // TEST_LOG=1 shows the server's logs; they are silent otherwise.
+    if std::env::var_os("TEST_LOG").is_some() {
+        layered_wallet::telemetry::init(settings.log_format);
+    }
+    // The server runs on a thread and runtime of its own, so that it outlives
+    // nothing it should not: dropping the TestApp stops it and closes its
+    // pools, and the test's database is dropped after it.
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let server_settings = settings.clone();
+    let thread = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("server runtime");
+        runtime.block_on(async move {
+            let app = Application::build(server_settings)
+                .await
+                .expect("the app must start");
+            let _ = started_tx.send((app.port(), app.handle()));
+            let _ = app.run_until_stopped().await;
+        });
+    });
+    let (port, handle) = started_rx.await.expect("the app started");
+    let db = PgPoolOptions::new()
+        .max_connections(3)
+        .connect_with(db_options.clone())
+        .await
+        .expect("the test connects to its database");
+    TestApp {
+        address: format!("http://127.0.0.1:{port}"),
+        db,
+        db_options,
+        redis_prefix: settings.redis_key_prefix.clone(),
+        client: reqwest::Client::builder()
+            .pool_max_idle_per_host(256)
+            .build()
+            .expect("client"),
+        settings,
+        server: Some((handle, thread)),
+        second_instance: false,
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        let Some((handle, thread)) = self.server.take() else {
+            return;
+        };
+        let database = self.db_options.get_database().map(str::to_owned);
+        let second_instance = self.second_instance;
+        // Blocking here is fine: the server lives on its own thread.
+        let cleanup = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async move {
+                handle.stop(false).await;
+                let _ = thread.join();
+                if let (Some(database), false) = (database, second_instance) {
+                    drop_database(&database).await;
+                }
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+async fn drop_database(name: &str) {
+    let server = PgConnectOptions::from_str(&postgres_server_url()).expect("URL");
+    if let Ok(mut admin) = PgConnection::connect_with(&server.database("postgres")).await {
+        let _ = sqlx::raw_sql(AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+        )))
+        .execute(&mut admin)
+        .await;
+    }
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.address)
+    }
+
+    pub async fn sign_up(&self, name: &str) -> TestUser {
+        let response = self
+            .client
+            .post(self.url("/api/v1/users"))
+            .json(&json!({ "name": name, "password": "correct horse battery" }))
+            .send()
+            .await
+            .expect("sign-up request");
+        assert_eq!(response.status(), 201, "sign-up of {name}");
+        let body: Value = response.json().await.expect("json");
+        TestUser {
+            name: name.to_owned(),
+            user_id: Uuid::parse_str(body["user_id"].as_str().expect("user_id")).expect("uuid"),
+            wallet_id: Uuid::parse_str(body["wallet_id"].as_str().expect("wallet_id"))
+                .expect("uuid"),
+            token: body["token"].as_str().expect("token").to_owned(),
+        }
+    }
+
+    /// `POST /api/v1/transfers` from `user`'s wallet.
+    pub fn transfer_request(
+        &self,
+        user: &TestUser,
+        to: Uuid,
+        amount_minor: i64,
+        key: Option<&str>,
+    ) -> reqwest::RequestBuilder {
+        self.transfer_request_from(user, user.wallet_id, to, amount_minor, key)
+    }
+
+    pub fn transfer_request_from(
+        &self,
+        user: &TestUser,
+        from: Uuid,
+        to: Uuid,
+        amount_minor: i64,
+        key: Option<&str>,
+    ) -> reqwest::RequestBuilder {
+        let mut request = self
+            .client
+            .post(self.url("/api/v1/transfers"))
+            .bearer_auth(&user.token)
+            .json(&json!({ "from_wallet_id": from, "to_wallet_id": to, "amount_minor": amount_minor }));
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        request
+    }
+
+    pub async fn balance(&self, wallet: Uuid) -> i64 {
+        sqlx::query_scalar("SELECT balance_minor FROM wallets WHERE id = $1")
+            .bind(wallet)
+            .fetch_one(&self.db)
+            .await
+            .expect("wallet balance")
+    }
+
+    pub async fn count(&self, sql: &'static str) -> i64 {
+        sqlx::query_scalar(sql)
+            .fetch_one(&self.db)
+            .await
+            .expect("count query")
+    }
+
+    pub async fn transfer_count(&self) -> i64 {
+        self.count("SELECT count(*) FROM transfers").await
+    }
+
+    /// Everything a refusal must leave untouched.
+    pub async fn snapshot(&self) -> StateSnapshot {
+        let balances = sqlx::query_as::<_, (Uuid, i64)>("SELECT id, balance_minor FROM wallets")
+            .fetch_all(&self.db)
+            .await
+            .expect("balances")
+            .into_iter()
+            .collect();
+        StateSnapshot {
+            balances,
+            transfers: self.transfer_count().await,
+            ledger_entries: self.count("SELECT count(*) FROM ledger_entries").await,
+            idempotency_keys: self.count("SELECT count(*) FROM idempotency_keys").await,
+        }
+    }
+
+    /// The money invariants, checked on the database after every
+    /// concurrency test: no money created or destroyed, no negative
+    /// balance, every balance explained by its ledger, every transfer
+    /// recorded as exactly two entries that sum to zero.
+    pub async fn assert_invariants(&self) {
+        let (opening, balances, negative) = sqlx::query_as::<_, (i64, i64, i64)>(
+            "SELECT coalesce(sum(opening_balance_minor), 0)::bigint,
+                    coalesce(sum(balance_minor), 0)::bigint,
+                    count(*) FILTER (WHERE balance_minor < 0)
+             FROM wallets",
+        )
+        .fetch_one(&self.db)
+        .await
+        .expect("totals");
+        assert_eq!(opening, balances, "money was created or destroyed");
+        assert_eq!(negative, 0, "a balance went negative");
+        let unexplained = self
+            .count(
+                "SELECT count(*) FROM wallets w
+                 WHERE w.balance_minor <> w.opening_balance_minor
+                     + coalesce((SELECT sum(amount_minor) FROM ledger_entries l WHERE l.wallet_id = w.id), 0)",
+            )
+            .await;
+        assert_eq!(unexplained, 0, "a balance does not match its ledger");
+        let unbalanced = self
+            .count(
+                "SELECT count(*) FROM transfers t
+                 WHERE (SELECT count(*) FROM ledger_entries l WHERE l.transfer_id = t.id) <> 2
+                    OR (SELECT sum(amount_minor) FROM ledger_entries l WHERE l.transfer_id = t.id) <> 0",
+            )
+            .await;
+        assert_eq!(
+            unbalanced, 0,
+            "a transfer is not recorded as two entries summing to zero"
+        );
+    }
+
+    pub async fn redis_keys(&self) -> Vec<String> {
+        let client = redis::Client::open(redis_url()).expect("redis url");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("redis");
+        redis::cmd("KEYS")
+            .arg(format!("{}*", self.redis_prefix))
+            .query_async(&mut conn)
+            .await
+            .expect("KEYS")
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct StateSnapshot {
+    pub balances: HashMap<Uuid, i64>,
+    pub transfers: i64,
+    pub ledger_entries: i64,
+    pub idempotency_keys: i64,
+}
+
+/// Reads a problem+json response, checking its media type and shape.
+pub async fn problem(response: reqwest::Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(content_type, "application/problem+json", "status {status}");
+    let body: Value = response.json().await.expect("problem body is JSON");
+    assert_eq!(body["status"], status, "{body}");
+    for field in ["type", "title", "detail"] {
+        assert!(body[field].is_string(), "problem lacks {field}: {body}");
+    }
+    (status, body)
+}
+
+/// Fires all requests at once and waits for every response.
+pub async fn fire_together(requests: Vec<reqwest::RequestBuilder>) -> Vec<reqwest::Response> {
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(requests.len()));
+    let tasks: Vec<_> = requests
+        .into_iter()
+        .map(|request| {
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                request.send().await.expect("request sent")
+            })
+        })
+        .collect();
+    let mut responses = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        responses.push(task.await.expect("request task"));
+    }
+    responses
+}
+
+pub fn new_key() -> String {
+    Uuid::new_v4().to_string()
+}
+
+pub fn expose(secret: &SecretString) -> &str {
+    secret.expose_secret()
+}

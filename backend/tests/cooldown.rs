@@ -1,0 +1,287 @@
+//! Layer 1, the cooldown lock, against real Redis and PostgreSQL.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::proxy::CountingProxy;
+use common::*;
+use layered_wallet::defense::cooldown::{Cooldown, CooldownLock, CooldownPermit};
+use layered_wallet::domain::UserId;
+use layered_wallet::settings::{CooldownScope, StoreErrorPolicy};
+use secrecy::SecretString;
+use uuid::Uuid;
+
+/// Proves the window refuses a second transfer with 429 and a Retry-After
+/// rounded up from the key's TTL, and that the refusal sends not one byte to
+/// PostgreSQL (measured on a proxy between the app and the database).
+#[tokio::test]
+async fn a_second_transfer_inside_the_window_is_refused_without_touching_the_database() {
+    let (_, options) = create_database().await;
+    let upstream: SocketAddr = format!("127.0.0.1:{}", options.get_port())
+        .parse()
+        .expect("addr");
+    let proxy = CountingProxy::start(upstream).await;
+    let app = {
+        let prefix = format!("test:{}:", Uuid::new_v4().simple());
+        let mut settings = test_settings(&database_url_via(&options, proxy.port), &prefix);
+        settings.cooldown_ttl_ms = 5_000;
+        spawn_with(settings, options.clone()).await
+    };
+    let alice = app.sign_up("alice").await;
+    let bob = app.sign_up("bob").await;
+
+    let first = app
+        .transfer_request(&alice, bob.wallet_id, 100, None)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(first.status(), 201);
+
+    let bytes_before = proxy.bytes_to_upstream();
+    for _ in 0..5 {
+        let refused = app
+            .transfer_request(&alice, bob.wallet_id, 100, Some(&new_key()))
+            .send()
+            .await
+            .expect("send");
+        let retry_after: u64 = refused.headers()["retry-after"]
+            .to_str()
+            .expect("ascii")
+            .parse()
+            .expect("seconds");
+        assert!((1..=5).contains(&retry_after), "Retry-After {retry_after}");
+        let (status, body) = problem(refused).await;
+        assert_eq!(status, 429);
+        assert_eq!(body["layer"], "cooldown");
+        assert_eq!(body["type"], "/problems/cooldown-active");
+    }
+    assert_eq!(
+        proxy.bytes_to_upstream(),
+        bytes_before,
+        "a refused request reached PostgreSQL"
+    );
+    assert_eq!(app.balance(alice.wallet_id).await, 100_000 - 100);
+    assert_eq!(app.transfer_count().await, 1);
+}
+
+/// The window is per user: Bob is not slowed by Alice's window.
+#[tokio::test]
+async fn the_window_belongs_to_one_user() {
+    let app = spawn_app(|_| {}).await;
+    let alice = app.sign_up("alice").await;
+    let bob = app.sign_up("bob").await;
+    let a = app
+        .transfer_request(&alice, bob.wallet_id, 100, None)
+        .send()
+        .await
+        .expect("send");
+    let b = app
+        .transfer_request(&bob, alice.wallet_id, 100, None)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!((a.status().as_u16(), b.status().as_u16()), (201, 201));
+    app.assert_invariants().await;
+}
+
+/// After the TTL the next transfer goes through.
+#[tokio::test]
+async fn the_window_expires_after_its_ttl() {
+    let app = spawn_app(|settings| settings.cooldown_ttl_ms = 300).await;
+    let alice = app.sign_up("alice").await;
+    let bob = app.sign_up("bob").await;
+    let first = app
+        .transfer_request(&alice, bob.wallet_id, 100, None)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(first.status(), 201);
+    let inside = app
+        .transfer_request(&alice, bob.wallet_id, 100, None)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(inside.status(), 429);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let after = app
+        .transfer_request(&alice, bob.wallet_id, 100, None)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(after.status(), 201);
+    assert_eq!(app.transfer_count().await, 2);
+    assert_eq!(app.balance(alice.wallet_id).await, 100_000 - 200);
+}
+
+/// With the body scope only an identical transfer waits; a different one
+/// goes through.
+#[tokio::test]
+async fn the_body_scope_refuses_only_identical_transfers() {
+    let app = spawn_app(|settings| settings.cooldown_scope = CooldownScope::UserActionBody).await;
+    let alice = app.sign_up("alice").await;
+    let bob = app.sign_up("bob").await;
+    let first = app
+        .transfer_request(&alice, bob.wallet_id, 100, None)
+        .send()
+        .await
+        .expect("send");
+    let same = app
+        .transfer_request(&alice, bob.wallet_id, 100, None)
+        .send()
+        .await
+        .expect("send");
+    let different = app
+        .transfer_request(&alice, bob.wallet_id, 250, None)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(
+        (
+            first.status().as_u16(),
+            same.status().as_u16(),
+            different.status().as_u16()
+        ),
+        (201, 429, 201)
+    );
+    assert_eq!(app.balance(alice.wallet_id).await, 100_000 - 350);
+}
+
+/// A 5xx of ours releases the window, so the client's honest retry is not
+/// told to wait: with PostgreSQL gone, the retry gets 503 again, not 429.
+#[tokio::test]
+async fn a_server_failure_releases_the_window_for_an_honest_retry() {
+    let (_, options) = create_database().await;
+    let upstream: SocketAddr = format!("127.0.0.1:{}", options.get_port())
+        .parse()
+        .expect("addr");
+    let proxy = CountingProxy::start(upstream).await;
+    let app = {
+        let prefix = format!("test:{}:", Uuid::new_v4().simple());
+        let mut settings = test_settings(&database_url_via(&options, proxy.port), &prefix);
+        settings.db_acquire_wait_ms_max = 500;
+        spawn_with(settings, options.clone()).await
+    };
+    let alice = app.sign_up("alice").await;
+    let bob = app.sign_up("bob").await;
+    proxy.go_down();
+
+    for attempt in 0..3 {
+        let response = app
+            .transfer_request(&alice, bob.wallet_id, 100, None)
+            .send()
+            .await
+            .expect("send");
+        let (status, _) = problem(response).await;
+        assert_eq!(status, 503, "attempt {attempt}");
+    }
+    assert!(
+        app.redis_keys().await.is_empty(),
+        "the window was not released"
+    );
+    assert_eq!(app.transfer_count().await, 0);
+}
+
+/// Only the holder's token deletes the key: a stale request whose window
+/// expired cannot remove a newer holder's window.
+#[tokio::test]
+async fn only_the_owner_can_release_a_window() {
+    assert_redis_reachable().await;
+    let prefix = format!("test:{}:", Uuid::new_v4().simple());
+    let settings = test_settings("postgres://unused@127.0.0.1/unused", &prefix);
+    let lock = CooldownLock::from_settings(&settings).expect("lock");
+    let user = UserId(Uuid::new_v4());
+
+    let Cooldown::Acquired(permit) = lock
+        .try_acquire(user, "transfer", "{}")
+        .await
+        .expect("redis")
+    else {
+        panic!("the first attempt must acquire");
+    };
+    let impostor = CooldownPermit::for_key(permit.key().to_owned(), "not-the-token".into());
+    assert!(
+        !lock.release(&impostor).await,
+        "a wrong token released the window"
+    );
+    assert!(matches!(
+        lock.try_acquire(user, "transfer", "{}").await,
+        Ok(Cooldown::Active { .. })
+    ));
+    assert!(lock.release(&permit).await, "the owner could not release");
+    assert!(matches!(
+        lock.try_acquire(user, "transfer", "{}").await,
+        Ok(Cooldown::Acquired(_))
+    ));
+}
+
+/// Redis down, fail-open (the default): transfers go through, the lower
+/// layers still decide (a keyed retry replays), the pass is counted and
+/// /readyz reports Redis unreachable.
+#[tokio::test]
+async fn with_redis_down_the_default_fails_open_and_the_lower_layers_still_decide() {
+    let app = spawn_app(|settings| {
+        settings.redis_url = SecretString::from(format!("redis://127.0.0.1:{}", closed_port()));
+    })
+    .await;
+    let alice = app.sign_up("alice").await;
+    let bob = app.sign_up("bob").await;
+    let key = new_key();
+    let first = app
+        .transfer_request(&alice, bob.wallet_id, 100, Some(&key))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(first.status(), 201);
+    let retry = app
+        .transfer_request(&alice, bob.wallet_id, 100, Some(&key))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    let plain = app
+        .transfer_request(&alice, bob.wallet_id, 100, None)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(plain.status(), 201, "no cooldown without Redis");
+    assert_eq!(app.transfer_count().await, 2);
+
+    let ready = app
+        .client
+        .get(app.url("/readyz"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(ready.status(), 503);
+    let body: serde_json::Value = ready.json().await.expect("json");
+    assert_eq!(body["redis"], "unreachable");
+    assert_eq!(body["cooldown_fail_open_passes"], 3);
+    app.assert_invariants().await;
+}
+
+/// Redis down, fail-closed: 503 with the layer named, never 429, and
+/// nothing written.
+#[tokio::test]
+async fn with_redis_down_fail_closed_answers_503_and_changes_nothing() {
+    let app = spawn_app(|settings| {
+        settings.redis_url = SecretString::from(format!("redis://127.0.0.1:{}", closed_port()));
+        settings.cooldown_on_store_error = StoreErrorPolicy::FailClosed;
+    })
+    .await;
+    let alice = app.sign_up("alice").await;
+    let bob = app.sign_up("bob").await;
+    let before = app.snapshot().await;
+    let response = app
+        .transfer_request(&alice, bob.wallet_id, 100, Some(&new_key()))
+        .send()
+        .await
+        .expect("send");
+    assert!(response.headers().contains_key("retry-after"));
+    let (status, body) = problem(response).await;
+    assert_eq!(status, 503);
+    assert_eq!(body["layer"], "cooldown");
+    assert_eq!(app.snapshot().await, before);
+}

@@ -1,0 +1,119 @@
+# shellcheck shell=bash
+# Sourced by scripts/serve and scripts/test: makes PostgreSQL and Redis
+# reachable on 127.0.0.1, installing them from Debian's packages and
+# starting them when they are not, and exports:
+#   PG_SERVER_URL  a URL of the PostgreSQL server (database "postgres")
+#   REDIS_URL      the Redis URL
+#
+# Respected when set: PG_SERVER_URL, REDIS_URL. Nothing is changed on a
+# machine where both already answer.
+
+PG_PORT=${PG_PORT:-5432}
+REDIS_PORT=${REDIS_PORT:-6379}
+STATE_DIR=${STATE_DIR:-"$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/.tmp"}
+_APT_UPDATED=
+
+log() { printf 'services: %s\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+port_open() {
+  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+wait_for_port() {
+  local port=$1 what=$2
+  for _ in $(seq 1 100); do
+    port_open "$port" && return 0
+    sleep 0.1
+  done
+  log "$what did not come up on 127.0.0.1:$port"
+  return 1
+}
+
+apt_install() {
+  log "installing $* from Debian's packages"
+  export DEBIAN_FRONTEND=noninteractive
+  if [ -z "$_APT_UPDATED" ]; then
+    as_root apt-get update -qq
+    _APT_UPDATED=1
+  fi
+  as_root apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+ensure_redis() {
+  REDIS_URL=${REDIS_URL:-"redis://127.0.0.1:$REDIS_PORT"}
+  export REDIS_URL
+  port_open "$REDIS_PORT" && return 0
+  command -v redis-server >/dev/null || apt_install redis-server
+  # The package may have started its own server.
+  port_open "$REDIS_PORT" && return 0
+  log "starting Redis on 127.0.0.1:$REDIS_PORT"
+  mkdir -p "$STATE_DIR/redis"
+  redis-server --daemonize yes --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly no \
+    --maxmemory-policy noeviction --dir "$STATE_DIR/redis" --logfile "$STATE_DIR/redis/redis.log"
+  wait_for_port "$REDIS_PORT" Redis
+}
+
+start_debian_cluster() {
+  local version cluster
+  if [ -n "$(pg_lsclusters -h 2>/dev/null)" ]; then
+    read -r version cluster _ < <(pg_lsclusters -h | head -n 1)
+  else
+    version=$(ls /usr/lib/postgresql | sort -V | tail -n 1)
+    cluster=main
+    log "creating PostgreSQL cluster $version/$cluster"
+    as_root pg_createcluster "$version" "$cluster" --port "$PG_PORT" >/dev/null
+  fi
+  log "starting PostgreSQL $version/$cluster"
+  as_root pg_ctlcluster --skip-systemctl-redirect "$version" "$cluster" start
+}
+
+ensure_postgres() {
+  if ! port_open "$PG_PORT"; then
+    compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" >/dev/null || apt_install postgresql
+    port_open "$PG_PORT" || start_debian_cluster
+    wait_for_port "$PG_PORT" PostgreSQL
+  fi
+  command -v psql >/dev/null || apt_install postgresql-client
+
+  if [ -n "${PG_SERVER_URL:-}" ]; then
+    psql "$PG_SERVER_URL" -Atqc 'SELECT 1' >/dev/null && { export PG_SERVER_URL; return 0; }
+    log "cannot log in with PG_SERVER_URL"
+    return 1
+  fi
+  local trust="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
+  local password="postgres://postgres:postgres@127.0.0.1:$PG_PORT/postgres"
+  for url in "$trust" "$password"; do
+    if PGCONNECT_TIMEOUT=3 psql "$url" -Atqc 'SELECT 1' >/dev/null 2>&1; then
+      export PG_SERVER_URL=$url
+      return 0
+    fi
+  done
+  # A stock Debian cluster asks for a password over TCP and has none set:
+  # give the local superuser the well-known development password.
+  log "setting a development password for the local postgres role"
+  as_root su postgres -c "psql -qc \"ALTER ROLE postgres PASSWORD 'postgres'\"" >/dev/null
+  export PG_SERVER_URL=$password
+  psql "$PG_SERVER_URL" -Atqc 'SELECT 1' >/dev/null
+}
+
+# The URL of database $1 on the same server.
+database_url() {
+  printf '%s/%s' "${PG_SERVER_URL%/*}" "$1"
+}
+
+ensure_database() {
+  local name=$1
+  if [ "$(psql "$PG_SERVER_URL" -Atqc "SELECT 1 FROM pg_database WHERE datname = '$name'")" != 1 ]; then
+    log "creating database $name"
+    psql "$PG_SERVER_URL" -qc "CREATE DATABASE $name" >/dev/null
+  fi
+}
+
+ensure_services() {
+  ensure_postgres
+  ensure_redis
+}
