@@ -3,8 +3,10 @@
 //! reads as the three layers in order, and at [`defense`], one file a layer.
 
 pub mod auth;
+pub mod decision;
 pub mod defense;
 pub mod domain;
+pub mod metrics;
 pub mod openapi;
 pub mod problem;
 pub mod routes;

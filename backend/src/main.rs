@@ -33,7 +33,7 @@ async fn main() -> anyhow::Result<()> {
     }
 
     let settings = Settings::load(config_file.as_deref())?;
-    telemetry::init(settings.log_format);
+    let _telemetry = telemetry::init(settings.log_format);
     settings.validate()?;
 
     if command == "migrate" {

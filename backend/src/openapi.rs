@@ -4,7 +4,7 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::routes::{health, transfers, users, wallets};
+use crate::routes::{decisions, health, transfers, users, wallets};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -22,6 +22,8 @@ use crate::routes::{health, transfers, users, wallets};
         transfers::create_transfer,
         transfers::list_transfers,
         transfers::get_transfer,
+        decisions::list_decisions,
+        decisions::stream_decisions,
         health::healthz,
         health::readyz,
     ),

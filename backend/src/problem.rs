@@ -12,21 +12,24 @@ use actix_web::http::header::{self, HeaderValue};
 use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 
-use crate::defense::Layer;
+use crate::decision::Layer;
 
 pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Problem {
-    /// A relative URI reference (`/problems/<slug>`); the server documents
-    /// each slug at that path.
-    #[serde(rename = "type")]
-    pub type_uri: String,
-    pub title: String,
+    /// Serialised as `type`, a relative URI reference: `/problems/<slug>`.
+    #[serde(rename = "type", serialize_with = "problem_type_uri")]
+    #[schema(value_type = String, example = "/problems/insufficient-funds")]
+    pub slug: &'static str,
+    pub title: &'static str,
     pub status: u16,
     pub detail: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub layer: Option<Layer>,
+    /// The request's trace id, on transfer problems: the key to its trace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
     #[serde(skip)]
     retry_after_s: Option<u64>,
     #[serde(skip)]
@@ -34,13 +37,19 @@ pub struct Problem {
 }
 
 impl Problem {
-    pub fn new(status: StatusCode, slug: &str, title: &str, detail: impl Into<String>) -> Self {
+    pub fn new(
+        status: StatusCode,
+        slug: &'static str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Self {
         Self {
-            type_uri: format!("/problems/{slug}"),
-            title: title.to_owned(),
+            slug,
+            title,
             status: status.as_u16(),
             detail: detail.into(),
             layer: None,
+            trace_id: None,
             retry_after_s: None,
             www_authenticate: None,
         }
@@ -48,6 +57,11 @@ impl Problem {
 
     pub fn with_layer(mut self, layer: Layer) -> Self {
         self.layer = Some(layer);
+        self
+    }
+
+    pub fn with_trace_id(mut self, trace_id: &str) -> Self {
+        self.trace_id = Some(trace_id.to_owned());
         self
     }
 
@@ -157,6 +171,13 @@ impl Problem {
             "Something went wrong on our side. Nothing was changed; it is safe to retry.",
         )
     }
+}
+
+fn problem_type_uri<S: serde::Serializer>(
+    slug: &&'static str,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(&format_args!("/problems/{slug}"))
 }
 
 impl fmt::Display for Problem {

@@ -8,7 +8,7 @@
 //!
 //! Environment variables: `WALLET_<SETTING>` for any setting (for example
 //! `WALLET_COOLDOWN_TTL_MS=2000`), plus the conventional `DATABASE_URL`,
-//! `REDIS_URL` and `PORT`, which win over everything else.
+//! `REDIS_URL`, `PORT` and `LOG_FORMAT`, which win over everything else.
 
 use std::path::Path;
 
@@ -57,6 +57,9 @@ pub struct Settings {
     /// How long in-flight requests get to finish after SIGTERM.
     pub shutdown_grace_s: u64,
     pub log_format: LogFormat,
+    /// Names this process in the decision feed and the logs. Empty: the
+    /// host name and a random suffix.
+    pub instance_id: String,
 
     // --- PostgreSQL ---
     pub database_url: SecretString,
@@ -99,6 +102,21 @@ pub struct Settings {
     pub idempotency_sweep_interval_s: u64,
     pub idempotency_sweep_batch_rows_max: i64,
 
+    // --- Decision feed ---
+    pub decision_feed_enabled: bool,
+    /// In-process queue between requests and the feed writer; entries
+    /// beyond it are dropped (and counted), never waited for.
+    pub decision_feed_queue_entries_max: usize,
+    pub decision_feed_entries_per_user_max: u64,
+    pub decision_feed_retention_hours: u64,
+    pub decisions_page_entries_max: usize,
+    /// Concurrent live streams (`/api/v1/decisions/stream`) per instance;
+    /// each holds one Redis connection.
+    pub decision_streams_max: usize,
+    /// How long one blocking read of a live stream waits before sending a
+    /// keep-alive comment.
+    pub decision_stream_keepalive_ms: u64,
+
     // --- Money and accounts ---
     pub currency: String,
     pub signup_grant_minor: i64,
@@ -125,6 +143,7 @@ impl Default for Settings {
             request_body_bytes_max: 16 * 1024,
             shutdown_grace_s: 10,
             log_format: LogFormat::Text,
+            instance_id: String::new(),
 
             database_url: SecretString::from("postgres://postgres@127.0.0.1:5432/layered_wallet"),
             db_pool_connections_max: 16,
@@ -151,6 +170,14 @@ impl Default for Settings {
             idempotency_retention_hours: 24,
             idempotency_sweep_interval_s: 900,
             idempotency_sweep_batch_rows_max: 10_000,
+
+            decision_feed_enabled: true,
+            decision_feed_queue_entries_max: 10_000,
+            decision_feed_entries_per_user_max: 1_000,
+            decision_feed_retention_hours: 24,
+            decisions_page_entries_max: 200,
+            decision_streams_max: 64,
+            decision_stream_keepalive_ms: 15_000,
 
             currency: "USD".into(),
             signup_grant_minor: 100_000,
@@ -182,6 +209,7 @@ impl Settings {
             ("DATABASE_URL", "database_url"),
             ("REDIS_URL", "redis_url"),
             ("PORT", "http_port"),
+            ("LOG_FORMAT", "log_format"),
         ] {
             if let Ok(value) = std::env::var(variable) {
                 builder = builder.set_override(setting, value)?;

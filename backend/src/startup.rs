@@ -14,12 +14,16 @@ use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::auth::TokenSigner;
+use crate::decision::feed::{DecisionFeed, FeedSettings};
 use crate::defense::cooldown::CooldownLock;
 use crate::defense::idempotency;
+use crate::metrics::Metrics;
 use crate::openapi;
-use crate::routes::{self, health, transfers, users, wallets};
+use crate::routes::{self, decisions, health, transfers, users, wallets};
 use crate::settings::Settings;
 use crate::state::AppState;
+use crate::telemetry;
+use deadpool_redis::{Pool, Runtime, Timeouts};
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
@@ -52,10 +56,45 @@ impl Application {
                 )
             })?;
         let port = listener.local_addr()?.port();
+        let metrics = Metrics::new();
+        let (redis, redis_client) = if settings.cooldown_enabled || settings.decision_feed_enabled {
+            (
+                Some(redis_pool(&settings)?),
+                Some(redis::Client::open(settings.redis_url.expose_secret())?),
+            )
+        } else {
+            (None, None)
+        };
+        let feed = DecisionFeed::start(
+            redis.clone().filter(|_| settings.decision_feed_enabled),
+            redis_client.filter(|_| settings.decision_feed_enabled),
+            FeedSettings {
+                key_prefix: settings.redis_key_prefix.clone(),
+                queue_entries_max: settings.decision_feed_queue_entries_max,
+                entries_per_user_max: settings.decision_feed_entries_per_user_max,
+                retention_hours: settings.decision_feed_retention_hours,
+                command_timeout: Duration::from_millis(settings.redis_command_timeout_ms),
+            },
+            metrics.clone(),
+        );
+        let instance_id: Arc<str> = if settings.instance_id.is_empty() {
+            default_instance_id().into()
+        } else {
+            settings.instance_id.as_str().into()
+        };
         let state = AppState {
-            cooldown: CooldownLock::from_settings(&settings)?,
+            cooldown: CooldownLock::new(
+                &settings,
+                redis.clone(),
+                metrics.cooldown_fail_open.clone(),
+            ),
             tokens: TokenSigner::new(&settings.token_signing_key),
             db: db.clone(),
+            redis,
+            metrics,
+            feed,
+            stream_slots: Arc::new(tokio::sync::Semaphore::new(settings.decision_streams_max)),
+            instance_id,
             settings: Arc::new(settings),
         };
         let sweeper = idempotency::spawn_sweeper(
@@ -66,12 +105,16 @@ impl Application {
         let workers = state.settings.http_workers;
         let grace_s = state.settings.shutdown_grace_s;
         let data = web::Data::new(state);
-        let server =
-            HttpServer::new(move || App::new().app_data(data.clone()).configure(configure))
-                .workers(workers)
-                .shutdown_timeout(grace_s)
-                .listen(listener)?
-                .run();
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(data.clone())
+                .wrap(actix_web::middleware::from_fn(telemetry::trace_requests))
+                .configure(configure)
+        })
+        .workers(workers)
+        .shutdown_timeout(grace_s)
+        .listen(listener)?
+        .run();
         Ok(Self {
             port,
             server,
@@ -102,6 +145,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
     config
         .route("/healthz", web::get().to(health::healthz))
         .route("/readyz", web::get().to(health::readyz))
+        .route("/metrics", web::get().to(metrics_text))
         .route("/api/openapi.json", web::get().to(openapi::serve))
         .service(
             web::scope("/api/v1")
@@ -111,7 +155,12 @@ pub fn configure(config: &mut web::ServiceConfig) {
                 .route("/wallets/{id}", web::get().to(wallets::get_wallet))
                 .route("/transfers", web::post().to(transfers::create_transfer))
                 .route("/transfers", web::get().to(transfers::list_transfers))
-                .route("/transfers/{id}", web::get().to(transfers::get_transfer)),
+                .route("/transfers/{id}", web::get().to(transfers::get_transfer))
+                .route("/decisions", web::get().to(decisions::list_decisions))
+                .route(
+                    "/decisions/stream",
+                    web::get().to(decisions::stream_decisions),
+                ),
         )
         .default_service(web::to(routes::not_found));
 }
@@ -130,4 +179,54 @@ pub fn db_pool(settings: &Settings) -> anyhow::Result<PgPool> {
         .min_connections(settings.db_pool_connections_min)
         .acquire_timeout(Duration::from_millis(settings.db_acquire_wait_ms_max))
         .connect_lazy_with(options))
+}
+
+/// A Redis pool with every limit explicit. Creating it does not connect.
+pub fn redis_pool(settings: &Settings) -> anyhow::Result<Pool> {
+    let mut config = deadpool_redis::Config::from_url(settings.redis_url.expose_secret());
+    let command_timeout = Duration::from_millis(settings.redis_command_timeout_ms);
+    config.pool = Some(deadpool_redis::PoolConfig {
+        max_size: settings.redis_pool_connections_max,
+        timeouts: Timeouts {
+            wait: Some(Duration::from_millis(settings.redis_pool_wait_ms_max)),
+            create: Some(command_timeout),
+            recycle: Some(command_timeout),
+        },
+        ..Default::default()
+    });
+    config
+        .create_pool(Some(Runtime::Tokio1))
+        .map_err(|error| anyhow::anyhow!("invalid Redis configuration: {error}"))
+}
+
+/// The host name and a short random suffix: unique per process.
+fn default_instance_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_owned())
+        .unwrap_or_else(|_| "wallet".to_owned());
+    format!("{host}-{}", &uuid::Uuid::new_v4().simple().to_string()[..6])
+}
+
+/// `GET /metrics`: Prometheus text, with the pool gauges refreshed now.
+async fn metrics_text(state: web::Data<AppState>) -> actix_web::HttpResponse {
+    let db_size = state.db.size() as usize;
+    let db_idle = state.db.num_idle();
+    state.metrics.set_pool(
+        "postgres",
+        db_size.saturating_sub(db_idle),
+        db_idle,
+        state.settings.db_pool_connections_max as usize,
+    );
+    if let Some(redis) = &state.redis {
+        let status = redis.status();
+        state.metrics.set_pool(
+            "redis",
+            status.size.saturating_sub(status.available),
+            status.available,
+            status.max_size,
+        );
+    }
+    actix_web::HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(state.metrics.render())
 }

@@ -1,16 +1,25 @@
-//! What every handler shares: settings, the PostgreSQL pool, the cooldown
-//! lock (which owns the Redis pool) and the token signer.
+//! What every handler shares.
 
 use std::sync::Arc;
 
 use crate::auth::TokenSigner;
+use crate::decision::feed::DecisionFeed;
 use crate::defense::cooldown::CooldownLock;
+use crate::metrics::Metrics;
 use crate::settings::Settings;
 
 #[derive(Clone)]
 pub struct AppState {
     pub settings: Arc<Settings>,
     pub db: sqlx::PgPool,
+    /// Shared by the cooldown and the decision feed; `None` when neither
+    /// is enabled.
+    pub redis: Option<deadpool_redis::Pool>,
     pub cooldown: CooldownLock,
     pub tokens: TokenSigner,
+    pub metrics: Metrics,
+    pub feed: DecisionFeed,
+    /// Bounds the live decision streams this instance serves at once.
+    pub stream_slots: Arc<tokio::sync::Semaphore>,
+    pub instance_id: Arc<str>,
 }

@@ -1,18 +1,228 @@
-//! Logging set-up: readable lines by default, JSON with `log_format = json`.
-//! Filter with `RUST_LOG` (default `info`).
+//! Logs and traces.
+//!
+//! Logs: readable lines by default, JSON with `log_format = json`; filter
+//! with `RUST_LOG` (default `info`).
+//!
+//! Traces: every request gets an OpenTelemetry server span (continuing the
+//! caller's W3C `traceparent` when there is one) with a child span per
+//! defense layer visited. Spans are exported over OTLP/HTTP only when
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` is set (the standard `OTEL_*` variables
+//! configure the exporter); without it, trace ids are still made and
+//! returned to clients, and nothing is exported or logged about exporting.
 
-use tracing_subscriber::EnvFilter;
+use std::time::Instant;
+
+use actix_web::HttpMessage;
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::header::{HeaderName, HeaderValue};
+use actix_web::middleware::Next;
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
+use opentelemetry::trace::{TraceContextExt, TracerProvider};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{SdkTracerProvider, SpanExporter};
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+use uuid::Uuid;
 
 use crate::settings::LogFormat;
 
-pub fn init(format: LogFormat) {
+/// Keeps the tracer provider alive; dropping it flushes pending spans.
+pub struct TelemetryGuard {
+    provider: SdkTracerProvider,
+}
+
+impl Drop for TelemetryGuard {
+    fn drop(&mut self) {
+        let _ = self.provider.shutdown();
+    }
+}
+
+/// The server's set-up: logs to stdout, spans to OTLP when configured.
+pub fn init(format: LogFormat) -> TelemetryGuard {
+    let mut builder = SdkTracerProvider::builder().with_resource(resource());
+    if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
+        match opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .build()
+        {
+            Ok(exporter) => builder = builder.with_batch_exporter(exporter),
+            Err(error) => eprintln!("OTLP exporter not started: {error}"),
+        }
+    }
+    install(format, true, builder.build())
+}
+
+/// Tests' set-up: spans go to `exporter` (an in-memory one), logs only when
+/// `logs` is true.
+pub fn init_with_exporter<E: SpanExporter + 'static>(
+    format: LogFormat,
+    logs: bool,
+    exporter: E,
+) -> TelemetryGuard {
+    let provider = SdkTracerProvider::builder()
+        .with_resource(resource())
+        .with_simple_exporter(exporter)
+        .build();
+    install(format, logs, provider)
+}
+
+fn resource() -> opentelemetry_sdk::Resource {
+    let builder = opentelemetry_sdk::Resource::builder();
+    // OTEL_SERVICE_NAME, when set, wins over this default.
+    if std::env::var_os("OTEL_SERVICE_NAME").is_some() {
+        builder.build()
+    } else {
+        builder.with_service_name("layered-wallet").build()
+    }
+}
+
+fn install(format: LogFormat, logs: bool, provider: SdkTracerProvider) -> TelemetryGuard {
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    // `try_init` so that tests, which build many apps in one process, can
-    // call this repeatedly.
-    let _ = match format {
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        LogFormat::Text => builder.try_init(),
-    };
+        || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    let otel = tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer("layered-wallet"))
+        .with_filter(EnvFilter::new("info"));
+    let fmt = logs.then(|| match format {
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .with_filter(filter())
+            .boxed(),
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_filter(filter())
+            .boxed(),
+    });
+    // `try_init`: a test process builds many apps and initialises once.
+    let _ = tracing_subscriber::registry()
+        .with(otel)
+        .with(fmt)
+        .try_init();
+    TelemetryGuard { provider }
+}
+
+/// What the middleware learns about a request, for the handlers.
+#[derive(Debug, Clone)]
+pub struct RequestContext {
+    pub request_id: String,
+    /// 32 lowercase hex digits; all zeros only if tracing is not set up.
+    pub trace_id: String,
+    pub started: Instant,
+}
+
+impl RequestContext {
+    pub fn of(request: &actix_web::HttpRequest) -> Self {
+        request
+            .extensions()
+            .get::<RequestContext>()
+            .cloned()
+            .unwrap_or_else(|| RequestContext {
+                request_id: Uuid::new_v4().to_string(),
+                trace_id: "0".repeat(32),
+                started: Instant::now(),
+            })
+    }
+}
+
+struct HeaderExtractor<'a>(&'a actix_web::http::header::HeaderMap);
+
+impl Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|value| value.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(HeaderName::as_str).collect()
+    }
+}
+
+/// A client's `X-Request-Id` is kept if it is short and plain; otherwise we
+/// make one.
+fn request_id_of(request: &ServiceRequest) -> String {
+    request
+        .headers()
+        .get("x-request-id")
+        .and_then(|value| value.to_str().ok())
+        .filter(|id| !id.is_empty() && id.len() <= 64)
+        .filter(|id| {
+            id.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+        })
+        .map(str::to_owned)
+        .unwrap_or_else(|| Uuid::new_v4().to_string())
+}
+
+/// The request middleware: a server span per request, the request id and
+/// trace id for handlers, `X-Request-Id` and `traceparent` on the response,
+/// and the request latency histogram.
+pub async fn trace_requests(
+    request: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let started = Instant::now();
+    let request_id = request_id_of(&request);
+    let route = request
+        .match_pattern()
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let method = request.method().to_string();
+    let span = tracing::info_span!(
+        "http.request",
+        otel.name = %format!("{method} {route}"),
+        otel.kind = "server",
+        http.request.method = %method,
+        http.route = %route,
+        http.response.status_code = tracing::field::Empty,
+        request.id = %request_id,
+        defense.layer = tracing::field::Empty,
+        defense.outcome = tracing::field::Empty,
+    );
+    let parent = TraceContextPropagator::new().extract(&HeaderExtractor(request.headers()));
+    let _ = span.set_parent(parent);
+    let span_context = span.context().span().span_context().clone();
+    let trace_id = span_context.trace_id().to_string();
+    request.extensions_mut().insert(RequestContext {
+        request_id: request_id.clone(),
+        trace_id,
+        started,
+    });
+    let metrics = request
+        .app_data::<actix_web::web::Data<crate::state::AppState>>()
+        .map(|state| state.metrics.clone());
+
+    let mut response = next.call(request).instrument(span.clone()).await?;
+
+    let status = response.status();
+    span.record("http.response.status_code", status.as_u16());
+    if let Some(metrics) = metrics {
+        metrics
+            .http_latency
+            .with_label_values(&[
+                route.as_str(),
+                method.as_str(),
+                &format!("{}xx", status.as_u16() / 100),
+            ])
+            .observe(started.elapsed().as_secs_f64());
+    }
+    let headers = response.headers_mut();
+    if let Ok(value) = HeaderValue::from_str(&request_id) {
+        headers.insert(HeaderName::from_static("x-request-id"), value);
+    }
+    if span_context.is_valid() {
+        let traceparent = format!(
+            "00-{}-{}-{:02x}",
+            span_context.trace_id(),
+            span_context.span_id(),
+            span_context.trace_flags().to_u8()
+        );
+        if let Ok(value) = HeaderValue::from_str(&traceparent) {
+            headers.insert(HeaderName::from_static("traceparent"), value);
+        }
+    }
+    Ok(response)
 }

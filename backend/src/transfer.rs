@@ -9,6 +9,8 @@
 //! `transfer_retries_max` times; neither should happen with the fixed lock
 //! order, and neither reaches the client as a 500.
 
+use std::time::Instant;
+
 use actix_web::http::StatusCode;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -16,9 +18,9 @@ use sqlx::{AssertSqlSafe, PgConnection};
 use uuid::Uuid;
 
 use crate::auth::{self, VerifiedToken};
-use crate::defense::Layer;
+use crate::decision::{Decision, Layer, Outcome};
 use crate::defense::idempotency::{self, Claim, IdempotencyKey, StoredResponse};
-use crate::defense::row_guard::{self, Debit};
+use crate::defense::row_guard::{self, Guarded};
 use crate::domain::TransferRequest;
 use crate::problem::{self, Problem};
 use crate::state::AppState;
@@ -40,7 +42,10 @@ pub struct TransferReceipt {
 pub enum TransferOutcome {
     /// This request did the work: a 201, or a business refusal (422) that
     /// was stored with the key like a success.
-    Decided(StoredResponse),
+    Decided {
+        response: StoredResponse,
+        decision: Decision,
+    },
     /// A retry of a completed request: its stored response.
     Replayed(StoredResponse),
     /// The key belongs to a different request.
@@ -49,18 +54,36 @@ pub enum TransferOutcome {
     InFlight,
 }
 
+/// A refusal that is not stored with the key: the transaction rolled back.
+#[derive(Debug)]
+pub struct Refusal {
+    pub problem: Problem,
+    pub decision: Decision,
+}
+
+impl Refusal {
+    fn new(problem: Problem, layer: Layer, outcome: Outcome) -> Self {
+        Self {
+            problem,
+            decision: Decision::new(layer, outcome),
+        }
+    }
+}
+
 /// Runs the transaction, retrying it on serialization failures and
-/// deadlocks. Returns a `Problem` for what must not be stored.
+/// deadlocks. `trace_id` goes into stored problem bodies, so a replayed
+/// refusal still points at the trace of the request that decided it.
 pub async fn execute(
     state: &AppState,
     caller: &VerifiedToken,
     request: &TransferRequest,
     key: Option<IdempotencyKey>,
     fingerprint: &[u8; 32],
-) -> Result<TransferOutcome, Problem> {
+    trace_id: &str,
+) -> Result<TransferOutcome, Refusal> {
     let mut attempt = 0;
     loop {
-        match execute_once(state, caller, request, key, fingerprint).await {
+        match execute_once(state, caller, request, key, fingerprint, trace_id).await {
             Err(Failure::Database(error))
                 if is_retryable(&error) && attempt < state.settings.transfer_retries_max =>
             {
@@ -69,15 +92,22 @@ pub async fn execute(
             }
             Err(Failure::Database(error)) if is_lock_timeout(&error) => {
                 tracing::warn!("gave up waiting for a wallet row lock");
-                return Err(Problem::unavailable(
-                    "The wallet is busy with other transfers. Nothing was changed; retry shortly.",
-                )
-                .with_layer(Layer::RowGuard));
+                return Err(Refusal::new(
+                    Problem::unavailable(
+                        "The wallet is busy with other transfers. Nothing was changed; retry shortly.",
+                    ),
+                    Layer::RowGuard,
+                    Outcome::Error,
+                ));
             }
             Err(Failure::Database(error)) => {
-                return Err(problem::from_database_error(&error, "running a transfer"));
+                return Err(Refusal::new(
+                    problem::from_database_error(&error, "running a transfer"),
+                    Layer::NoLayer,
+                    Outcome::Error,
+                ));
             }
-            Err(Failure::Refused(problem)) => return Err(problem),
+            Err(Failure::Refused(refusal)) => return Err(refusal),
             Ok(outcome) => return Ok(outcome),
         }
     }
@@ -86,7 +116,7 @@ pub async fn execute(
 enum Failure {
     Database(sqlx::Error),
     /// Refused without storing anything; the transaction rolls back.
-    Refused(Problem),
+    Refused(Refusal),
 }
 
 impl From<sqlx::Error> for Failure {
@@ -101,6 +131,7 @@ async fn execute_once(
     request: &TransferRequest,
     key: Option<IdempotencyKey>,
     fingerprint: &[u8; 32],
+    trace_id: &str,
 ) -> Result<TransferOutcome, Failure> {
     let settings = &state.settings;
     // The first lock this transaction may wait for is the key's claim (when
@@ -117,22 +148,28 @@ async fn execute_once(
         .await?;
 
     if !auth::token_is_live(&mut *tx, caller).await? {
-        return Err(Failure::Refused(Problem::invalid_token(
-            "The bearer token has been revoked or has expired.",
+        return Err(Failure::Refused(Refusal::new(
+            Problem::invalid_token("The bearer token has been revoked or has expired."),
+            Layer::NoLayer,
+            Outcome::Unauthorized,
         )));
     }
 
     // Layer 2: claim the key.
     if let Some(key) = key {
-        match idempotency::claim(
+        let started = Instant::now();
+        let claim = idempotency::claim(
             &mut tx,
             caller.user_id,
             key,
             fingerprint,
             settings.idempotency_retention_hours,
         )
-        .await?
-        {
+        .await?;
+        state
+            .metrics
+            .observe_layer(Layer::Idempotency.as_str(), started.elapsed());
+        match claim {
             Claim::Started => {
                 set_lock_timeout_ms(&mut tx, settings.wallet_lock_wait_ms_max).await?
             }
@@ -142,61 +179,77 @@ async fn execute_once(
         }
     }
 
-    // Layer 3: lock both wallets in id order, then the guarded debit.
-    let wallets = row_guard::lock_wallets(&mut tx, request.from, request.to).await?;
-    if wallets.source_owner != Some(caller.user_id) {
-        return Err(Failure::Refused(Problem::new(
-            StatusCode::FORBIDDEN,
-            "not-your-wallet",
-            "Not your wallet",
-            "You can only send money from a wallet you own.",
-        )));
-    }
-    let (response, transfer_id) = if !wallets.target_exists {
-        (refusal(unknown_target()), None)
-    } else {
-        match row_guard::debit(&mut tx, request.from, request.amount.get()).await? {
-            Debit::InsufficientFunds => (refusal(insufficient_funds()), None),
-            Debit::Applied {
+    // Layer 3: the row guard.
+    let transfer_id = Uuid::now_v7();
+    let started = Instant::now();
+    let guarded = row_guard::apply(
+        &mut tx,
+        transfer_id,
+        request,
+        caller.user_id,
+        key.map(IdempotencyKey::as_uuid),
+    )
+    .await?;
+    state
+        .metrics
+        .observe_layer(Layer::RowGuard.as_str(), started.elapsed());
+    let (response, decision) = match guarded {
+        Guarded::NotOwner => {
+            return Err(Failure::Refused(Refusal::new(
+                Problem::new(
+                    StatusCode::FORBIDDEN,
+                    "not-your-wallet",
+                    "Not your wallet",
+                    "You can only send money from a wallet you own.",
+                ),
+                Layer::NoLayer,
+                Outcome::Unauthorized,
+            )));
+        }
+        Guarded::UnknownTarget => (
+            refusal(unknown_target().with_trace_id(trace_id)),
+            Decision::new(Layer::RowGuard, Outcome::Rejected),
+        ),
+        Guarded::InsufficientFunds => (
+            refusal(insufficient_funds().with_trace_id(trace_id)),
+            Decision::new(Layer::RowGuard, Outcome::InsufficientFunds),
+        ),
+        Guarded::Applied {
+            balance_minor_after,
+            created_at,
+        } => {
+            let receipt = TransferReceipt {
+                id: transfer_id,
+                from_wallet_id: request.from.0,
+                to_wallet_id: request.to.0,
+                amount_minor: request.amount.get(),
+                created_at,
                 balance_minor_after,
-            } => {
-                let transfer_id = Uuid::now_v7();
-                let created_at = row_guard::credit_and_record(
-                    &mut tx,
-                    transfer_id,
-                    request,
-                    caller.user_id,
-                    key.map(IdempotencyKey::as_uuid),
-                )
-                .await?;
-                let receipt = TransferReceipt {
-                    id: transfer_id,
-                    from_wallet_id: request.from.0,
-                    to_wallet_id: request.to.0,
-                    amount_minor: request.amount.get(),
-                    created_at,
-                    balance_minor_after,
-                };
-                let body = serde_json::to_string(&receipt).map_err(|error| {
-                    tracing::error!(error = %error, "could not serialise a transfer receipt");
-                    Failure::Refused(Problem::internal())
-                })?;
-                (
-                    StoredResponse {
-                        status: StatusCode::CREATED.as_u16(),
-                        body,
-                    },
-                    Some(transfer_id),
-                )
-            }
+            };
+            let body = serde_json::to_string(&receipt).map_err(|error| {
+                tracing::error!(error = %error, "could not serialise a transfer receipt");
+                Failure::Refused(Refusal::new(
+                    Problem::internal(),
+                    Layer::NoLayer,
+                    Outcome::Error,
+                ))
+            })?;
+            (
+                StoredResponse {
+                    status: StatusCode::CREATED.as_u16(),
+                    body,
+                },
+                Decision::new(Layer::RowGuard, Outcome::Accepted),
+            )
         }
     };
+    let transfer_id = (decision.outcome == Outcome::Accepted).then_some(transfer_id);
 
     if let Some(key) = key {
         idempotency::complete(&mut tx, caller.user_id, key, &response, transfer_id).await?;
     }
     tx.commit().await?;
-    Ok(TransferOutcome::Decided(response))
+    Ok(TransferOutcome::Decided { response, decision })
 }
 
 async fn set_lock_timeout_ms(tx: &mut PgConnection, ms: u64) -> Result<(), sqlx::Error> {
@@ -206,6 +259,7 @@ async fn set_lock_timeout_ms(tx: &mut PgConnection, ms: u64) -> Result<(), sqlx:
     Ok(())
 }
 
+/// A business refusal as stored and sent: its layer is the row guard's.
 fn refusal(problem: Problem) -> StoredResponse {
     StoredResponse {
         status: problem.status,

@@ -2,10 +2,8 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::proxy::CountingProxy;
 use common::*;
 use layered_wallet::defense::cooldown::{Cooldown, CooldownLock, CooldownPermit};
 use layered_wallet::domain::UserId;
@@ -14,21 +12,11 @@ use secrecy::SecretString;
 use uuid::Uuid;
 
 /// Proves the window refuses a second transfer with 429 and a Retry-After
-/// rounded up from the key's TTL, and that the refusal sends not one byte to
-/// PostgreSQL (measured on a proxy between the app and the database).
+/// rounded up from the key's TTL, and that the refusal sends not one query to
+/// PostgreSQL (counted on a proxy between the app and the database).
 #[tokio::test]
 async fn a_second_transfer_inside_the_window_is_refused_without_touching_the_database() {
-    let (_, options) = create_database().await;
-    let upstream: SocketAddr = format!("127.0.0.1:{}", options.get_port())
-        .parse()
-        .expect("addr");
-    let proxy = CountingProxy::start(upstream).await;
-    let app = {
-        let prefix = format!("test:{}:", Uuid::new_v4().simple());
-        let mut settings = test_settings(&database_url_via(&options, proxy.port), &prefix);
-        settings.cooldown_ttl_ms = 5_000;
-        spawn_with(settings, options.clone()).await
-    };
+    let (app, proxy) = spawn_app_behind_proxy(|settings| settings.cooldown_ttl_ms = 5_000).await;
     let alice = app.sign_up("alice").await;
     let bob = app.sign_up("bob").await;
 
@@ -39,7 +27,11 @@ async fn a_second_transfer_inside_the_window_is_refused_without_touching_the_dat
         .expect("send");
     assert_eq!(first.status(), 201);
 
-    let bytes_before = proxy.bytes_to_upstream();
+    let queries_before = proxy.query_messages();
+    assert!(
+        queries_before > 0,
+        "the proxy saw no queries at all: it is not in the path"
+    );
     for _ in 0..5 {
         let refused = app
             .transfer_request(&alice, bob.wallet_id, 100, Some(&new_key()))
@@ -58,8 +50,8 @@ async fn a_second_transfer_inside_the_window_is_refused_without_touching_the_dat
         assert_eq!(body["type"], "/problems/cooldown-active");
     }
     assert_eq!(
-        proxy.bytes_to_upstream(),
-        bytes_before,
+        proxy.query_messages(),
+        queries_before,
         "a refused request reached PostgreSQL"
     );
     assert_eq!(app.balance(alice.wallet_id).await, 100_000 - 100);
@@ -152,17 +144,8 @@ async fn the_body_scope_refuses_only_identical_transfers() {
 /// told to wait: with PostgreSQL gone, the retry gets 503 again, not 429.
 #[tokio::test]
 async fn a_server_failure_releases_the_window_for_an_honest_retry() {
-    let (_, options) = create_database().await;
-    let upstream: SocketAddr = format!("127.0.0.1:{}", options.get_port())
-        .parse()
-        .expect("addr");
-    let proxy = CountingProxy::start(upstream).await;
-    let app = {
-        let prefix = format!("test:{}:", Uuid::new_v4().simple());
-        let mut settings = test_settings(&database_url_via(&options, proxy.port), &prefix);
-        settings.db_acquire_wait_ms_max = 500;
-        spawn_with(settings, options.clone()).await
-    };
+    let (app, proxy) =
+        spawn_app_behind_proxy(|settings| settings.db_acquire_wait_ms_max = 500).await;
     let alice = app.sign_up("alice").await;
     let bob = app.sign_up("bob").await;
     proxy.go_down();
@@ -177,7 +160,7 @@ async fn a_server_failure_releases_the_window_for_an_honest_retry() {
         assert_eq!(status, 503, "attempt {attempt}");
     }
     assert!(
-        app.redis_keys().await.is_empty(),
+        app.cooldown_keys().await.is_empty(),
         "the window was not released"
     );
     assert_eq!(app.transfer_count().await, 0);
@@ -190,7 +173,12 @@ async fn only_the_owner_can_release_a_window() {
     assert_redis_reachable().await;
     let prefix = format!("test:{}:", Uuid::new_v4().simple());
     let settings = test_settings("postgres://unused@127.0.0.1/unused", &prefix);
-    let lock = CooldownLock::from_settings(&settings).expect("lock");
+    let pool = layered_wallet::startup::redis_pool(&settings).expect("pool");
+    let lock = CooldownLock::new(
+        &settings,
+        Some(pool),
+        prometheus::IntCounter::new("t", "t").expect("counter"),
+    );
     let user = UserId(Uuid::new_v4());
 
     let Cooldown::Acquired(permit) = lock

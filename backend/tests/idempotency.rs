@@ -120,7 +120,7 @@ async fn a_malformed_key_is_refused_before_any_work() {
     }
     assert_eq!(app.snapshot().await, before);
     assert!(
-        app.redis_keys().await.is_empty(),
+        app.cooldown_keys().await.is_empty(),
         "a refused request took the cooldown window"
     );
     let fixed = app

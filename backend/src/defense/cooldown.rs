@@ -27,13 +27,12 @@
 //! infrastructure error is never reported as 429.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use deadpool_redis::{Pool, Runtime, Timeouts};
+use deadpool_redis::Pool;
+use prometheus::IntCounter;
 use rand::RngCore;
 use redis::Script;
-use secrecy::ExposeSecret;
 use sha2::{Digest, Sha256};
 
 use crate::domain::UserId;
@@ -85,28 +84,24 @@ pub struct CooldownLock {
     command_timeout: Duration,
     release_script: Arc<Script>,
     /// Requests let through because Redis could not be asked.
-    fail_open_passes: Arc<AtomicU64>,
+    fail_open_passes: IntCounter,
 }
 
 impl CooldownLock {
-    /// Builds the pool without connecting: the server starts (and fails
-    /// open) even while Redis is down.
-    pub fn from_settings(settings: &Settings) -> anyhow::Result<Self> {
-        let pool = if settings.cooldown_enabled {
-            Some(redis_pool(settings)?)
-        } else {
-            None
-        };
-        Ok(Self {
-            pool,
+    /// `pool` is the shared Redis pool; the layer is disabled when
+    /// `cooldown_enabled` is off. Nothing connects here: the server starts
+    /// (and fails open) even while Redis is down.
+    pub fn new(settings: &Settings, pool: Option<Pool>, fail_open_passes: IntCounter) -> Self {
+        Self {
+            pool: pool.filter(|_| settings.cooldown_enabled),
             ttl_ms: settings.cooldown_ttl_ms,
             scope: settings.cooldown_scope,
             on_store_error: settings.cooldown_on_store_error,
             key_prefix: settings.redis_key_prefix.clone(),
             command_timeout: Duration::from_millis(settings.redis_command_timeout_ms),
             release_script: Arc::new(Script::new(RELEASE_IF_OWNER)),
-            fail_open_passes: Arc::new(AtomicU64::new(0)),
-        })
+            fail_open_passes,
+        }
     }
 
     pub fn pool(&self) -> Option<&Pool> {
@@ -114,7 +109,7 @@ impl CooldownLock {
     }
 
     pub fn fail_open_passes(&self) -> u64 {
-        self.fail_open_passes.load(Ordering::Relaxed)
+        self.fail_open_passes.get()
     }
 
     /// The Redis key for `user` doing `action`; with the body scope, a
@@ -135,7 +130,11 @@ impl CooldownLock {
 
     /// One atomic `SET key token NX PX ttl`; on refusal, one `PTTL` for the
     /// `Retry-After` value.
-    #[tracing::instrument(name = "defense.cooldown", skip_all, fields(user.id = %user))]
+    #[tracing::instrument(
+        name = "defense.cooldown",
+        skip_all,
+        fields(defense.layer = "cooldown", defense.outcome = tracing::field::Empty, user.id = %user)
+    )]
     pub async fn try_acquire(
         &self,
         user: UserId,
@@ -145,6 +144,25 @@ impl CooldownLock {
         let Some(pool) = &self.pool else {
             return Ok(Cooldown::Disabled);
         };
+        let decided = self.ask_redis(pool, user, action, canonical_body).await;
+        let outcome = match &decided {
+            Ok(Cooldown::Acquired(_)) => "accepted",
+            Ok(Cooldown::Active { .. }) => "rejected",
+            Ok(Cooldown::PassedWithoutStore) => "degraded",
+            Ok(Cooldown::Disabled) => "disabled",
+            Err(CooldownUnavailable) => "error",
+        };
+        tracing::Span::current().record("defense.outcome", outcome);
+        decided
+    }
+
+    async fn ask_redis(
+        &self,
+        pool: &Pool,
+        user: UserId,
+        action: &str,
+        canonical_body: &str,
+    ) -> Result<Cooldown, CooldownUnavailable> {
         let key = self.key(user, action, canonical_body);
         let token = random_token();
         let attempt = async {
@@ -183,7 +201,8 @@ impl CooldownLock {
     fn store_failed(&self, error: &str) -> Result<Cooldown, CooldownUnavailable> {
         match self.on_store_error {
             StoreErrorPolicy::FailOpen => {
-                let passes = self.fail_open_passes.fetch_add(1, Ordering::Relaxed) + 1;
+                self.fail_open_passes.inc();
+                let passes = self.fail_open_passes.get();
                 tracing::warn!(
                     error,
                     cooldown.fail_open_passes = passes,
@@ -244,24 +263,6 @@ fn random_token() -> String {
     let mut bytes = [0u8; 16];
     rand::thread_rng().fill_bytes(&mut bytes);
     hex::encode(bytes)
-}
-
-/// A Redis pool with every limit explicit. Creating it does not connect.
-pub fn redis_pool(settings: &Settings) -> anyhow::Result<Pool> {
-    let mut config = deadpool_redis::Config::from_url(settings.redis_url.expose_secret());
-    let command_timeout = Duration::from_millis(settings.redis_command_timeout_ms);
-    config.pool = Some(deadpool_redis::PoolConfig {
-        max_size: settings.redis_pool_connections_max,
-        timeouts: Timeouts {
-            wait: Some(Duration::from_millis(settings.redis_pool_wait_ms_max)),
-            create: Some(command_timeout),
-            recycle: Some(command_timeout),
-        },
-        ..Default::default()
-    });
-    config
-        .create_pool(Some(Runtime::Tokio1))
-        .map_err(|error| anyhow::anyhow!("invalid Redis configuration: {error}"))
 }
 
 /// Seconds for a `Retry-After` header: rounded up, never zero.

@@ -30,6 +30,7 @@ use actix_web::HttpRequest;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use crate::decision::Layer;
 use crate::domain::UserId;
 use crate::problem::Problem;
 
@@ -51,7 +52,7 @@ impl IdempotencyKey {
             Problem::validation(
                 "The Idempotency-Key header must be a UUID, optionally in double quotes.",
             )
-            .with_layer(crate::defense::Layer::Idempotency)
+            .with_layer(Layer::Idempotency)
         })
     }
 
@@ -64,25 +65,32 @@ impl IdempotencyKey {
                 return Err(Problem::bad_request(
                     "This deployment requires an Idempotency-Key header (a UUID) on every transfer.",
                 )
-                .with_layer(crate::defense::Layer::Idempotency));
+                .with_layer(Layer::Idempotency));
             }
             return Ok(None);
         };
         if values.next().is_some() {
             return Err(
                 Problem::validation("Send exactly one Idempotency-Key header.")
-                    .with_layer(crate::defense::Layer::Idempotency),
+                    .with_layer(Layer::Idempotency),
             );
         }
         let value = value.to_str().map_err(|_| {
             Problem::validation("The Idempotency-Key header must be a UUID.")
-                .with_layer(crate::defense::Layer::Idempotency)
+                .with_layer(Layer::Idempotency)
         })?;
         Self::parse(value).map(Some)
     }
 
     pub fn as_uuid(self) -> Uuid {
         self.0
+    }
+
+    /// A short SHA-256 of the key, for logs and spans: enough to correlate,
+    /// without writing the key itself everywhere.
+    pub fn hash_hex(self) -> String {
+        use sha2::{Digest, Sha256};
+        hex::encode(&Sha256::digest(self.0.as_bytes())[..8])
     }
 }
 
@@ -109,7 +117,16 @@ pub enum Claim {
 
 /// Claims `key` for `user` inside `tx`. The caller has set the transaction's
 /// `lock_timeout` to the longest it will wait for an in-flight claim.
-#[tracing::instrument(name = "defense.idempotency", skip_all, fields(user.id = %user))]
+#[tracing::instrument(
+    name = "defense.idempotency",
+    skip_all,
+    fields(
+        defense.layer = "idempotency",
+        defense.outcome = tracing::field::Empty,
+        user.id = %user,
+        idempotency.key_hash = %key.hash_hex(),
+    )
+)]
 pub async fn claim(
     tx: &mut PgConnection,
     user: UserId,
@@ -138,6 +155,26 @@ pub async fn claim(
     .bind(i32::try_from(retention_hours).unwrap_or(i32::MAX))
     .fetch_optional(&mut *tx)
     .await;
+    let claim = claim_outcome(tx, user, key, fingerprint, inserted).await?;
+    tracing::Span::current().record(
+        "defense.outcome",
+        match claim {
+            Claim::Started => "accepted",
+            Claim::Replay(_) => "replayed",
+            Claim::Mismatch => "key_reused",
+            Claim::InFlight => "in_flight",
+        },
+    );
+    Ok(claim)
+}
+
+async fn claim_outcome(
+    tx: &mut PgConnection,
+    user: UserId,
+    key: IdempotencyKey,
+    fingerprint: &[u8; 32],
+    inserted: Result<Option<bool>, sqlx::Error>,
+) -> Result<Claim, sqlx::Error> {
     match inserted {
         Ok(Some(_)) => return Ok(Claim::Started),
         Ok(None) => {}
@@ -230,7 +267,9 @@ pub fn spawn_sweeper(
     batch_rows_max: i64,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut ticker = tokio::time::interval(interval);
+        // The first sweep is one interval after start-up, not at once: a
+        // fleet restarting together should not all sweep at the same moment.
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticker.tick().await;

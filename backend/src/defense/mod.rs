@@ -10,27 +10,8 @@
 //! The first is an efficiency measure and may fail open; the last two are
 //! the correctness guarantee and never do.
 
-use serde::Serialize;
-
 pub mod cooldown;
 pub mod idempotency;
 pub mod row_guard;
 
-/// Which defense made a decision; reported in problem bodies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Layer {
-    Cooldown,
-    Idempotency,
-    RowGuard,
-}
-
-impl Layer {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Layer::Cooldown => "cooldown",
-            Layer::Idempotency => "idempotency",
-            Layer::RowGuard => "row_guard",
-        }
-    }
-}
+pub use crate::decision::Layer;

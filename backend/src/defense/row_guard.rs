@@ -31,6 +31,76 @@ use uuid::Uuid;
 
 use crate::domain::{TransferRequest, UserId, WalletId};
 
+/// What the row guard decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guarded {
+    /// Debited, credited and recorded.
+    Applied {
+        balance_minor_after: i64,
+        created_at: DateTime<Utc>,
+    },
+    InsufficientFunds,
+    UnknownTarget,
+    /// The caller does not own the source wallet (or it does not exist).
+    NotOwner,
+}
+
+impl Guarded {
+    fn outcome(self) -> &'static str {
+        match self {
+            Guarded::Applied { .. } => "accepted",
+            Guarded::InsufficientFunds => "insufficient_funds",
+            Guarded::UnknownTarget => "rejected",
+            Guarded::NotOwner => "unauthorized",
+        }
+    }
+}
+
+/// The whole layer, in the caller's transaction: lock both wallets in id
+/// order, check ownership and the target, run the guarded debit, then
+/// credit and record.
+#[tracing::instrument(
+    name = "defense.row_guard",
+    skip_all,
+    fields(
+        defense.layer = "row_guard",
+        defense.outcome = tracing::field::Empty,
+        wallet.from = %request.from,
+        wallet.to = %request.to,
+        amount_minor = request.amount.get(),
+    )
+)]
+pub async fn apply(
+    tx: &mut PgConnection,
+    transfer_id: Uuid,
+    request: &TransferRequest,
+    caller: UserId,
+    idempotency_key: Option<Uuid>,
+) -> Result<Guarded, sqlx::Error> {
+    let wallets = lock_wallets(tx, request.from, request.to).await?;
+    let guarded = if wallets.source_owner != Some(caller) {
+        Guarded::NotOwner
+    } else if !wallets.target_exists {
+        Guarded::UnknownTarget
+    } else {
+        match debit(tx, request.from, request.amount.get()).await? {
+            Debit::InsufficientFunds => Guarded::InsufficientFunds,
+            Debit::Applied {
+                balance_minor_after,
+            } => {
+                let created_at =
+                    credit_and_record(tx, transfer_id, request, caller, idempotency_key).await?;
+                Guarded::Applied {
+                    balance_minor_after,
+                    created_at,
+                }
+            }
+        }
+    };
+    tracing::Span::current().record("defense.outcome", guarded.outcome());
+    Ok(guarded)
+}
+
 /// What locking the two wallets of a transfer found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LockedWallets {
@@ -72,7 +142,6 @@ pub enum Debit {
 }
 
 /// The guard itself: check and write in one statement.
-#[tracing::instrument(name = "defense.row_guard", skip_all, fields(wallet.id = %from))]
 pub async fn debit(
     tx: &mut PgConnection,
     from: WalletId,

@@ -33,7 +33,7 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
         tokio::time::timeout(probe_timeout, sqlx::query("SELECT 1").execute(&state.db)).await;
     let postgres_ok = matches!(postgres, Ok(Ok(_)));
 
-    let redis = match state.cooldown.pool() {
+    let redis = match &state.redis {
         None => "disabled",
         Some(pool) => {
             let ping = async {

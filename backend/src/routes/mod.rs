@@ -10,6 +10,7 @@ use crate::auth::{self, VerifiedToken};
 use crate::problem::{self, Problem};
 use crate::state::AppState;
 
+pub mod decisions;
 pub mod health;
 pub mod transfers;
 pub mod users;

@@ -4,6 +4,8 @@
 //! checks that need no I/O, then layer 1 (cooldown, Redis), then layers 2
 //! and 3 (idempotency key and row guard, one PostgreSQL transaction).
 
+use std::time::Instant;
+
 use actix_web::http::StatusCode;
 use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -11,13 +13,15 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::defense::Layer;
+use crate::decision::feed::FeedEntry;
+use crate::decision::{Decision, Layer, Outcome};
 use crate::defense::cooldown::{self, Cooldown, CooldownUnavailable};
 use crate::defense::idempotency::{IdempotencyKey, StoredResponse};
-use crate::domain::TransferRequest;
+use crate::domain::{TransferRequest, UserId};
 use crate::problem::{self, PROBLEM_CONTENT_TYPE, Problem};
 use crate::routes::{authenticate, read_json_body};
 use crate::state::AppState;
+use crate::telemetry::RequestContext;
 use crate::transfer::{self, TransferOutcome};
 
 /// The action name the cooldown window is scoped to.
@@ -47,51 +51,210 @@ pub async fn create_transfer(
     request: HttpRequest,
     payload: web::Payload,
     state: web::Data<AppState>,
-) -> Result<HttpResponse, Problem> {
+) -> HttpResponse {
+    let context = RequestContext::of(&request);
+    let decided = decide(&request, payload, &state, &context).await;
+    report(&state, &context, decided)
+}
+
+/// What `decide` settled on, with what the report needs to know.
+struct Decided {
+    decision: Decision,
+    response: HttpResponse,
+    user: Option<UserId>,
+    key: Option<IdempotencyKey>,
+}
+
+/// The request's path through the layers. Every exit is one decision.
+async fn decide(
+    request: &HttpRequest,
+    payload: web::Payload,
+    state: &AppState,
+    context: &RequestContext,
+) -> Decided {
+    let refuse = |problem: Problem, layer: Layer, outcome: Outcome, user: Option<UserId>, key| {
+        let decision = Decision::new(layer, outcome);
+        let response = problem
+            .with_layer(layer)
+            .with_trace_id(&context.trace_id)
+            .into_response();
+        Decided {
+            decision,
+            response,
+            user,
+            key,
+        }
+    };
+
     // Cheap checks, no I/O: who is calling (a MAC), what they ask, which key.
-    let caller = state.tokens.verify_request(&request)?;
-    let body = read_json_body(&request, payload, state.settings.request_body_bytes_max).await?;
-    let transfer_request = TransferRequest::parse(&body, state.settings.transfer_amount_minor_max)?;
-    let key = IdempotencyKey::from_request(&request, state.settings.idempotency_key_required)?;
+    let caller = match state.tokens.verify_request(request) {
+        Ok(caller) => caller,
+        Err(problem) => return refuse(problem, Layer::NoLayer, Outcome::Unauthorized, None, None),
+    };
+    let user = Some(caller.user_id);
+    let body = match read_json_body(request, payload, state.settings.request_body_bytes_max).await {
+        Ok(body) => body,
+        Err(problem) => return refuse(problem, Layer::NoLayer, Outcome::Invalid, user, None),
+    };
+    let transfer_request =
+        match TransferRequest::parse(&body, state.settings.transfer_amount_minor_max) {
+            Ok(parsed) => parsed,
+            Err(problem) => return refuse(problem, Layer::NoLayer, Outcome::Invalid, user, None),
+        };
+    let key = match IdempotencyKey::from_request(request, state.settings.idempotency_key_required) {
+        Ok(key) => key,
+        Err(problem) => return refuse(problem, Layer::Idempotency, Outcome::Invalid, user, None),
+    };
 
     // Layer 1: the cooldown lock. A refusal here touches no database.
-    let canonical_body = transfer_request.canonical_json();
-    let permit = match state
+    let started = Instant::now();
+    let cooldown = state
         .cooldown
-        .try_acquire(caller.user_id, COOLDOWN_ACTION, &canonical_body)
-        .await
-    {
-        Ok(Cooldown::Acquired(permit)) => Some(permit),
-        Ok(Cooldown::Active { retry_after_ms }) => return Err(cooldown_active(retry_after_ms)),
-        Ok(Cooldown::PassedWithoutStore | Cooldown::Disabled) => None,
+        .try_acquire(
+            caller.user_id,
+            COOLDOWN_ACTION,
+            &transfer_request.canonical_json(),
+        )
+        .await;
+    state
+        .metrics
+        .observe_layer(Layer::Cooldown.as_str(), started.elapsed());
+    let (permit, degraded) = match cooldown {
+        Ok(Cooldown::Acquired(permit)) => (Some(permit), false),
+        Ok(Cooldown::Active { retry_after_ms }) => {
+            return refuse(
+                cooldown_active(retry_after_ms),
+                Layer::Cooldown,
+                Outcome::Rejected,
+                user,
+                key,
+            );
+        }
+        Ok(Cooldown::PassedWithoutStore) => (None, true),
+        Ok(Cooldown::Disabled) => (None, false),
         Err(CooldownUnavailable) => {
-            return Err(Problem::unavailable(
+            let problem = Problem::unavailable(
                 "The cooldown store is unavailable and this deployment fails closed. Retry shortly.",
-            )
-            .with_layer(Layer::Cooldown));
+            );
+            return refuse(problem, Layer::Cooldown, Outcome::Error, user, key);
         }
     };
 
     // Layers 2 and 3: the idempotency claim and the row guard, in one
     // transaction.
     let fingerprint = transfer_request.fingerprint(request.method().as_str(), request.path());
-    let outcome = transfer::execute(&state, &caller, &transfer_request, key, &fingerprint).await;
-    let response = match outcome {
-        Ok(TransferOutcome::Decided(stored)) => stored_response(&stored, false),
-        Ok(TransferOutcome::Replayed(stored)) => stored_response(&stored, true),
-        Ok(TransferOutcome::KeyReused) => key_reused().into_response(),
-        Ok(TransferOutcome::InFlight) => key_in_flight().into_response(),
-        Err(problem) => problem.into_response(),
+    let outcome = transfer::execute(
+        state,
+        &caller,
+        &transfer_request,
+        key,
+        &fingerprint,
+        &context.trace_id,
+    )
+    .await;
+    let decided = match outcome {
+        Ok(TransferOutcome::Decided {
+            response,
+            mut decision,
+        }) => {
+            if degraded && decision.outcome == Outcome::Accepted {
+                decision.outcome = Outcome::Degraded;
+            }
+            Decided {
+                decision,
+                response: stored_response(&response, false),
+                user,
+                key,
+            }
+        }
+        Ok(TransferOutcome::Replayed(stored)) => Decided {
+            decision: Decision::new(Layer::Idempotency, Outcome::Replayed),
+            response: stored_response(&stored, true),
+            user,
+            key,
+        },
+        Ok(TransferOutcome::KeyReused) => refuse(
+            key_reused(),
+            Layer::Idempotency,
+            Outcome::KeyReused,
+            user,
+            key,
+        ),
+        Ok(TransferOutcome::InFlight) => refuse(
+            key_in_flight(),
+            Layer::Idempotency,
+            Outcome::InFlight,
+            user,
+            key,
+        ),
+        Err(refusal) => refuse(
+            refusal.problem,
+            refusal.decision.layer,
+            refusal.decision.outcome,
+            user,
+            key,
+        ),
     };
 
     // Our failure, not the client's: give the window back so an honest
     // retry is not blocked for the rest of the TTL.
-    if response.status().is_server_error() {
+    if decided.response.status().is_server_error() {
         if let Some(permit) = &permit {
             state.cooldown.release(permit).await;
         }
     }
-    Ok(response)
+    decided
+}
+
+/// Reports the decision everywhere, the same way: the response header, the
+/// request's span, the metrics, one log line and the decision feed.
+fn report(state: &AppState, context: &RequestContext, decided: Decided) -> HttpResponse {
+    let Decided {
+        decision,
+        mut response,
+        user,
+        key,
+    } = decided;
+    let status = response.status().as_u16();
+    let latency_ms = context.started.elapsed().as_secs_f64() * 1000.0;
+    if let Ok(value) = header::HeaderValue::from_str(&decision.header_value()) {
+        response
+            .headers_mut()
+            .insert(header::HeaderName::from_static("defense-decision"), value);
+    }
+    let span = tracing::Span::current();
+    span.record("defense.layer", decision.layer.as_str());
+    span.record("defense.outcome", decision.outcome.as_str());
+    state.metrics.count_decision(decision);
+    tracing::info!(
+        decision.layer = decision.layer.as_str(),
+        decision.outcome = decision.outcome.as_str(),
+        http.status = status,
+        latency_ms,
+        request.id = %context.request_id,
+        trace.id = %context.trace_id,
+        user.id = user.map(|user| user.to_string()),
+        idempotency.key_hash = key.map(IdempotencyKey::hash_hex),
+        instance.id = %state.instance_id,
+        "transfer decided"
+    );
+    if let Some(user) = user {
+        state.feed.publish(
+            user,
+            FeedEntry {
+                time: Utc::now(),
+                instance_id: state.instance_id.to_string(),
+                request_id: context.request_id.clone(),
+                trace_id: context.trace_id.clone(),
+                idempotency_key: key.map(IdempotencyKey::as_uuid),
+                layer: decision.layer,
+                outcome: decision.outcome,
+                status,
+                latency_ms,
+            },
+        );
+    }
+    response
 }
 
 /// Sends a response exactly as stored: the same status and the same bytes.
@@ -118,7 +281,6 @@ fn cooldown_active(retry_after_ms: u64) -> Problem {
         "Cooldown: another transfer is in progress",
         format!("A transfer by you started moments ago. Try again in {seconds} s."),
     )
-    .with_layer(Layer::Cooldown)
     .with_retry_after_s(seconds)
 }
 
@@ -129,7 +291,6 @@ fn key_reused() -> Problem {
         "Idempotency key reused",
         "This Idempotency-Key was already used for a different request. Use a new key for a new transfer.",
     )
-    .with_layer(Layer::Idempotency)
 }
 
 fn key_in_flight() -> Problem {
@@ -139,7 +300,6 @@ fn key_in_flight() -> Problem {
         "Request with this key still in progress",
         "A request with this Idempotency-Key is still being processed. Retry shortly to get its result.",
     )
-    .with_layer(Layer::Idempotency)
     .with_retry_after_s(1)
 }
 

@@ -14,10 +14,12 @@ pub mod proxy;
 
 use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use layered_wallet::settings::Settings;
 use layered_wallet::startup::Application;
+use opentelemetry_sdk::trace::InMemorySpanExporter;
 use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -97,6 +99,27 @@ pub fn test_settings(database_url: &str, redis_prefix: &str) -> Settings {
     }
 }
 
+/// Every span the apps in this test process finished, for tests that
+/// assert on traces. TEST_LOG=1 also prints the servers' logs.
+pub fn spans() -> &'static InMemorySpanExporter {
+    install_telemetry()
+}
+
+fn install_telemetry() -> &'static InMemorySpanExporter {
+    static EXPORTER: OnceLock<InMemorySpanExporter> = OnceLock::new();
+    EXPORTER.get_or_init(|| {
+        let exporter = InMemorySpanExporter::default();
+        let guard = layered_wallet::telemetry::init_with_exporter(
+            layered_wallet::settings::LogFormat::Text,
+            std::env::var_os("TEST_LOG").is_some(),
+            exporter.clone(),
+        );
+        // The provider lives as long as the test process.
+        std::mem::forget(guard);
+        exporter
+    })
+}
+
 pub struct TestApp {
     pub address: String,
     /// The test's own pool on the app's database, for asserting on state.
@@ -128,6 +151,22 @@ pub async fn spawn_app(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     spawn_with(settings, options).await
 }
 
+/// Like `spawn_app`, with a counting proxy between the app and PostgreSQL.
+pub async fn spawn_app_behind_proxy(
+    adjust: impl FnOnce(&mut Settings),
+) -> (TestApp, proxy::CountingProxy) {
+    assert_redis_reachable().await;
+    let (_, options) = create_database().await;
+    let upstream = format!("127.0.0.1:{}", options.get_port())
+        .parse()
+        .expect("address");
+    let proxy = proxy::CountingProxy::start(upstream).await;
+    let prefix = format!("test:{}:", Uuid::new_v4().simple());
+    let mut settings = test_settings(&database_url_via(&options, proxy.port), &prefix);
+    adjust(&mut settings);
+    (spawn_with(settings, options).await, proxy)
+}
+
 /// The server URL (password and all) pointed at the test's database.
 pub fn database_url_of(options: &PgConnectOptions) -> String {
     let mut url = url::Url::parse(&postgres_server_url()).expect("valid URL");
@@ -150,15 +189,12 @@ pub async fn spawn_second_instance(first: &TestApp) -> TestApp {
     let mut settings = first.settings.clone();
     settings.http_port = 0;
     let mut second = spawn_with(settings, first.db_options.clone()).await;
-    second.second_instance = true;
+    second.mark_second_instance();
     second
 }
 
 pub async fn spawn_with(settings: Settings, db_options: PgConnectOptions) -> TestApp {
-    // TEST_LOG=1 shows the server's logs; they are silent otherwise.
-    if std::env::var_os("TEST_LOG").is_some() {
-        layered_wallet::telemetry::init(settings.log_format);
-    }
+    install_telemetry();
     // The server runs on a thread and runtime of its own, so that it outlives
     // nothing it should not: dropping the TestApp stops it and closes its
     // pools, and the test's database is dropped after it.
@@ -236,6 +272,11 @@ async fn drop_database(name: &str) {
 }
 
 impl TestApp {
+    /// This app shares its database with another, which drops it.
+    pub fn mark_second_instance(&mut self) {
+        self.second_instance = true;
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.address)
     }
@@ -287,6 +328,21 @@ impl TestApp {
             request = request.header("Idempotency-Key", key);
         }
         request
+    }
+
+    /// GETs `path` as `user` (or anonymously) and parses the JSON body.
+    pub async fn get_json(&self, path: &str, user: Option<&TestUser>) -> Value {
+        let mut request = self.client.get(self.url(path));
+        if let Some(user) = user {
+            request = request.bearer_auth(&user.token);
+        }
+        request
+            .send()
+            .await
+            .expect("send")
+            .json()
+            .await
+            .expect("a JSON body")
     }
 
     pub async fn balance(&self, wallet: Uuid) -> i64 {
@@ -361,14 +417,14 @@ impl TestApp {
         );
     }
 
-    pub async fn redis_keys(&self) -> Vec<String> {
+    pub async fn cooldown_keys(&self) -> Vec<String> {
         let client = redis::Client::open(redis_url()).expect("redis url");
         let mut conn = client
             .get_multiplexed_async_connection()
             .await
             .expect("redis");
         redis::cmd("KEYS")
-            .arg(format!("{}*", self.redis_prefix))
+            .arg(format!("{}cooldown:*", self.redis_prefix))
             .query_async(&mut conn)
             .await
             .expect("KEYS")

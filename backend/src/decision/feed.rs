@@ -1,0 +1,265 @@
+//! The live decision feed, shared by every instance.
+//!
+//! Each user's decisions go to a Redis stream of their own,
+//! `{prefix}decisions:{user_id}`, capped at `decision_feed_entries_per_user_max`
+//! entries (`XADD … MAXLEN ~`) and expiring `decision_feed_retention_hours`
+//! after the last write. Why Redis and not a table: the feed is high-volume,
+//! disposable telemetry, and PostgreSQL is the resource the transfers
+//! compete for; a capped stream bounds its own size, and `XREAD BLOCK`
+//! pushes new entries to every instance's readers with no polling. Losing
+//! the feed (Redis restart) loses no money.
+//!
+//! Writing never slows or breaks a transfer: `publish` only puts the entry
+//! on a bounded in-process queue (`decision_feed_queue_entries_max`); a
+//! background task writes batches to Redis. A full queue or a Redis error
+//! drops entries and counts them (`wallet_decision_feed_dropped_total`).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use deadpool_redis::Pool;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use crate::decision::{Layer, Outcome};
+use crate::domain::UserId;
+use crate::metrics::Metrics;
+
+/// How many entries the writer sends to Redis in one pipeline.
+const WRITE_BATCH_ENTRIES_MAX: usize = 256;
+
+/// One decision, as the feed and its readers see it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct FeedEntry {
+    pub time: DateTime<Utc>,
+    pub instance_id: String,
+    pub request_id: String,
+    pub trace_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<Uuid>,
+    pub layer: Layer,
+    pub outcome: Outcome,
+    pub status: u16,
+    pub latency_ms: f64,
+}
+
+/// An entry with its position in the stream (the cursor for `after`).
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct StoredEntry {
+    pub id: String,
+    #[serde(flatten)]
+    pub entry: FeedEntry,
+}
+
+#[derive(Clone)]
+pub struct DecisionFeed {
+    /// `None` when the feed is off (no Redis configured).
+    queue: Option<mpsc::Sender<(UserId, FeedEntry)>>,
+    pool: Option<Pool>,
+    /// For the live streams, each of which needs a connection of its own
+    /// (a blocking `XREAD` would stall a pooled one).
+    client: Option<redis::Client>,
+    key_prefix: String,
+    command_timeout: Duration,
+    metrics: Metrics,
+}
+
+#[derive(Clone)]
+pub struct FeedSettings {
+    pub key_prefix: String,
+    pub queue_entries_max: usize,
+    pub entries_per_user_max: u64,
+    pub retention_hours: u64,
+    pub command_timeout: Duration,
+}
+
+impl DecisionFeed {
+    /// Starts the writer task. With no Redis pool the feed is off: entries
+    /// are discarded and reads return nothing.
+    pub fn start(
+        pool: Option<Pool>,
+        client: Option<redis::Client>,
+        settings: FeedSettings,
+        metrics: Metrics,
+    ) -> Self {
+        let queue = pool.clone().map(|pool| {
+            let (sender, receiver) = mpsc::channel(settings.queue_entries_max);
+            tokio::spawn(write_batches(
+                receiver,
+                pool,
+                settings.clone(),
+                metrics.clone(),
+            ));
+            sender
+        });
+        Self {
+            queue,
+            pool,
+            client,
+            key_prefix: settings.key_prefix,
+            command_timeout: settings.command_timeout,
+            metrics,
+        }
+    }
+
+    /// Queues an entry without waiting. Never fails the caller.
+    pub fn publish(&self, user: UserId, entry: FeedEntry) {
+        let Some(queue) = &self.queue else { return };
+        if queue.try_send((user, entry)).is_err() {
+            self.metrics.feed_dropped.inc();
+        }
+    }
+
+    pub fn stream_key(&self, user: UserId) -> String {
+        stream_key(&self.key_prefix, user)
+    }
+
+    /// A dedicated connection for one live stream, whose replies may take
+    /// up to `response_timeout` (the blocking read's wait, plus slack).
+    pub async fn stream_connection(
+        &self,
+        response_timeout: Duration,
+    ) -> Result<redis::aio::MultiplexedConnection, String> {
+        let client = self
+            .client
+            .as_ref()
+            .ok_or("the decision feed is disabled")?;
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.command_timeout))
+            .set_response_timeout(Some(response_timeout));
+        client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|error| error.to_string())
+    }
+
+    /// The user's entries after stream id `after` (exclusive), oldest
+    /// first, at most `count`.
+    pub async fn read_after(
+        &self,
+        user: UserId,
+        after: Option<&str>,
+        count: usize,
+    ) -> Result<Vec<StoredEntry>, String> {
+        let Some(pool) = &self.pool else {
+            return Ok(Vec::new());
+        };
+        let start = after.map_or_else(|| "-".to_owned(), |id| format!("({id}"));
+        let read = async {
+            let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+            redis::cmd("XRANGE")
+                .arg(self.stream_key(user))
+                .arg(start)
+                .arg("+")
+                .arg("COUNT")
+                .arg(count)
+                .query_async::<Vec<RawEntry>>(&mut conn)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        let rows = tokio::time::timeout(self.command_timeout, read)
+            .await
+            .map_err(|_| "timed out".to_owned())??;
+        Ok(rows.into_iter().filter_map(decode).collect())
+    }
+}
+
+pub fn stream_key(prefix: &str, user: UserId) -> String {
+    format!("{prefix}decisions:{user}")
+}
+
+/// Accepts stream ids only (`<ms>-<seq>`), so a cursor cannot smuggle in
+/// another argument.
+pub fn is_stream_id(id: &str) -> bool {
+    let mut parts = id.split('-');
+    let (Some(ms), Some(seq), None) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    [ms, seq].iter().all(|part| {
+        !part.is_empty() && part.len() <= 20 && part.bytes().all(|b| b.is_ascii_digit())
+    })
+}
+
+/// A stream entry as Redis returns it: its id and its field-value pairs.
+pub type RawEntry = (String, Vec<(String, String)>);
+/// An `XREAD` reply: for each stream, its key and its new entries.
+pub type XreadReply = Option<Vec<(String, Vec<RawEntry>)>>;
+
+pub fn decode((id, fields): RawEntry) -> Option<StoredEntry> {
+    let (_, json) = fields.into_iter().find(|(name, _)| name == "d")?;
+    let entry = serde_json::from_str(&json).ok()?;
+    Some(StoredEntry { id, entry })
+}
+
+/// The writer: drains the queue in batches and sends each batch to Redis
+/// in one pipeline. Ends when every sender is gone (the app stopped).
+async fn write_batches(
+    mut receiver: mpsc::Receiver<(UserId, FeedEntry)>,
+    pool: Pool,
+    settings: FeedSettings,
+    metrics: Metrics,
+) {
+    let retention_s = settings.retention_hours.saturating_mul(3600);
+    let mut batch = Vec::with_capacity(WRITE_BATCH_ENTRIES_MAX);
+    while receiver
+        .recv_many(&mut batch, WRITE_BATCH_ENTRIES_MAX)
+        .await
+        > 0
+    {
+        let mut pipe = redis::pipe();
+        for (user, entry) in &batch {
+            let key = stream_key(&settings.key_prefix, *user);
+            let json = serde_json::to_string(entry).unwrap_or_default();
+            pipe.cmd("XADD")
+                .arg(&key)
+                .arg("MAXLEN")
+                .arg("~")
+                .arg(settings.entries_per_user_max)
+                .arg("*")
+                .arg("d")
+                .arg(json)
+                .ignore();
+            pipe.cmd("EXPIRE").arg(&key).arg(retention_s).ignore();
+        }
+        let write = async {
+            let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+            pipe.query_async::<()>(&mut conn)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(settings.command_timeout, write).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                metrics.feed_dropped.inc_by(batch.len() as u64);
+                tracing::warn!(
+                    error,
+                    entries = batch.len(),
+                    "decision feed write failed; entries dropped"
+                );
+            }
+            Err(_) => {
+                metrics.feed_dropped.inc_by(batch.len() as u64);
+                tracing::warn!(
+                    entries = batch.len(),
+                    "decision feed write timed out; entries dropped"
+                );
+            }
+        }
+        batch.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_stream_id;
+
+    #[test]
+    fn only_stream_ids_are_cursors() {
+        assert!(is_stream_id("1700000000000-0"));
+        assert!(!is_stream_id("1700000000000"));
+        assert!(!is_stream_id("+"));
+        assert!(!is_stream_id("1-2-3"));
+        assert!(!is_stream_id("1-x"));
+    }
+}

@@ -1,0 +1,159 @@
+//! The one decision every `POST /api/v1/transfers` ends in: which layer
+//! decided, and how. One type, reported the same way everywhere: the
+//! `Defense-Decision` response header, the problem body, the request's
+//! trace, the metrics, the log line and the decision feed.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+pub mod feed;
+
+pub const HEADER: &str = "Defense-Decision";
+
+/// Which defense made a decision. `None` is for requests refused before the
+/// layers (bad input, authentication) and for infrastructure failures
+/// outside them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Layer {
+    Cooldown,
+    Idempotency,
+    RowGuard,
+    #[serde(rename = "none")]
+    NoLayer,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The transfer was made.
+    Accepted,
+    /// Refused by the layer (a cooldown window, an unknown target).
+    Rejected,
+    /// A retry answered with the stored response.
+    Replayed,
+    /// The key's first request was still running.
+    InFlight,
+    /// The key belongs to a different request.
+    KeyReused,
+    InsufficientFunds,
+    /// The transfer was made while Redis was unreachable and the cooldown
+    /// failed open: correct, but without the edge's protection.
+    Degraded,
+    /// Bad input.
+    Invalid,
+    /// Not authenticated, or not allowed to debit the wallet.
+    Unauthorized,
+    /// Our failure (a store unavailable); safe to retry.
+    Error,
+}
+
+impl Layer {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Layer::Cooldown => "cooldown",
+            Layer::Idempotency => "idempotency",
+            Layer::RowGuard => "row_guard",
+            Layer::NoLayer => "none",
+        }
+    }
+
+    pub const ALL: [Layer; 4] = [
+        Layer::Cooldown,
+        Layer::Idempotency,
+        Layer::RowGuard,
+        Layer::NoLayer,
+    ];
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Accepted => "accepted",
+            Outcome::Rejected => "rejected",
+            Outcome::Replayed => "replayed",
+            Outcome::InFlight => "in_flight",
+            Outcome::KeyReused => "key_reused",
+            Outcome::InsufficientFunds => "insufficient_funds",
+            Outcome::Degraded => "degraded",
+            Outcome::Invalid => "invalid",
+            Outcome::Unauthorized => "unauthorized",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+impl fmt::Display for Layer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Decision {
+    pub layer: Layer,
+    pub outcome: Outcome,
+}
+
+impl Decision {
+    pub const fn new(layer: Layer, outcome: Outcome) -> Self {
+        Self { layer, outcome }
+    }
+
+    /// The `Defense-Decision` header: an RFC 8941 dictionary whose values
+    /// are tokens, e.g. `layer=cooldown, outcome=rejected`.
+    pub fn header_value(self) -> String {
+        format!("layer={}, outcome={}", self.layer, self.outcome)
+    }
+
+    /// Parses a `Defense-Decision` header (clients and the load test).
+    pub fn parse_header(value: &str) -> Option<Self> {
+        let mut layer = None;
+        let mut outcome = None;
+        for member in value.split(',') {
+            let (name, item) = member.trim().split_once('=')?;
+            let item = item.trim().trim_matches('"');
+            match name.trim() {
+                "layer" => {
+                    layer = serde_json::from_value(serde_json::Value::String(item.into())).ok()
+                }
+                "outcome" => {
+                    outcome = serde_json::from_value(serde_json::Value::String(item.into())).ok()
+                }
+                _ => {}
+            }
+        }
+        Some(Self {
+            layer: layer?,
+            outcome: outcome?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_header_is_a_dictionary_of_tokens_and_parses_back() {
+        let decision = Decision::new(Layer::RowGuard, Outcome::InsufficientFunds);
+        assert_eq!(
+            decision.header_value(),
+            "layer=row_guard, outcome=insufficient_funds"
+        );
+        assert_eq!(
+            Decision::parse_header(&decision.header_value()),
+            Some(decision)
+        );
+        let none = Decision::new(Layer::NoLayer, Outcome::Invalid);
+        assert_eq!(Decision::parse_header(&none.header_value()), Some(none));
+        assert_eq!(Decision::parse_header("layer=nope, outcome=accepted"), None);
+    }
+}

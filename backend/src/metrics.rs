@@ -1,0 +1,140 @@
+//! Prometheus metrics, in a registry per application (not a process-wide
+//! global, so that several instances in one test process keep their own
+//! counts). Served as text at `GET /metrics`.
+
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+use crate::decision::Decision;
+
+/// Latency buckets in seconds, from 0.5 ms to 10 s.
+const LATENCY_BUCKETS_S: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    /// Transfer decisions by layer and outcome.
+    pub decisions: IntCounterVec,
+    /// Every HTTP request's latency by route, method and status class.
+    pub http_latency: HistogramVec,
+    /// Time spent in each defense layer.
+    pub layer_latency: HistogramVec,
+    /// Requests let through while Redis could not be asked.
+    pub cooldown_fail_open: IntCounter,
+    /// Decision feed entries dropped because the queue was full or Redis
+    /// failed; the transfer itself was not affected.
+    pub feed_dropped: IntCounter,
+    /// Pool gauges, refreshed at every scrape.
+    pool_connections: IntGaugeVec,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new_custom(Some("wallet".into()), None).unwrap_or_default();
+        let decisions = IntCounterVec::new(
+            Opts::new(
+                "transfer_decisions_total",
+                "Transfer decisions by the layer that decided and the outcome",
+            ),
+            &["layer", "outcome"],
+        )
+        .expect("static metric definition");
+        let http_latency = HistogramVec::new(
+            HistogramOpts::new("http_request_duration_seconds", "HTTP request latency")
+                .buckets(LATENCY_BUCKETS_S.to_vec()),
+            &["route", "method", "status"],
+        )
+        .expect("static metric definition");
+        let layer_latency = HistogramVec::new(
+            HistogramOpts::new(
+                "defense_layer_duration_seconds",
+                "Time spent in each defense layer",
+            )
+            .buckets(LATENCY_BUCKETS_S.to_vec()),
+            &["layer"],
+        )
+        .expect("static metric definition");
+        let cooldown_fail_open = IntCounter::new(
+            "cooldown_fail_open_total",
+            "Requests passed without the cooldown because Redis was unreachable",
+        )
+        .expect("static metric definition");
+        let feed_dropped = IntCounter::new(
+            "decision_feed_dropped_total",
+            "Decision feed entries dropped (queue full or Redis unavailable)",
+        )
+        .expect("static metric definition");
+        let pool_connections = IntGaugeVec::new(
+            Opts::new(
+                "pool_connections",
+                "Connections in each store's pool by state",
+            ),
+            &["store", "state"],
+        )
+        .expect("static metric definition");
+        for collector in [
+            Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(http_latency.clone()),
+            Box::new(layer_latency.clone()),
+            Box::new(cooldown_fail_open.clone()),
+            Box::new(feed_dropped.clone()),
+            Box::new(pool_connections.clone()),
+        ] {
+            registry
+                .register(collector)
+                .expect("each metric is registered once");
+        }
+        Self {
+            registry,
+            decisions,
+            http_latency,
+            layer_latency,
+            cooldown_fail_open,
+            feed_dropped,
+            pool_connections,
+        }
+    }
+
+    pub fn count_decision(&self, decision: Decision) {
+        self.decisions
+            .with_label_values(&[decision.layer.as_str(), decision.outcome.as_str()])
+            .inc();
+    }
+
+    pub fn observe_layer(&self, layer: &str, elapsed: Duration) {
+        self.layer_latency
+            .with_label_values(&[layer])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    pub fn set_pool(&self, store: &str, in_use: usize, idle: usize, max: usize) {
+        let set = |state: &str, value: usize| {
+            self.pool_connections
+                .with_label_values(&[store, state])
+                .set(i64::try_from(value).unwrap_or(i64::MAX));
+        };
+        set("in_use", in_use);
+        set("idle", idle);
+        set("max", max);
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut buffer = Vec::new();
+        // Encoding metrics we defined ourselves into memory cannot fail.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buffer);
+        String::from_utf8(buffer).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,669 @@
+//! Every transfer ends in one decision, reported the same way in the
+//! response header, the problem body, the trace, the metrics and the
+//! decision feed.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::*;
+use layered_wallet::decision::{Decision, Layer, Outcome};
+use layered_wallet::domain::TransferRequest;
+use opentelemetry::Value as OtelValue;
+use opentelemetry_sdk::trace::SpanData;
+use secrecy::SecretString;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+fn decision_of(response: &reqwest::Response) -> Decision {
+    let header = response.headers()["defense-decision"]
+        .to_str()
+        .expect("ascii");
+    Decision::parse_header(header)
+        .unwrap_or_else(|| panic!("bad Defense-Decision header {header:?}"))
+}
+
+fn trace_id_of(response: &reqwest::Response) -> String {
+    let traceparent = response.headers()["traceparent"].to_str().expect("ascii");
+    traceparent
+        .split('-')
+        .nth(1)
+        .expect("a W3C traceparent")
+        .to_owned()
+}
+
+fn attribute(span: &SpanData, key: &str) -> Option<String> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == key)
+        .map(|kv| match &kv.value {
+            OtelValue::String(s) => s.as_str().to_owned(),
+            other => other.to_string(),
+        })
+}
+
+/// The finished spans of one trace, waiting briefly for the server span.
+async fn trace_spans(trace_id: &str) -> Vec<SpanData> {
+    for _ in 0..50 {
+        let spans: Vec<SpanData> = spans()
+            .get_finished_spans()
+            .expect("spans")
+            .into_iter()
+            .filter(|span| span.span_context.trace_id().to_string() == trace_id)
+            .collect();
+        if spans.iter().any(|span| span.name.starts_with("POST ")) {
+            return spans;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no server span for trace {trace_id}");
+}
+
+async fn decision_counts(app: &TestApp) -> HashMap<(String, String), u64> {
+    let text = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .expect("send")
+        .text()
+        .await
+        .expect("text");
+    let mut counts = HashMap::new();
+    for line in text
+        .lines()
+        .filter(|line| line.starts_with("wallet_transfer_decisions_total{"))
+    {
+        let (labels, value) = line.rsplit_once(' ').expect("a sample");
+        let label = |name: &str| {
+            labels
+                .split(&format!("{name}=\""))
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+                .expect("label")
+                .to_owned()
+        };
+        counts.insert(
+            (label("layer"), label("outcome")),
+            value.parse().expect("count"),
+        );
+    }
+    counts
+}
+
+/// The user's feed, waiting until it holds at least `at_least` entries.
+async fn feed(app: &TestApp, user: &TestUser, at_least: usize) -> Vec<Value> {
+    for _ in 0..100 {
+        let page: Value = app
+            .get_json("/api/v1/decisions?limit=200", Some(user))
+            .await;
+        let items = page["items"].as_array().expect("items").clone();
+        if items.len() >= at_least {
+            return items;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the feed never reached {at_least} entries");
+}
+
+/// The user's stream read straight from Redis (the feed API itself needs
+/// PostgreSQL to authenticate, and one case takes PostgreSQL away).
+async fn feed_in_redis(app: &TestApp, user: &TestUser, at_least: usize) -> Vec<Value> {
+    let client = redis::Client::open(redis_url()).expect("redis url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    let key = format!("{}decisions:{}", app.redis_prefix, user.user_id);
+    for _ in 0..100 {
+        let rows: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+            .arg(&key)
+            .arg("-")
+            .arg("+")
+            .query_async(&mut conn)
+            .await
+            .expect("XRANGE");
+        if rows.len() >= at_least {
+            return rows
+                .into_iter()
+                .map(|(_, fields)| serde_json::from_str(&fields[0].1).expect("a JSON entry"))
+                .collect();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the feed never reached {at_least} entries");
+}
+
+/// A storm of identical requests: exactly one accepted, every other one
+/// labelled with the layer that stopped it, and the header, the metrics,
+/// the feed and the spans all say the same.
+#[tokio::test]
+async fn a_storm_yields_one_accepted_and_every_other_request_names_its_layer() {
+    let app = spawn_app(|_| {}).await;
+    let alice = app.sign_up("alice").await;
+    let bob = app.sign_up("bob").await;
+    let key = new_key();
+    let requests = (0..30)
+        .map(|_| app.transfer_request(&alice, bob.wallet_id, 100, Some(&key)))
+        .collect();
+    let responses = fire_together(requests).await;
+
+    let decisions: Vec<Decision> = responses.iter().map(decision_of).collect();
+    let accepted = Decision::new(Layer::RowGuard, Outcome::Accepted);
+    assert_eq!(
+        decisions.iter().filter(|d| **d == accepted).count(),
+        1,
+        "{decisions:?}"
+    );
+    for decision in &decisions {
+        assert!(
+            *decision == accepted
+                || *decision == Decision::new(Layer::Cooldown, Outcome::Rejected)
+                || *decision == Decision::new(Layer::Idempotency, Outcome::Replayed),
+            "{decision:?}"
+        );
+    }
+    assert_eq!(app.transfer_count().await, 1);
+
+    let mut expected: HashMap<(String, String), u64> = HashMap::new();
+    for decision in &decisions {
+        *expected
+            .entry((decision.layer.to_string(), decision.outcome.to_string()))
+            .or_default() += 1;
+    }
+    assert_eq!(decision_counts(&app).await, expected);
+
+    let entries = feed(&app, &alice, 30).await;
+    let mut from_feed: HashMap<(String, String), u64> = HashMap::new();
+    for entry in &entries {
+        let key = (
+            entry["layer"].as_str().expect("layer").to_owned(),
+            entry["outcome"].as_str().expect("outcome").to_owned(),
+        );
+        *from_feed.entry(key).or_default() += 1;
+    }
+    assert_eq!(from_feed, expected);
+
+    for response in &responses {
+        let spans = trace_spans(&trace_id_of(response)).await;
+        let server = spans
+            .iter()
+            .find(|span| span.name.starts_with("POST "))
+            .expect("server span");
+        let decision = decision_of(response);
+        assert_eq!(
+            attribute(server, "defense.layer").as_deref(),
+            Some(decision.layer.as_str())
+        );
+        assert_eq!(
+            attribute(server, "defense.outcome").as_deref(),
+            Some(decision.outcome.as_str())
+        );
+        let cooldown = spans
+            .iter()
+            .find(|span| span.name == "defense.cooldown")
+            .expect("every request met the cooldown");
+        assert_eq!(cooldown.parent_span_id, server.span_context.span_id());
+        if decision.layer == Layer::Cooldown {
+            assert!(
+                !spans.iter().any(|span| span.name == "defense.idempotency"),
+                "a cooldown refusal went on"
+            );
+        }
+    }
+    app.assert_invariants().await;
+}
+
+struct Case {
+    name: &'static str,
+    expect: Decision,
+    status: u16,
+}
+
+/// The outcome matrix: for each outcome, the header, the problem body, the
+/// server span, the metric label and the feed entry agree.
+#[tokio::test]
+async fn header_body_span_metric_and_feed_agree_for_every_outcome() {
+    let (app, proxy) = spawn_app_behind_proxy(|settings| {
+        settings.cooldown_scope = layered_wallet::settings::CooldownScope::UserActionBody;
+        settings.cooldown_ttl_ms = 300;
+        settings.idempotency_wait_ms_max = 100;
+        settings.db_acquire_wait_ms_max = 500;
+    })
+    .await;
+    let alice = app.sign_up("alice").await;
+    let bob = app.sign_up("bob").await;
+    let key = new_key();
+    let held_key = Uuid::new_v4();
+    let held_body = json!({ "from_wallet_id": alice.wallet_id, "to_wallet_id": bob.wallet_id, "amount_minor": 77 });
+    let parsed = TransferRequest::parse(held_body.to_string().as_bytes(), i64::MAX).expect("valid");
+    let mut held = app.db.begin().await.expect("begin");
+    sqlx::query(
+        "INSERT INTO idempotency_keys (user_id, key, fingerprint, expires_at) VALUES ($1, $2, $3, now() + interval '1 hour')",
+    )
+    .bind(alice.user_id)
+    .bind(held_key)
+    .bind(&parsed.fingerprint("POST", "/api/v1/transfers")[..])
+    .execute(&mut *held)
+    .await
+    .expect("hold a claim");
+
+    let case = |name, layer, outcome, status| Case {
+        name,
+        expect: Decision::new(layer, outcome),
+        status,
+    };
+    let mut feed_entries = 0;
+    let steps: Vec<(Case, reqwest::RequestBuilder, bool)> = vec![
+        (
+            case("accepted", Layer::RowGuard, Outcome::Accepted, 201),
+            app.transfer_request(&alice, bob.wallet_id, 10, Some(&key)),
+            true,
+        ),
+        (
+            case("cooldown", Layer::Cooldown, Outcome::Rejected, 429),
+            app.transfer_request(&alice, bob.wallet_id, 10, Some(&key)),
+            true,
+        ),
+        (
+            case("key reused", Layer::Idempotency, Outcome::KeyReused, 422),
+            app.transfer_request(&alice, bob.wallet_id, 11, Some(&key)),
+            true,
+        ),
+        (
+            case("in flight", Layer::Idempotency, Outcome::InFlight, 409),
+            app.transfer_request(&alice, bob.wallet_id, 77, Some(&held_key.to_string())),
+            true,
+        ),
+        (
+            case(
+                "insufficient funds",
+                Layer::RowGuard,
+                Outcome::InsufficientFunds,
+                422,
+            ),
+            app.transfer_request(&alice, bob.wallet_id, 999_999, None),
+            true,
+        ),
+        (
+            case("unknown target", Layer::RowGuard, Outcome::Rejected, 422),
+            app.transfer_request(&alice, Uuid::new_v4(), 12, None),
+            true,
+        ),
+        (
+            case("bad amount", Layer::NoLayer, Outcome::Invalid, 422),
+            app.transfer_request(&alice, bob.wallet_id, 0, None),
+            true,
+        ),
+        (
+            case("bad key", Layer::Idempotency, Outcome::Invalid, 422),
+            app.transfer_request(&alice, bob.wallet_id, 13, Some("nope")),
+            true,
+        ),
+        (
+            case(
+                "not your wallet",
+                Layer::NoLayer,
+                Outcome::Unauthorized,
+                403,
+            ),
+            app.transfer_request_from(&alice, bob.wallet_id, alice.wallet_id, 14, None),
+            true,
+        ),
+        (
+            case("no token", Layer::NoLayer, Outcome::Unauthorized, 401),
+            app.client
+                .post(app.url("/api/v1/transfers"))
+                .json(&json!({})),
+            false,
+        ),
+    ];
+    for (index, (case, request, user_known)) in steps.into_iter().enumerate() {
+        if index == 2 {
+            // Past the cooldown window, so the key decides.
+            tokio::time::sleep(Duration::from_millis(350)).await;
+        }
+        check(&app, &alice, &case, request, user_known, &mut feed_entries).await;
+    }
+    held.rollback().await.expect("rollback");
+
+    // A replay, after the window.
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let replay = case("replayed", Layer::Idempotency, Outcome::Replayed, 201);
+    check(
+        &app,
+        &alice,
+        &replay,
+        app.transfer_request(&alice, bob.wallet_id, 10, Some(&key)),
+        true,
+        &mut feed_entries,
+    )
+    .await;
+
+    // PostgreSQL gone: our error, with no layer to blame.
+    proxy.go_down();
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let error = case("database down", Layer::NoLayer, Outcome::Error, 503);
+    check(
+        &app,
+        &alice,
+        &error,
+        app.transfer_request(&alice, bob.wallet_id, 15, None),
+        true,
+        &mut feed_entries,
+    )
+    .await;
+}
+
+/// Redis gone: fail-open passes are `degraded`, fail-closed refusals are
+/// `cooldown` errors. (The feed lives in Redis too, so it is not checked.)
+#[tokio::test]
+async fn with_redis_down_the_decisions_are_degraded_or_errors() {
+    let closed = format!("redis://127.0.0.1:{}", closed_port());
+    let open = spawn_app(|settings| settings.redis_url = SecretString::from(closed.clone())).await;
+    let alice = open.sign_up("alice").await;
+    let bob = open.sign_up("bob").await;
+    let mut unused = 0;
+    let degraded = Case {
+        name: "fail open",
+        expect: Decision::new(Layer::RowGuard, Outcome::Degraded),
+        status: 201,
+    };
+    check(
+        &open,
+        &alice,
+        &degraded,
+        open.transfer_request(&alice, bob.wallet_id, 5, None),
+        false,
+        &mut unused,
+    )
+    .await;
+
+    let closed_app = spawn_app(|settings| {
+        settings.redis_url = SecretString::from(closed.clone());
+        settings.cooldown_on_store_error = layered_wallet::settings::StoreErrorPolicy::FailClosed;
+    })
+    .await;
+    let carol = closed_app.sign_up("carol").await;
+    let dave = closed_app.sign_up("dave").await;
+    let error = Case {
+        name: "fail closed",
+        expect: Decision::new(Layer::Cooldown, Outcome::Error),
+        status: 503,
+    };
+    check(
+        &closed_app,
+        &carol,
+        &error,
+        closed_app.transfer_request(&carol, dave.wallet_id, 5, None),
+        false,
+        &mut unused,
+    )
+    .await;
+}
+
+async fn check(
+    app: &TestApp,
+    user: &TestUser,
+    case: &Case,
+    request: reqwest::RequestBuilder,
+    check_feed: bool,
+    feed_entries: &mut usize,
+) {
+    let name = case.name;
+    let before = decision_counts(app).await;
+    let response = request.send().await.expect("send");
+    assert_eq!(response.status().as_u16(), case.status, "{name}");
+    let decision = decision_of(&response);
+    assert_eq!(decision, case.expect, "{name}: header");
+    let trace_id = trace_id_of(&response);
+
+    let replayed = response.headers().contains_key("idempotent-replayed");
+    if !response.status().is_success() {
+        let (_, body) = problem(response).await;
+        assert_eq!(body["layer"], decision.layer.as_str(), "{name}: body layer");
+        assert_eq!(body["trace_id"], trace_id.as_str(), "{name}: body trace id");
+    } else if replayed {
+        assert_eq!(decision.outcome, Outcome::Replayed, "{name}");
+    }
+
+    let spans = trace_spans(&trace_id).await;
+    let server = spans
+        .iter()
+        .find(|span| span.name.starts_with("POST "))
+        .expect("server span");
+    assert_eq!(
+        attribute(server, "defense.layer").as_deref(),
+        Some(decision.layer.as_str()),
+        "{name}: span"
+    );
+    assert_eq!(
+        attribute(server, "defense.outcome").as_deref(),
+        Some(decision.outcome.as_str()),
+        "{name}: span"
+    );
+    assert_eq!(
+        attribute(server, "http.response.status_code").as_deref(),
+        Some(case.status.to_string().as_str()),
+        "{name}"
+    );
+    for span in &spans {
+        for kv in &span.attributes {
+            let value = kv.value.to_string();
+            assert!(
+                !value.contains(&user.token),
+                "{name}: a token in span attribute {}",
+                kv.key
+            );
+        }
+    }
+
+    let after = decision_counts(app).await;
+    let label = (decision.layer.to_string(), decision.outcome.to_string());
+    assert_eq!(
+        after.get(&label).copied().unwrap_or(0),
+        before.get(&label).copied().unwrap_or(0) + 1,
+        "{name}: metric"
+    );
+
+    if check_feed {
+        *feed_entries += 1;
+        let entries = feed_in_redis(app, user, *feed_entries).await;
+        let entry = entries.last().expect("an entry");
+        assert_eq!(entry["layer"], decision.layer.as_str(), "{name}: feed");
+        assert_eq!(entry["outcome"], decision.outcome.as_str(), "{name}: feed");
+        assert_eq!(entry["status"], case.status, "{name}: feed");
+        assert_eq!(entry["trace_id"], trace_id.as_str(), "{name}: feed");
+        for field in ["time", "instance_id", "request_id", "latency_ms"] {
+            assert!(!entry[field].is_null(), "{name}: feed entry lacks {field}");
+        }
+    }
+}
+
+/// Two instances write to one feed; a reader on either sees both, and the
+/// live stream pushes decisions made on the other instance.
+#[tokio::test]
+async fn two_instances_share_one_feed_and_its_live_stream() {
+    let first = spawn_app(|settings| {
+        settings.cooldown_enabled = false;
+        settings.instance_id = "first".into();
+    })
+    .await;
+    let mut second_settings = first.settings.clone();
+    second_settings.instance_id = "second".into();
+    let second = {
+        let mut app = spawn_with(second_settings, first.db_options.clone()).await;
+        app.mark_second_instance();
+        app
+    };
+    let alice = first.sign_up("alice").await;
+    let bob = first.sign_up("bob").await;
+
+    // A live stream on the first instance, opened before anything happens.
+    let mut stream = first
+        .client
+        .get(first.url("/api/v1/decisions/stream"))
+        .bearer_auth(&alice.token)
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(stream.headers()["content-type"], "text/event-stream");
+
+    let on_first = first
+        .transfer_request(&alice, bob.wallet_id, 1, None)
+        .send()
+        .await
+        .expect("send");
+    let on_second = second
+        .transfer_request(&alice, bob.wallet_id, 2, None)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(
+        (on_first.status().as_u16(), on_second.status().as_u16()),
+        (201, 201)
+    );
+
+    let entries = feed(&first, &alice, 2).await;
+    let instances: Vec<&str> = entries
+        .iter()
+        .map(|e| e["instance_id"].as_str().expect("instance"))
+        .collect();
+    assert_eq!(instances, vec!["first", "second"]);
+    let bobs = feed(&first, &bob, 0).await;
+    assert!(bobs.is_empty(), "Bob saw Alice's decisions");
+
+    let mut seen = String::new();
+    while seen.matches("event: decision").count() < 2 {
+        let chunk = tokio::time::timeout(Duration::from_secs(5), stream.chunk())
+            .await
+            .expect("the stream pushed nothing")
+            .expect("chunk")
+            .expect("the stream ended");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(seen.contains("\"instance_id\":\"first\""), "{seen}");
+    assert!(seen.contains("\"instance_id\":\"second\""), "{seen}");
+}
+
+/// No token, password or Authorization header reaches a log line: the real
+/// binary, logging JSON, through sign-up, sign-in and transfers.
+#[tokio::test]
+async fn no_secret_reaches_the_logs() {
+    let (_, options) = create_database().await;
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr").port()
+    };
+    let password = "a very secret password 42";
+    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_wallet-server"))
+        .env("DATABASE_URL", database_url_of(&options))
+        .env("REDIS_URL", redis_url())
+        .env("PORT", port.to_string())
+        .env("LOG_FORMAT", "json")
+        .env("RUST_LOG", "debug")
+        .env("WALLET_TOKEN_SIGNING_KEY", SIGNING_KEY)
+        .env(
+            "WALLET_REDIS_KEY_PREFIX",
+            format!("test:{}:", Uuid::new_v4().simple()),
+        )
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start wallet-server");
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    let mut up = false;
+    for _ in 0..100 {
+        if client
+            .get(format!("{base}/readyz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200)
+        {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(up, "wallet-server did not become ready");
+
+    let mut tokens = Vec::new();
+    let mut wallets = Vec::new();
+    for name in ["alice", "bob"] {
+        let body: Value = client
+            .post(format!("{base}/api/v1/users"))
+            .json(&json!({ "name": name, "password": password }))
+            .send()
+            .await
+            .expect("send")
+            .json()
+            .await
+            .expect("json");
+        tokens.push(body["token"].as_str().expect("token").to_owned());
+        wallets.push(body["wallet_id"].as_str().expect("wallet").to_owned());
+    }
+    let signed_in: Value = client
+        .post(format!("{base}/api/v1/tokens"))
+        .json(&json!({ "name": "alice", "password": password }))
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    tokens.push(signed_in["token"].as_str().expect("token").to_owned());
+    for _ in 0..3 {
+        let _ = client
+            .post(format!("{base}/api/v1/transfers"))
+            .bearer_auth(&tokens[2])
+            .header("Idempotency-Key", new_key())
+            .json(&json!({ "from_wallet_id": wallets[0], "to_wallet_id": wallets[1], "amount_minor": 5 }))
+            .send()
+            .await
+            .expect("send");
+    }
+    let _ = client
+        .post(format!("{base}/api/v1/transfers"))
+        .bearer_auth("lw1.forged.token")
+        .json(&json!({}))
+        .send()
+        .await;
+
+    let _ = std::process::Command::new("kill")
+        .arg(server.id().to_string())
+        .status();
+    let output = tokio::task::spawn_blocking(move || {
+        let _ = server.wait();
+        server.wait_with_output()
+    })
+    .await
+    .expect("join")
+    .expect("output");
+    let logs = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        logs.contains("transfer decided"),
+        "the decision log line is missing:\n{logs}"
+    );
+    for line in logs.lines().filter(|line| line.starts_with('{')) {
+        serde_json::from_str::<Value>(line)
+            .unwrap_or_else(|_| panic!("not a JSON log line: {line}"));
+    }
+    for secret in tokens
+        .iter()
+        .map(String::as_str)
+        .chain([password, "lw1.forged.token"])
+    {
+        assert!(!logs.contains(secret), "a secret reached the logs");
+    }
+    assert!(
+        !logs.to_ascii_lowercase().contains("authorization"),
+        "an Authorization header reached the logs"
+    );
+}
