@@ -14,9 +14,7 @@
 use actix_web::HttpRequest;
 use actix_web::http::header;
 use argon2::Argon2;
-use argon2::password_hash::{
-    PasswordHash, PasswordHasher, PasswordVerifier, SaltString, rand_core::OsRng,
-};
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString, rand_core::OsRng};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Duration, TimeZone, Utc};
@@ -184,10 +182,7 @@ pub async fn token_is_live(
     .await
 }
 
-pub async fn revoke_token(
-    executor: impl PgExecutor<'_>,
-    token: &VerifiedToken,
-) -> Result<(), sqlx::Error> {
+pub async fn revoke_token(executor: impl PgExecutor<'_>, token: &VerifiedToken) -> Result<(), sqlx::Error> {
     sqlx::query("DELETE FROM api_tokens WHERE token_hash = $1")
         .bind(&token.hash[..])
         .execute(executor)
@@ -223,10 +218,7 @@ fn dummy_hash() -> &'static str {
     })
 }
 
-pub async fn verify_password(
-    password: SecretString,
-    stored_hash: Option<String>,
-) -> anyhow::Result<bool> {
+pub async fn verify_password(password: SecretString, stored_hash: Option<String>) -> anyhow::Result<bool> {
     tokio::task::spawn_blocking(move || {
         let known_user = stored_hash.is_some();
         let stored = stored_hash.unwrap_or_else(|| dummy_hash().to_owned());

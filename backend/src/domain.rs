@@ -35,9 +35,7 @@ pub struct AmountMinor(i64);
 impl AmountMinor {
     pub fn parse(value: i64, max: i64) -> Result<Self, Problem> {
         if value <= 0 {
-            return Err(Problem::validation(
-                "amount_minor must be a positive integer.",
-            ));
+            return Err(Problem::validation("amount_minor must be a positive integer."));
         }
         if value > max {
             return Err(Problem::validation(format!(
@@ -140,10 +138,7 @@ mod tests {
     #[test]
     fn syntax_errors_are_400_and_shape_errors_are_422() {
         assert_eq!(body("{").expect_err("bad").status, 400);
-        assert_eq!(
-            body(r#"{"amount_minor":"x"}"#).expect_err("bad").status,
-            422
-        );
+        assert_eq!(body(r#"{"amount_minor":"x"}"#).expect_err("bad").status, 422);
         let zero = r#"{"from_wallet_id":"00000000-0000-0000-0000-000000000001","to_wallet_id":"00000000-0000-0000-0000-000000000002","amount_minor":0}"#;
         assert_eq!(body(zero).expect_err("bad").status, 422);
         let too_much = zero.replace(":0}", ":1001}");

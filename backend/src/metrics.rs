@@ -5,8 +5,7 @@
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::decision::Decision;
@@ -71,10 +70,7 @@ impl Metrics {
         )
         .expect("static metric definition");
         let pool_connections = IntGaugeVec::new(
-            Opts::new(
-                "pool_connections",
-                "Connections in each store's pool by state",
-            ),
+            Opts::new("pool_connections", "Connections in each store's pool by state"),
             &["store", "state"],
         )
         .expect("static metric definition");

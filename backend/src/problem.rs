@@ -173,10 +173,7 @@ impl Problem {
     }
 }
 
-fn problem_type_uri<S: serde::Serializer>(
-    slug: &&'static str,
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
+fn problem_type_uri<S: serde::Serializer>(slug: &&'static str, serializer: S) -> Result<S::Ok, S::Error> {
     serializer.collect_str(&format_args!("/problems/{slug}"))
 }
 
@@ -198,10 +195,7 @@ impl ResponseError for Problem {
             response.insert_header((header::RETRY_AFTER, seconds.to_string()));
         }
         if let Some(challenge) = self.www_authenticate {
-            response.insert_header((
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static(challenge),
-            ));
+            response.insert_header((header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge)));
         }
         response.body(self.body())
     }

@@ -38,6 +38,33 @@ pub enum StoreErrorPolicy {
     FailClosed,
 }
 
+/// How the idempotency layer claims a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum IdempotencyMode {
+    /// The claim is an insert under a unique key, in the transfer's
+    /// transaction. The only safe mode.
+    Atomic,
+    /// DEMO ONLY: look the key up, do the transfer, record the key
+    /// afterwards. Two requests that look at once both see no key.
+    CheckThenInsert,
+    /// DEMO ONLY: keys are ignored.
+    Off,
+}
+
+/// How the debit checks the balance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RowGuardMode {
+    /// Check and write in one guarded `UPDATE`, wallets locked in id order.
+    /// The only safe mode.
+    Guarded,
+    /// DEMO ONLY (the row guard switched off): read the balance, compare in
+    /// Rust, write the computed balance back, with no lock: a
+    /// time-of-check-to-time-of-use race and lost updates.
+    ReadDecideWrite,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LogFormat {
@@ -94,6 +121,7 @@ pub struct Settings {
     pub cooldown_on_store_error: StoreErrorPolicy,
 
     // --- Layer 2: idempotency key ---
+    pub idempotency_mode: IdempotencyMode,
     pub idempotency_key_required: bool,
     /// How long a request waits for a concurrent request with the same key
     /// to finish before answering 409.
@@ -101,6 +129,18 @@ pub struct Settings {
     pub idempotency_retention_hours: u64,
     pub idempotency_sweep_interval_s: u64,
     pub idempotency_sweep_batch_rows_max: i64,
+
+    // --- Layer 3: row guard ---
+    pub row_guard_mode: RowGuardMode,
+
+    // --- Unsafe demonstration modes ---
+    /// Must be on for the server to start with any layer disabled or in a
+    /// naive mode. Never in production.
+    pub allow_unsafe_demo_modes: bool,
+    /// A pause inside the naive variants' race windows (between check and
+    /// insert, between read and write), so that demonstrations of the races
+    /// they allow are reliable rather than lucky.
+    pub naive_window_ms: u64,
 
     // --- Decision feed ---
     pub decision_feed_enabled: bool,
@@ -165,11 +205,16 @@ impl Default for Settings {
             cooldown_scope: CooldownScope::UserAction,
             cooldown_on_store_error: StoreErrorPolicy::FailOpen,
 
+            idempotency_mode: IdempotencyMode::Atomic,
             idempotency_key_required: false,
             idempotency_wait_ms_max: 2_000,
             idempotency_retention_hours: 24,
             idempotency_sweep_interval_s: 900,
             idempotency_sweep_batch_rows_max: 10_000,
+
+            row_guard_mode: RowGuardMode::Guarded,
+            allow_unsafe_demo_modes: false,
+            naive_window_ms: 0,
 
             decision_feed_enabled: true,
             decision_feed_queue_entries_max: 10_000,
@@ -326,11 +371,38 @@ impl Settings {
             self.api_token_ttl_hours >= 1,
             "api_token_ttl_hours must be at least 1",
         );
+        let unsafe_modes = self.unsafe_modes();
+        if !unsafe_modes.is_empty() && !self.allow_unsafe_demo_modes {
+            problems.push(format!(
+                "unsafe demonstration modes ({}) need allow_unsafe_demo_modes = true; never use them in production",
+                unsafe_modes.join(", ")
+            ));
+        }
         if problems.is_empty() {
             Ok(())
         } else {
             Err(SettingsError(problems))
         }
+    }
+}
+
+impl Settings {
+    /// The switches that make this deployment unsafe, by name; empty for
+    /// the safe configuration.
+    pub fn unsafe_modes(&self) -> Vec<&'static str> {
+        let mut modes = Vec::new();
+        if !self.cooldown_enabled {
+            modes.push("cooldown off");
+        }
+        match self.idempotency_mode {
+            IdempotencyMode::Atomic => {}
+            IdempotencyMode::CheckThenInsert => modes.push("idempotency check-then-insert"),
+            IdempotencyMode::Off => modes.push("idempotency off"),
+        }
+        if self.row_guard_mode == RowGuardMode::ReadDecideWrite {
+            modes.push("row guard off (read-decide-write)");
+        }
+        modes
     }
 }
 
@@ -344,9 +416,22 @@ mod tests {
 
     #[test]
     fn the_defaults_are_valid() {
-        Settings::default()
-            .validate()
-            .expect("defaults must validate");
+        Settings::default().validate().expect("defaults must validate");
+    }
+
+    #[test]
+    fn unsafe_modes_need_the_explicit_switch() {
+        let naive = Settings {
+            row_guard_mode: RowGuardMode::ReadDecideWrite,
+            ..Settings::default()
+        };
+        assert!(naive.validate().is_err());
+        let allowed = Settings {
+            allow_unsafe_demo_modes: true,
+            ..naive
+        };
+        allowed.validate().expect("allowed explicitly");
+        assert_eq!(allowed.unsafe_modes(), vec!["row guard off (read-decide-write)"]);
     }
 
     #[test]

@@ -38,6 +38,14 @@ impl Application {
     /// store is down, and /readyz says so), migrates if asked, and binds.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         settings.validate()?;
+        let unsafe_modes = settings.unsafe_modes();
+        if !unsafe_modes.is_empty() {
+            tracing::warn!(
+                modes = %unsafe_modes.join(", "),
+                "UNSAFE DEMONSTRATION MODE: this instance can charge twice, overdraw or lose updates. \
+                 Never run it with real money."
+            );
+        }
         let db = db_pool(&settings)?;
         if settings.migrate_on_start {
             // sqlx takes an advisory lock, so instances starting together
@@ -47,8 +55,8 @@ impl Application {
                 .await
                 .map_err(|error| anyhow::anyhow!("failed to apply migrations: {error}"))?;
         }
-        let listener = TcpListener::bind((settings.http_host.as_str(), settings.http_port))
-            .map_err(|error| {
+        let listener =
+            TcpListener::bind((settings.http_host.as_str(), settings.http_port)).map_err(|error| {
                 anyhow::anyhow!(
                     "failed to bind {}:{}: {error}",
                     settings.http_host,
@@ -83,11 +91,7 @@ impl Application {
             settings.instance_id.as_str().into()
         };
         let state = AppState {
-            cooldown: CooldownLock::new(
-                &settings,
-                redis.clone(),
-                metrics.cooldown_fail_open.clone(),
-            ),
+            cooldown: CooldownLock::new(&settings, redis.clone(), metrics.cooldown_fail_open.clone()),
             tokens: TokenSigner::new(&settings.token_signing_key),
             db: db.clone(),
             redis,
@@ -157,10 +161,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
                 .route("/transfers", web::get().to(transfers::list_transfers))
                 .route("/transfers/{id}", web::get().to(transfers::get_transfer))
                 .route("/decisions", web::get().to(decisions::list_decisions))
-                .route(
-                    "/decisions/stream",
-                    web::get().to(decisions::stream_decisions),
-                ),
+                .route("/decisions/stream", web::get().to(decisions::stream_decisions)),
         )
         .default_service(web::to(routes::not_found));
 }

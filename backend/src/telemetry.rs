@@ -45,10 +45,7 @@ impl Drop for TelemetryGuard {
 pub fn init(format: LogFormat) -> TelemetryGuard {
     let mut builder = SdkTracerProvider::builder().with_resource(resource());
     if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
-        match opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .build()
-        {
+        match opentelemetry_otlp::SpanExporter::builder().with_http().build() {
             Ok(exporter) => builder = builder.with_batch_exporter(exporter),
             Err(error) => eprintln!("OTLP exporter not started: {error}"),
         }
@@ -82,8 +79,7 @@ fn resource() -> opentelemetry_sdk::Resource {
 
 fn install(format: LogFormat, logs: bool, provider: SdkTracerProvider) -> TelemetryGuard {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
-    let filter =
-        || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
     let otel = tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("layered-wallet"))
         .with_filter(EnvFilter::new("info"));
@@ -95,15 +91,10 @@ fn install(format: LogFormat, logs: bool, provider: SdkTracerProvider) -> Teleme
             .with_span_list(false)
             .with_filter(filter())
             .boxed(),
-        LogFormat::Text => tracing_subscriber::fmt::layer()
-            .with_filter(filter())
-            .boxed(),
+        LogFormat::Text => tracing_subscriber::fmt::layer().with_filter(filter()).boxed(),
     });
     // `try_init`: a test process builds many apps and initialises once.
-    let _ = tracing_subscriber::registry()
-        .with(otel)
-        .with(fmt)
-        .try_init();
+    let _ = tracing_subscriber::registry().with(otel).with(fmt).try_init();
     TelemetryGuard { provider }
 }
 
@@ -167,9 +158,7 @@ pub async fn trace_requests(
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     let started = Instant::now();
     let request_id = request_id_of(&request);
-    let route = request
-        .match_pattern()
-        .unwrap_or_else(|| "unmatched".to_owned());
+    let route = request.match_pattern().unwrap_or_else(|| "unmatched".to_owned());
     let method = request.method().to_string();
     let span = tracing::info_span!(
         "http.request",

@@ -23,6 +23,7 @@ use crate::defense::idempotency::{self, Claim, IdempotencyKey, StoredResponse};
 use crate::defense::row_guard::{self, Guarded};
 use crate::domain::TransferRequest;
 use crate::problem::{self, Problem};
+use crate::settings::{IdempotencyMode, RowGuardMode};
 use crate::state::AppState;
 
 /// The body of a successful `POST /api/v1/transfers`.
@@ -134,6 +135,7 @@ async fn execute_once(
     trace_id: &str,
 ) -> Result<TransferOutcome, Failure> {
     let settings = &state.settings;
+    let naive_window = std::time::Duration::from_millis(settings.naive_window_ms);
     // The first lock this transaction may wait for is the key's claim (when
     // there is a key), then the wallet rows; each wait has its own bound.
     let first_wait_ms = match key {
@@ -156,23 +158,31 @@ async fn execute_once(
     }
 
     // Layer 2: claim the key.
+    let key = key.filter(|_| settings.idempotency_mode != IdempotencyMode::Off);
     if let Some(key) = key {
         let started = Instant::now();
-        let claim = idempotency::claim(
-            &mut tx,
-            caller.user_id,
-            key,
-            fingerprint,
-            settings.idempotency_retention_hours,
-        )
-        .await?;
+        let claim = match settings.idempotency_mode {
+            IdempotencyMode::CheckThenInsert => {
+                let seen = idempotency::naive_check(&mut tx, caller.user_id, key, fingerprint).await?;
+                tokio::time::sleep(naive_window).await;
+                seen.unwrap_or(Claim::Started)
+            }
+            _ => {
+                idempotency::claim(
+                    &mut tx,
+                    caller.user_id,
+                    key,
+                    fingerprint,
+                    settings.idempotency_retention_hours,
+                )
+                .await?
+            }
+        };
         state
             .metrics
             .observe_layer(Layer::Idempotency.as_str(), started.elapsed());
         match claim {
-            Claim::Started => {
-                set_lock_timeout_ms(&mut tx, settings.wallet_lock_wait_ms_max).await?
-            }
+            Claim::Started => set_lock_timeout_ms(&mut tx, settings.wallet_lock_wait_ms_max).await?,
             Claim::Replay(stored) => return Ok(TransferOutcome::Replayed(stored)),
             Claim::Mismatch => return Ok(TransferOutcome::KeyReused),
             Claim::InFlight => return Ok(TransferOutcome::InFlight),
@@ -182,14 +192,23 @@ async fn execute_once(
     // Layer 3: the row guard.
     let transfer_id = Uuid::now_v7();
     let started = Instant::now();
-    let guarded = row_guard::apply(
-        &mut tx,
-        transfer_id,
-        request,
-        caller.user_id,
-        key.map(IdempotencyKey::as_uuid),
-    )
-    .await?;
+    let key_uuid = key.map(IdempotencyKey::as_uuid);
+    let guarded = match settings.row_guard_mode {
+        RowGuardMode::Guarded => {
+            row_guard::apply(&mut tx, transfer_id, request, caller.user_id, key_uuid).await?
+        }
+        RowGuardMode::ReadDecideWrite => {
+            row_guard::apply_read_decide_write(
+                &mut tx,
+                transfer_id,
+                request,
+                caller.user_id,
+                key_uuid,
+                naive_window,
+            )
+            .await?
+        }
+    };
     state
         .metrics
         .observe_layer(Layer::RowGuard.as_str(), started.elapsed());
@@ -228,11 +247,7 @@ async fn execute_once(
             };
             let body = serde_json::to_string(&receipt).map_err(|error| {
                 tracing::error!(error = %error, "could not serialise a transfer receipt");
-                Failure::Refused(Refusal::new(
-                    Problem::internal(),
-                    Layer::NoLayer,
-                    Outcome::Error,
-                ))
+                Failure::Refused(Refusal::new(Problem::internal(), Layer::NoLayer, Outcome::Error))
             })?;
             (
                 StoredResponse {
@@ -245,10 +260,26 @@ async fn execute_once(
     };
     let transfer_id = (decision.outcome == Outcome::Accepted).then_some(transfer_id);
 
-    if let Some(key) = key {
-        idempotency::complete(&mut tx, caller.user_id, key, &response, transfer_id).await?;
+    match (key, settings.idempotency_mode) {
+        (Some(key), IdempotencyMode::CheckThenInsert) => {
+            tx.commit().await?;
+            idempotency::naive_record(
+                &state.db,
+                caller.user_id,
+                key,
+                fingerprint,
+                &response,
+                transfer_id,
+                settings.idempotency_retention_hours,
+            )
+            .await?;
+        }
+        (Some(key), _) => {
+            idempotency::complete(&mut tx, caller.user_id, key, &response, transfer_id).await?;
+            tx.commit().await?;
+        }
+        (None, _) => tx.commit().await?,
     }
-    tx.commit().await?;
     Ok(TransferOutcome::Decided { response, decision })
 }
 

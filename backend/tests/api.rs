@@ -75,12 +75,9 @@ async fn accounts_refuse_taken_names_bad_input_and_wrong_passwords() {
         (409, Some("/problems/name-taken"))
     );
     let (status, _) = problem(
-        post(
-            "/api/v1/users",
-            json!({"name": "erin", "password": "short"}),
-        )
-        .await
-        .expect("send"),
+        post("/api/v1/users", json!({"name": "erin", "password": "short"}))
+            .await
+            .expect("send"),
     )
     .await;
     assert_eq!(status, 422);
@@ -95,12 +92,9 @@ async fn accounts_refuse_taken_names_bad_input_and_wrong_passwords() {
     .await;
     assert_eq!(status, 422);
     let (status, _) = problem(
-        post(
-            "/api/v1/users",
-            json!({"name": "", "password": "long enough"}),
-        )
-        .await
-        .expect("send"),
+        post("/api/v1/users", json!({"name": "", "password": "long enough"}))
+            .await
+            .expect("send"),
     )
     .await;
     assert_eq!(status, 422);
@@ -140,16 +134,11 @@ async fn accounts_refuse_taken_names_bad_input_and_wrong_passwords() {
 /// whether the wallet or transfer exists.
 #[tokio::test]
 async fn wallets_and_transfers_are_visible_to_their_owners_only() {
-    let app = spawn_app(|settings| settings.cooldown_enabled = false).await;
+    let app = spawn_app(without_cooldown).await;
     let alice = app.sign_up("alice").await;
     let bob = app.sign_up("bob").await;
     let carol = app.sign_up("carol").await;
-    let get = |user: &TestUser, path: String| {
-        app.client
-            .get(app.url(&path))
-            .bearer_auth(&user.token)
-            .send()
-    };
+    let get = |user: &TestUser, path: String| app.client.get(app.url(&path)).bearer_auth(&user.token).send();
 
     let (status, _) = problem(
         get(&bob, format!("/api/v1/wallets/{}", alice.wallet_id))
@@ -337,12 +326,7 @@ async fn with_postgres_unreachable_a_transfer_is_a_503() {
     assert_eq!(response.headers()["retry-after"], "1");
     let (status, body) = problem(response).await;
     assert_eq!(status, 503, "{body}");
-    let ready = app
-        .client
-        .get(app.url("/readyz"))
-        .send()
-        .await
-        .expect("send");
+    let ready = app.client.get(app.url("/readyz")).send().await.expect("send");
     assert_eq!(ready.status(), 503);
     let ready: Value = ready.json().await.expect("json");
     assert_eq!(ready["postgres"], "unreachable");
@@ -366,12 +350,7 @@ async fn health_readiness_openapi_and_unknown_routes() {
     assert_eq!(ready["redis"], "ok");
 
     let openapi: Value = app.get_json("/api/openapi.json", None).await;
-    assert!(
-        openapi["openapi"]
-            .as_str()
-            .expect("version")
-            .starts_with("3.")
-    );
+    assert!(openapi["openapi"].as_str().expect("version").starts_with("3."));
     for path in [
         "/api/v1/users",
         "/api/v1/tokens",

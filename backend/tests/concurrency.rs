@@ -57,7 +57,7 @@ async fn fifty_identical_requests_with_one_key_move_money_once() {
 #[tokio::test]
 async fn without_the_cooldown_the_key_alone_still_moves_money_once() {
     let app = spawn_app(|settings| {
-        settings.cooldown_enabled = false;
+        without_cooldown(settings);
         settings.idempotency_wait_ms_max = 5_000;
     })
     .await;
@@ -85,7 +85,7 @@ async fn without_the_cooldown_the_key_alone_still_moves_money_once() {
 #[tokio::test]
 async fn one_hundred_distinct_transfers_against_ten_units_succeed_exactly_ten_times() {
     let app = spawn_app(|settings| {
-        settings.cooldown_enabled = false;
+        without_cooldown(settings);
         settings.signup_grant_minor = 1_000;
     })
     .await;
@@ -108,7 +108,7 @@ async fn one_hundred_distinct_transfers_against_ten_units_succeed_exactly_ten_ti
 /// (no 5xx), and no money is created or destroyed.
 #[tokio::test]
 async fn crossing_transfers_never_deadlock_and_conserve_money() {
-    let app = spawn_app(|settings| settings.cooldown_enabled = false).await;
+    let app = spawn_app(without_cooldown).await;
     let alice = app.sign_up("alice").await;
     let bob = app.sign_up("bob").await;
     let requests = (0..200)
@@ -123,10 +123,7 @@ async fn crossing_transfers_never_deadlock_and_conserve_money() {
     let responses = fire_together(requests).await;
     let counts = statuses(&responses);
     assert_eq!(counts.get(&201), Some(&200), "{counts:?}");
-    assert_eq!(
-        app.balance(alice.wallet_id).await,
-        100_000 - 100 * 7 + 100 * 11
-    );
+    assert_eq!(app.balance(alice.wallet_id).await, 100_000 - 100 * 7 + 100 * 11);
     assert_eq!(app.transfer_count().await, 200);
     app.assert_invariants().await;
 }
@@ -162,7 +159,7 @@ async fn two_instances_keep_the_same_guarantees() {
 #[tokio::test]
 async fn two_instances_without_cooldown_never_overdraw() {
     let first = spawn_app(|settings| {
-        settings.cooldown_enabled = false;
+        without_cooldown(settings);
         settings.signup_grant_minor = 1_000;
         settings.idempotency_wait_ms_max = 5_000;
     })
@@ -181,9 +178,7 @@ async fn two_instances_without_cooldown_never_overdraw() {
         .collect();
     let responses = fire_together(requests).await;
     assert!(
-        responses
-            .iter()
-            .all(|r| r.status() == 201 || r.status() == 409),
+        responses.iter().all(|r| r.status() == 201 || r.status() == 409),
         "{:?}",
         statuses(&responses)
     );
@@ -193,12 +188,7 @@ async fn two_instances_without_cooldown_never_overdraw() {
     let requests = (0..60)
         .map(|i| {
             let app = if i % 2 == 0 { &first } else { &second };
-            app.transfer_request(
-                &alice,
-                bob.wallet_id,
-                100,
-                Some(&Uuid::new_v4().to_string()),
-            )
+            app.transfer_request(&alice, bob.wallet_id, 100, Some(&Uuid::new_v4().to_string()))
         })
         .collect();
     let responses = fire_together(requests).await;

@@ -144,8 +144,7 @@ async fn the_body_scope_refuses_only_identical_transfers() {
 /// told to wait: with PostgreSQL gone, the retry gets 503 again, not 429.
 #[tokio::test]
 async fn a_server_failure_releases_the_window_for_an_honest_retry() {
-    let (app, proxy) =
-        spawn_app_behind_proxy(|settings| settings.db_acquire_wait_ms_max = 500).await;
+    let (app, proxy) = spawn_app_behind_proxy(|settings| settings.db_acquire_wait_ms_max = 500).await;
     let alice = app.sign_up("alice").await;
     let bob = app.sign_up("bob").await;
     proxy.go_down();
@@ -181,11 +180,7 @@ async fn only_the_owner_can_release_a_window() {
     );
     let user = UserId(Uuid::new_v4());
 
-    let Cooldown::Acquired(permit) = lock
-        .try_acquire(user, "transfer", "{}")
-        .await
-        .expect("redis")
-    else {
+    let Cooldown::Acquired(permit) = lock.try_acquire(user, "transfer", "{}").await.expect("redis") else {
         panic!("the first attempt must acquire");
     };
     let impostor = CooldownPermit::for_key(permit.key().to_owned(), "not-the-token".into());
@@ -237,12 +232,7 @@ async fn with_redis_down_the_default_fails_open_and_the_lower_layers_still_decid
     assert_eq!(plain.status(), 201, "no cooldown without Redis");
     assert_eq!(app.transfer_count().await, 2);
 
-    let ready = app
-        .client
-        .get(app.url("/readyz"))
-        .send()
-        .await
-        .expect("send");
+    let ready = app.client.get(app.url("/readyz")).send().await.expect("send");
     assert_eq!(ready.status(), 503);
     let body: serde_json::Value = ready.json().await.expect("json");
     assert_eq!(body["redis"], "unreachable");

@@ -17,11 +17,8 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 fn decision_of(response: &reqwest::Response) -> Decision {
-    let header = response.headers()["defense-decision"]
-        .to_str()
-        .expect("ascii");
-    Decision::parse_header(header)
-        .unwrap_or_else(|| panic!("bad Defense-Decision header {header:?}"))
+    let header = response.headers()["defense-decision"].to_str().expect("ascii");
+    Decision::parse_header(header).unwrap_or_else(|| panic!("bad Defense-Decision header {header:?}"))
 }
 
 fn trace_id_of(response: &reqwest::Response) -> String {
@@ -84,10 +81,7 @@ async fn decision_counts(app: &TestApp) -> HashMap<(String, String), u64> {
                 .expect("label")
                 .to_owned()
         };
-        counts.insert(
-            (label("layer"), label("outcome")),
-            value.parse().expect("count"),
-        );
+        counts.insert((label("layer"), label("outcome")), value.parse().expect("count"));
     }
     counts
 }
@@ -95,9 +89,7 @@ async fn decision_counts(app: &TestApp) -> HashMap<(String, String), u64> {
 /// The user's feed, waiting until it holds at least `at_least` entries.
 async fn feed(app: &TestApp, user: &TestUser, at_least: usize) -> Vec<Value> {
     for _ in 0..100 {
-        let page: Value = app
-            .get_json("/api/v1/decisions?limit=200", Some(user))
-            .await;
+        let page: Value = app.get_json("/api/v1/decisions?limit=200", Some(user)).await;
         let items = page["items"].as_array().expect("items").clone();
         if items.len() >= at_least {
             return items;
@@ -111,10 +103,7 @@ async fn feed(app: &TestApp, user: &TestUser, at_least: usize) -> Vec<Value> {
 /// PostgreSQL to authenticate, and one case takes PostgreSQL away).
 async fn feed_in_redis(app: &TestApp, user: &TestUser, at_least: usize) -> Vec<Value> {
     let client = redis::Client::open(redis_url()).expect("redis url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("redis");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("redis");
     let key = format!("{}decisions:{}", app.redis_prefix, user.user_id);
     for _ in 0..100 {
         let rows: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
@@ -236,7 +225,8 @@ async fn header_body_span_metric_and_feed_agree_for_every_outcome() {
     let bob = app.sign_up("bob").await;
     let key = new_key();
     let held_key = Uuid::new_v4();
-    let held_body = json!({ "from_wallet_id": alice.wallet_id, "to_wallet_id": bob.wallet_id, "amount_minor": 77 });
+    let held_body =
+        json!({ "from_wallet_id": alice.wallet_id, "to_wallet_id": bob.wallet_id, "amount_minor": 77 });
     let parsed = TransferRequest::parse(held_body.to_string().as_bytes(), i64::MAX).expect("valid");
     let mut held = app.db.begin().await.expect("begin");
     sqlx::query(
@@ -302,20 +292,13 @@ async fn header_body_span_metric_and_feed_agree_for_every_outcome() {
             true,
         ),
         (
-            case(
-                "not your wallet",
-                Layer::NoLayer,
-                Outcome::Unauthorized,
-                403,
-            ),
+            case("not your wallet", Layer::NoLayer, Outcome::Unauthorized, 403),
             app.transfer_request_from(&alice, bob.wallet_id, alice.wallet_id, 14, None),
             true,
         ),
         (
             case("no token", Layer::NoLayer, Outcome::Unauthorized, 401),
-            app.client
-                .post(app.url("/api/v1/transfers"))
-                .json(&json!({})),
+            app.client.post(app.url("/api/v1/transfers")).json(&json!({})),
             false,
         ),
     ];
@@ -486,7 +469,7 @@ async fn check(
 #[tokio::test]
 async fn two_instances_share_one_feed_and_its_live_stream() {
     let first = spawn_app(|settings| {
-        settings.cooldown_enabled = false;
+        without_cooldown(settings);
         settings.instance_id = "first".into();
     })
     .await;
@@ -652,8 +635,7 @@ async fn no_secret_reaches_the_logs() {
         "the decision log line is missing:\n{logs}"
     );
     for line in logs.lines().filter(|line| line.starts_with('{')) {
-        serde_json::from_str::<Value>(line)
-            .unwrap_or_else(|_| panic!("not a JSON log line: {line}"));
+        serde_json::from_str::<Value>(line).unwrap_or_else(|_| panic!("not a JSON log line: {line}"));
     }
     for secret in tokens
         .iter()

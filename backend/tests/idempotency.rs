@@ -11,15 +11,11 @@ use layered_wallet::domain::TransferRequest;
 use serde_json::Value;
 use uuid::Uuid;
 
-fn no_cooldown(settings: &mut layered_wallet::settings::Settings) {
-    settings.cooldown_enabled = false;
-}
-
 /// A retry with the same key gets the first response back byte for byte,
 /// marked as a replay, and no second transfer happens.
 #[tokio::test]
 async fn a_retry_with_the_same_key_replays_the_first_response_byte_for_byte() {
-    let app = spawn_app(no_cooldown).await;
+    let app = spawn_app(without_cooldown).await;
     let alice = app.sign_up("alice").await;
     let bob = app.sign_up("bob").await;
     let key = new_key();
@@ -54,7 +50,7 @@ async fn a_retry_with_the_same_key_replays_the_first_response_byte_for_byte() {
 /// A key reused for a different body is refused and changes nothing.
 #[tokio::test]
 async fn a_key_reused_with_a_different_body_is_refused() {
-    let app = spawn_app(no_cooldown).await;
+    let app = spawn_app(without_cooldown).await;
     let alice = app.sign_up("alice").await;
     let bob = app.sign_up("bob").await;
     let key = new_key();
@@ -81,7 +77,7 @@ async fn a_key_reused_with_a_different_body_is_refused() {
 /// Keys are per user: Bob may use the key Alice used.
 #[tokio::test]
 async fn keys_belong_to_one_user() {
-    let app = spawn_app(no_cooldown).await;
+    let app = spawn_app(without_cooldown).await;
     let alice = app.sign_up("alice").await;
     let bob = app.sign_up("bob").await;
     let key = new_key();
@@ -175,8 +171,7 @@ async fn hold_claim(
 }
 
 fn parsed(from: Uuid, to: Uuid, amount: i64) -> TransferRequest {
-    let body =
-        serde_json::json!({ "from_wallet_id": from, "to_wallet_id": to, "amount_minor": amount });
+    let body = serde_json::json!({ "from_wallet_id": from, "to_wallet_id": to, "amount_minor": amount });
     TransferRequest::parse(body.to_string().as_bytes(), i64::MAX).expect("valid")
 }
 
@@ -186,7 +181,7 @@ fn parsed(from: Uuid, to: Uuid, amount: i64) -> TransferRequest {
 #[tokio::test]
 async fn a_key_still_in_flight_waits_then_answers_409() {
     let app = spawn_app(|settings| {
-        no_cooldown(settings);
+        without_cooldown(settings);
         settings.idempotency_wait_ms_max = 300;
     })
     .await;
@@ -227,7 +222,7 @@ async fn a_key_still_in_flight_waits_then_answers_409() {
 #[tokio::test]
 async fn a_key_that_completes_during_the_wait_is_replayed() {
     let app = spawn_app(|settings| {
-        no_cooldown(settings);
+        without_cooldown(settings);
         settings.idempotency_wait_ms_max = 5_000;
     })
     .await;
@@ -254,18 +249,14 @@ async fn a_key_that_completes_during_the_wait_is_replayed() {
     assert_eq!(response.status(), 201);
     assert_eq!(response.headers()["idempotent-replayed"], "true");
     assert_eq!(response.text().await.expect("body"), stored);
-    assert_eq!(
-        app.transfer_count().await,
-        0,
-        "the retry moved money itself"
-    );
+    assert_eq!(app.transfer_count().await, 0, "the retry moved money itself");
 }
 
 /// If the first request rolls back (our failure), the key is free: the
 /// waiting retry does the transfer itself.
 #[tokio::test]
 async fn a_key_whose_first_request_rolled_back_is_free_for_the_retry() {
-    let app = spawn_app(no_cooldown).await;
+    let app = spawn_app(without_cooldown).await;
     let alice = app.sign_up("alice").await;
     let bob = app.sign_up("bob").await;
     let key = Uuid::new_v4();
@@ -293,7 +284,7 @@ async fn a_key_whose_first_request_rolled_back_is_free_for_the_retry() {
 /// replays the refusal even after the wallet was topped up.
 #[tokio::test]
 async fn a_business_refusal_is_stored_and_replayed() {
-    let app = spawn_app(no_cooldown).await;
+    let app = spawn_app(without_cooldown).await;
     let alice = app.sign_up("alice").await;
     let bob = app.sign_up("bob").await;
     let key = new_key();
@@ -348,7 +339,7 @@ async fn a_business_refusal_is_stored_and_replayed() {
 /// a new request, even before the sweeper has deleted the old row.
 #[tokio::test]
 async fn an_expired_key_is_a_new_request() {
-    let app = spawn_app(no_cooldown).await;
+    let app = spawn_app(without_cooldown).await;
     let alice = app.sign_up("alice").await;
     let bob = app.sign_up("bob").await;
     let key = new_key();
@@ -375,7 +366,7 @@ async fn an_expired_key_is_a_new_request() {
 /// The sweeper deletes expired keys in batches and keeps live ones.
 #[tokio::test]
 async fn the_sweeper_deletes_expired_keys_in_batches() {
-    let app = spawn_app(no_cooldown).await;
+    let app = spawn_app(without_cooldown).await;
     let alice = app.sign_up("alice").await;
     sqlx::query(
         "INSERT INTO idempotency_keys (user_id, key, fingerprint, response_status, response_body, expires_at)

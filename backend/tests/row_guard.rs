@@ -8,7 +8,7 @@ use common::*;
 /// spending the exact balance leaves zero.
 #[tokio::test]
 async fn the_row_guard_refuses_an_overdraft_and_allows_the_exact_balance() {
-    let app = spawn_app(|settings| settings.cooldown_enabled = false).await;
+    let app = spawn_app(without_cooldown).await;
     let alice = app.sign_up("alice").await;
     let bob = app.sign_up("bob").await;
     let before = app.snapshot().await;

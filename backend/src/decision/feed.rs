@@ -85,12 +85,7 @@ impl DecisionFeed {
     ) -> Self {
         let queue = pool.clone().map(|pool| {
             let (sender, receiver) = mpsc::channel(settings.queue_entries_max);
-            tokio::spawn(write_batches(
-                receiver,
-                pool,
-                settings.clone(),
-                metrics.clone(),
-            ));
+            tokio::spawn(write_batches(receiver, pool, settings.clone(), metrics.clone()));
             sender
         });
         Self {
@@ -121,10 +116,7 @@ impl DecisionFeed {
         &self,
         response_timeout: Duration,
     ) -> Result<redis::aio::MultiplexedConnection, String> {
-        let client = self
-            .client
-            .as_ref()
-            .ok_or("the decision feed is disabled")?;
+        let client = self.client.as_ref().ok_or("the decision feed is disabled")?;
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.command_timeout))
             .set_response_timeout(Some(response_timeout));
@@ -176,9 +168,9 @@ pub fn is_stream_id(id: &str) -> bool {
     let (Some(ms), Some(seq), None) = (parts.next(), parts.next(), parts.next()) else {
         return false;
     };
-    [ms, seq].iter().all(|part| {
-        !part.is_empty() && part.len() <= 20 && part.bytes().all(|b| b.is_ascii_digit())
-    })
+    [ms, seq]
+        .iter()
+        .all(|part| !part.is_empty() && part.len() <= 20 && part.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// A stream entry as Redis returns it: its id and its field-value pairs.
@@ -202,11 +194,7 @@ async fn write_batches(
 ) {
     let retention_s = settings.retention_hours.saturating_mul(3600);
     let mut batch = Vec::with_capacity(WRITE_BATCH_ENTRIES_MAX);
-    while receiver
-        .recv_many(&mut batch, WRITE_BATCH_ENTRIES_MAX)
-        .await
-        > 0
-    {
+    while receiver.recv_many(&mut batch, WRITE_BATCH_ENTRIES_MAX).await > 0 {
         let mut pipe = redis::pipe();
         for (user, entry) in &batch {
             let key = stream_key(&settings.key_prefix, *user);
@@ -224,9 +212,7 @@ async fn write_batches(
         }
         let write = async {
             let mut conn = pool.get().await.map_err(|e| e.to_string())?;
-            pipe.query_async::<()>(&mut conn)
-                .await
-                .map_err(|e| e.to_string())
+            pipe.query_async::<()>(&mut conn).await.map_err(|e| e.to_string())
         };
         match tokio::time::timeout(settings.command_timeout, write).await {
             Ok(Ok(())) => {}

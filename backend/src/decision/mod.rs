@@ -121,12 +121,8 @@ impl Decision {
             let (name, item) = member.trim().split_once('=')?;
             let item = item.trim().trim_matches('"');
             match name.trim() {
-                "layer" => {
-                    layer = serde_json::from_value(serde_json::Value::String(item.into())).ok()
-                }
-                "outcome" => {
-                    outcome = serde_json::from_value(serde_json::Value::String(item.into())).ok()
-                }
+                "layer" => layer = serde_json::from_value(serde_json::Value::String(item.into())).ok(),
+                "outcome" => outcome = serde_json::from_value(serde_json::Value::String(item.into())).ok(),
                 _ => {}
             }
         }
@@ -148,10 +144,7 @@ mod tests {
             decision.header_value(),
             "layer=row_guard, outcome=insufficient_funds"
         );
-        assert_eq!(
-            Decision::parse_header(&decision.header_value()),
-            Some(decision)
-        );
+        assert_eq!(Decision::parse_header(&decision.header_value()), Some(decision));
         let none = Decision::new(Layer::NoLayer, Outcome::Invalid);
         assert_eq!(Decision::parse_header(&none.header_value()), Some(none));
         assert_eq!(Decision::parse_header("layer=nope, outcome=accepted"), None);

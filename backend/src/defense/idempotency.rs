@@ -49,10 +49,8 @@ impl IdempotencyKey {
             .and_then(|rest| rest.strip_suffix('"'))
             .unwrap_or(value);
         Uuid::try_parse(unquoted).map(Self).map_err(|_| {
-            Problem::validation(
-                "The Idempotency-Key header must be a UUID, optionally in double quotes.",
-            )
-            .with_layer(Layer::Idempotency)
+            Problem::validation("The Idempotency-Key header must be a UUID, optionally in double quotes.")
+                .with_layer(Layer::Idempotency)
         })
     }
 
@@ -70,14 +68,11 @@ impl IdempotencyKey {
             return Ok(None);
         };
         if values.next().is_some() {
-            return Err(
-                Problem::validation("Send exactly one Idempotency-Key header.")
-                    .with_layer(Layer::Idempotency),
-            );
+            return Err(Problem::validation("Send exactly one Idempotency-Key header.")
+                .with_layer(Layer::Idempotency));
         }
         let value = value.to_str().map_err(|_| {
-            Problem::validation("The Idempotency-Key header must be a UUID.")
-                .with_layer(Layer::Idempotency)
+            Problem::validation("The Idempotency-Key header must be a UUID.").with_layer(Layer::Idempotency)
         })?;
         Self::parse(value).map(Some)
     }
@@ -184,15 +179,14 @@ async fn claim_outcome(
 
     // The conflicting claim has committed (the insert waited for it), so
     // this statement sees it, response included.
-    let (stored_fingerprint, status, body) =
-        sqlx::query_as::<_, (Vec<u8>, Option<i16>, Option<String>)>(
-            "SELECT fingerprint, response_status, response_body
+    let (stored_fingerprint, status, body) = sqlx::query_as::<_, (Vec<u8>, Option<i16>, Option<String>)>(
+        "SELECT fingerprint, response_status, response_body
          FROM idempotency_keys WHERE user_id = $1 AND key = $2",
-        )
-        .bind(user.0)
-        .bind(key.0)
-        .fetch_one(&mut *tx)
-        .await?;
+    )
+    .bind(user.0)
+    .bind(key.0)
+    .fetch_one(&mut *tx)
+    .await?;
     if stored_fingerprint != fingerprint {
         return Ok(Claim::Mismatch);
     }
@@ -235,6 +229,73 @@ fn is_lock_timeout(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
 }
 
+// ---------------------------------------------------------------------------
+// DEMO ONLY: check, then insert (`idempotency_mode = check_then_insert`).
+//
+// The mistake this layer exists to avoid, kept so the race can be shown:
+// look the key up, do the transfer, record the key afterwards. Two requests
+// that arrive together both look before either has recorded, both see no
+// key, and both move money. Never use outside a demonstration.
+// ---------------------------------------------------------------------------
+
+/// Looks the key up without claiming it: `None` when no request with the
+/// key has been recorded yet.
+pub async fn naive_check(
+    tx: &mut PgConnection,
+    user: UserId,
+    key: IdempotencyKey,
+    fingerprint: &[u8; 32],
+) -> Result<Option<Claim>, sqlx::Error> {
+    let row = sqlx::query_as::<_, (Vec<u8>, Option<i16>, Option<String>)>(
+        "SELECT fingerprint, response_status, response_body
+         FROM idempotency_keys WHERE user_id = $1 AND key = $2 AND expires_at > now()",
+    )
+    .bind(user.0)
+    .bind(key.0)
+    .fetch_optional(&mut *tx)
+    .await?;
+    Ok(row.map(
+        |(stored, status, body)| match (stored == fingerprint, status, body) {
+            (false, _, _) => Claim::Mismatch,
+            (true, Some(status), Some(body)) => Claim::Replay(StoredResponse {
+                status: u16::try_from(status).unwrap_or(500),
+                body,
+            }),
+            (true, _, _) => Claim::InFlight,
+        },
+    ))
+}
+
+/// Records the key and its response after the transfer has committed, in a
+/// statement of its own. A concurrent duplicate's record loses silently;
+/// its transfer has already happened.
+pub async fn naive_record(
+    pool: &PgPool,
+    user: UserId,
+    key: IdempotencyKey,
+    fingerprint: &[u8; 32],
+    response: &StoredResponse,
+    transfer_id: Option<Uuid>,
+    retention_hours: u64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO idempotency_keys
+             (user_id, key, fingerprint, response_status, response_body, transfer_id, expires_at)
+         VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(hours => $7))
+         ON CONFLICT (user_id, key) DO NOTHING",
+    )
+    .bind(user.0)
+    .bind(key.0)
+    .bind(&fingerprint[..])
+    .bind(i16::try_from(response.status).unwrap_or(i16::MAX))
+    .bind(&response.body)
+    .bind(transfer_id)
+    .bind(i32::try_from(retention_hours).unwrap_or(i32::MAX))
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// Deletes expired keys in batches of at most `batch_rows_max` until none
 /// are left; returns how many it deleted. Several instances may sweep at
 /// once: `SKIP LOCKED` keeps them off each other's rows.
@@ -261,11 +322,7 @@ pub async fn sweep_expired(pool: &PgPool, batch_rows_max: i64) -> Result<u64, sq
 
 /// Runs `sweep_expired` every `interval` until the returned handle is
 /// aborted (the server does so at shutdown).
-pub fn spawn_sweeper(
-    pool: PgPool,
-    interval: Duration,
-    batch_rows_max: i64,
-) -> tokio::task::JoinHandle<()> {
+pub fn spawn_sweeper(pool: PgPool, interval: Duration, batch_rows_max: i64) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         // The first sweep is one interval after start-up, not at once: a
         // fleet restarting together should not all sweep at the same moment.
@@ -294,8 +351,7 @@ mod tests {
     #[test]
     fn a_key_may_be_bare_or_quoted_but_must_be_a_uuid() {
         let bare = IdempotencyKey::parse("6f1c1c59-3f5e-4a32-9d5e-0a3a1f1f2b10").expect("bare");
-        let quoted =
-            IdempotencyKey::parse("\"6f1c1c59-3f5e-4a32-9d5e-0a3a1f1f2b10\"").expect("quoted");
+        let quoted = IdempotencyKey::parse("\"6f1c1c59-3f5e-4a32-9d5e-0a3a1f1f2b10\"").expect("quoted");
         assert_eq!(bare, quoted);
         assert_eq!(IdempotencyKey::parse("abc").expect_err("bad").status, 422);
         assert_eq!(IdempotencyKey::parse("\"abc").expect_err("bad").status, 422);

@@ -85,15 +85,74 @@ pub async fn apply(
     } else {
         match debit(tx, request.from, request.amount.get()).await? {
             Debit::InsufficientFunds => Guarded::InsufficientFunds,
-            Debit::Applied {
-                balance_minor_after,
-            } => {
-                let created_at =
-                    credit_and_record(tx, transfer_id, request, caller, idempotency_key).await?;
+            Debit::Applied { balance_minor_after } => {
+                let created_at = credit_and_record(tx, transfer_id, request, caller, idempotency_key).await?;
                 Guarded::Applied {
                     balance_minor_after,
                     created_at,
                 }
+            }
+        }
+    };
+    tracing::Span::current().record("defense.outcome", guarded.outcome());
+    Ok(guarded)
+}
+
+// ---------------------------------------------------------------------------
+// DEMO ONLY: read, decide, write (`row_guard_mode = read_decide_write`).
+//
+// The row guard switched off, i.e. the mistake it exists to avoid, kept so
+// the race can be shown: read the balance, compare in Rust, write the
+// computed balance back, with no lock and no guard in the `WHERE`. Two
+// debits that read the same balance both pass the check (an overdraft of
+// the intent), and the second write overwrites the first (a lost update:
+// money is created). Never use outside a demonstration.
+// ---------------------------------------------------------------------------
+
+#[tracing::instrument(
+    name = "defense.row_guard",
+    skip_all,
+    fields(
+        defense.layer = "row_guard",
+        defense.mode = "read_decide_write",
+        defense.outcome = tracing::field::Empty,
+        wallet.from = %request.from,
+        wallet.to = %request.to,
+    )
+)]
+pub async fn apply_read_decide_write(
+    tx: &mut PgConnection,
+    transfer_id: Uuid,
+    request: &TransferRequest,
+    caller: UserId,
+    idempotency_key: Option<Uuid>,
+    race_window: std::time::Duration,
+) -> Result<Guarded, sqlx::Error> {
+    let source = sqlx::query_as::<_, (Uuid, i64)>("SELECT user_id, balance_minor FROM wallets WHERE id = $1")
+        .bind(request.from.0)
+        .fetch_optional(&mut *tx)
+        .await?;
+    let target_exists = sqlx::query_scalar::<_, bool>("SELECT EXISTS (SELECT 1 FROM wallets WHERE id = $1)")
+        .bind(request.to.0)
+        .fetch_one(&mut *tx)
+        .await?;
+    let guarded = match source {
+        Some((owner, _)) if owner != caller.0 => Guarded::NotOwner,
+        None => Guarded::NotOwner,
+        Some(_) if !target_exists => Guarded::UnknownTarget,
+        Some((_, balance)) if balance < request.amount.get() => Guarded::InsufficientFunds,
+        Some((_, balance)) => {
+            tokio::time::sleep(race_window).await;
+            let computed = balance - request.amount.get();
+            sqlx::query("UPDATE wallets SET balance_minor = $2 WHERE id = $1")
+                .bind(request.from.0)
+                .bind(computed)
+                .execute(&mut *tx)
+                .await?;
+            let created_at = credit_and_record(tx, transfer_id, request, caller, idempotency_key).await?;
+            Guarded::Applied {
+                balance_minor_after: computed,
+                created_at,
             }
         }
     };
@@ -142,11 +201,7 @@ pub enum Debit {
 }
 
 /// The guard itself: check and write in one statement.
-pub async fn debit(
-    tx: &mut PgConnection,
-    from: WalletId,
-    amount_minor: i64,
-) -> Result<Debit, sqlx::Error> {
+pub async fn debit(tx: &mut PgConnection, from: WalletId, amount_minor: i64) -> Result<Debit, sqlx::Error> {
     let balance_after = sqlx::query_scalar::<_, i64>(
         "UPDATE wallets SET balance_minor = balance_minor - $2
          WHERE id = $1 AND balance_minor >= $2
@@ -157,9 +212,7 @@ pub async fn debit(
     .fetch_optional(&mut *tx)
     .await?;
     Ok(match balance_after {
-        Some(balance_minor_after) => Debit::Applied {
-            balance_minor_after,
-        },
+        Some(balance_minor_after) => Debit::Applied { balance_minor_after },
         None => Debit::InsufficientFunds,
     })
 }

@@ -44,9 +44,7 @@ fn parse_query(request: &HttpRequest, max: usize) -> Result<FeedQuery, Problem> 
         }
     }
     if query.limit.is_some_and(|limit| limit == 0 || limit > max) {
-        return Err(Problem::validation(format!(
-            "limit must be between 1 and {max}."
-        )));
+        return Err(Problem::validation(format!("limit must be between 1 and {max}.")));
     }
     Ok(query)
 }
@@ -72,20 +70,12 @@ pub async fn list_decisions(
 }
 
 /// Shared with the browser pages, which authenticate by cookie.
-pub async fn read_page(
-    request: &HttpRequest,
-    state: &AppState,
-    user: UserId,
-) -> Result<FeedPage, Problem> {
+pub async fn read_page(request: &HttpRequest, state: &AppState, user: UserId) -> Result<FeedPage, Problem> {
     let max = state.settings.decisions_page_entries_max;
     let query = parse_query(request, max)?;
     let items = state
         .feed
-        .read_after(
-            user,
-            query.after.as_deref(),
-            query.limit.unwrap_or(100.min(max)),
-        )
+        .read_after(user, query.after.as_deref(), query.limit.unwrap_or(100.min(max)))
         .await
         .map_err(|error| {
             tracing::warn!(error, "could not read the decision feed");
@@ -129,17 +119,13 @@ pub async fn open_stream(
         .and_then(|value| value.to_str().ok())
         .filter(|id| feed::is_stream_id(id))
         .map(str::to_owned);
-    let start = last_event_id
-        .or(query.after)
-        .unwrap_or_else(|| "$".to_owned());
+    let start = last_event_id.or(query.after).unwrap_or_else(|| "$".to_owned());
 
     let slot = state
         .stream_slots
         .clone()
         .try_acquire_owned()
-        .map_err(|_| {
-            Problem::unavailable("Too many live streams on this instance. Retry shortly.")
-        })?;
+        .map_err(|_| Problem::unavailable("Too many live streams on this instance. Retry shortly."))?;
     let keepalive = Duration::from_millis(state.settings.decision_stream_keepalive_ms);
     let connection = state
         .feed
@@ -182,10 +168,7 @@ pub async fn open_stream(
                 for (_, entries) in streams {
                     for stored in entries.into_iter().filter_map(feed::decode) {
                         let data = serde_json::to_string(&stored.entry).unwrap_or_default();
-                        chunk.push_str(&format!(
-                            "id: {}\nevent: decision\ndata: {data}\n\n",
-                            stored.id
-                        ));
+                        chunk.push_str(&format!("id: {}\nevent: decision\ndata: {data}\n\n", stored.id));
                         next_id = stored.id;
                     }
                 }

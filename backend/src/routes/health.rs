@@ -5,6 +5,7 @@ use std::time::Duration;
 use actix_web::{HttpResponse, web};
 use serde::Serialize;
 
+use crate::settings::{IdempotencyMode, RowGuardMode, Settings};
 use crate::state::AppState;
 
 /// The process is up. Touches nothing else, so an orchestrator does not
@@ -21,6 +22,32 @@ pub struct Readiness {
     pub redis: &'static str,
     /// Requests let through while Redis could not be asked.
     pub cooldown_fail_open_passes: u64,
+    pub mode: DefenseMode,
+}
+
+/// Which defenses this instance runs, and how.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct DefenseMode {
+    /// False when any layer is off or naive (a demonstration instance).
+    pub safe: bool,
+    pub cooldown: &'static str,
+    pub idempotency: IdempotencyMode,
+    pub row_guard: RowGuardMode,
+    /// The unsafe switches in effect, by name.
+    pub unsafe_modes: Vec<&'static str>,
+}
+
+impl DefenseMode {
+    pub fn of(settings: &Settings) -> Self {
+        let unsafe_modes = settings.unsafe_modes();
+        Self {
+            safe: unsafe_modes.is_empty(),
+            cooldown: if settings.cooldown_enabled { "on" } else { "off" },
+            idempotency: settings.idempotency_mode,
+            row_guard: settings.row_guard_mode,
+            unsafe_modes,
+        }
+    }
 }
 
 /// Ready to take traffic: PostgreSQL answers, and Redis answers (or the
@@ -29,8 +56,7 @@ pub struct Readiness {
     responses((status = 200, body = Readiness), (status = 503, body = Readiness)))]
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     let probe_timeout = Duration::from_millis(state.settings.db_acquire_wait_ms_max);
-    let postgres =
-        tokio::time::timeout(probe_timeout, sqlx::query("SELECT 1").execute(&state.db)).await;
+    let postgres = tokio::time::timeout(probe_timeout, sqlx::query("SELECT 1").execute(&state.db)).await;
     let postgres_ok = matches!(postgres, Ok(Ok(_)));
 
     let redis = match &state.redis {
@@ -56,6 +82,7 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
         postgres: if postgres_ok { "ok" } else { "unreachable" },
         redis,
         cooldown_fail_open_passes: state.cooldown.fail_open_passes(),
+        mode: DefenseMode::of(&state.settings),
     };
     if ready {
         HttpResponse::Ok().json(body)

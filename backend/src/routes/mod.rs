@@ -31,8 +31,7 @@ pub async fn read_json_body(
         .and_then(|value| value.split(';').next())
         .is_some_and(|media| {
             let media = media.trim();
-            media.eq_ignore_ascii_case("application/json")
-                || media.to_ascii_lowercase().ends_with("+json")
+            media.eq_ignore_ascii_case("application/json") || media.to_ascii_lowercase().ends_with("+json")
         });
     if !is_json {
         return Err(Problem::unsupported_media_type());
@@ -47,8 +46,8 @@ pub async fn read_json_body(
     }
     let mut body = BytesMut::new();
     while let Some(chunk) = payload.next().await {
-        let chunk = chunk
-            .map_err(|error| Problem::bad_request(format!("Could not read the body: {error}.")))?;
+        let chunk =
+            chunk.map_err(|error| Problem::bad_request(format!("Could not read the body: {error}.")))?;
         if body.len() + chunk.len() > limit_bytes {
             return Err(Problem::payload_too_large(limit_bytes));
         }
@@ -59,10 +58,7 @@ pub async fn read_json_body(
 
 /// Full authentication for routes that read: the MAC, then the database
 /// (not revoked, not expired).
-pub async fn authenticate(
-    request: &HttpRequest,
-    state: &AppState,
-) -> Result<VerifiedToken, Problem> {
+pub async fn authenticate(request: &HttpRequest, state: &AppState) -> Result<VerifiedToken, Problem> {
     let token = state.tokens.verify_request(request)?;
     let live = auth::token_is_live(&state.db, &token)
         .await

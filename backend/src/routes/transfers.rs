@@ -96,11 +96,10 @@ async fn decide(
         Ok(body) => body,
         Err(problem) => return refuse(problem, Layer::NoLayer, Outcome::Invalid, user, None),
     };
-    let transfer_request =
-        match TransferRequest::parse(&body, state.settings.transfer_amount_minor_max) {
-            Ok(parsed) => parsed,
-            Err(problem) => return refuse(problem, Layer::NoLayer, Outcome::Invalid, user, None),
-        };
+    let transfer_request = match TransferRequest::parse(&body, state.settings.transfer_amount_minor_max) {
+        Ok(parsed) => parsed,
+        Err(problem) => return refuse(problem, Layer::NoLayer, Outcome::Invalid, user, None),
+    };
     let key = match IdempotencyKey::from_request(request, state.settings.idempotency_key_required) {
         Ok(key) => key,
         Err(problem) => return refuse(problem, Layer::Idempotency, Outcome::Invalid, user, None),
@@ -173,20 +172,12 @@ async fn decide(
             user,
             key,
         },
-        Ok(TransferOutcome::KeyReused) => refuse(
-            key_reused(),
-            Layer::Idempotency,
-            Outcome::KeyReused,
-            user,
-            key,
-        ),
-        Ok(TransferOutcome::InFlight) => refuse(
-            key_in_flight(),
-            Layer::Idempotency,
-            Outcome::InFlight,
-            user,
-            key,
-        ),
+        Ok(TransferOutcome::KeyReused) => {
+            refuse(key_reused(), Layer::Idempotency, Outcome::KeyReused, user, key)
+        }
+        Ok(TransferOutcome::InFlight) => {
+            refuse(key_in_flight(), Layer::Idempotency, Outcome::InFlight, user, key)
+        }
         Err(refusal) => refuse(
             refusal.problem,
             refusal.decision.layer,
@@ -353,9 +344,7 @@ pub async fn list_transfers(
     let max = state.settings.transfers_page_rows_max;
     let limit = query.limit.unwrap_or(20.min(max));
     if !(1..=max).contains(&limit) {
-        return Err(Problem::validation(format!(
-            "limit must be between 1 and {max}."
-        )));
+        return Err(Problem::validation(format!("limit must be between 1 and {max}.")));
     }
     let rows = list_for_user(&state.db, caller.user_id.0, query.before, limit + 1)
         .await

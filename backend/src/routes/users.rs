@@ -61,9 +61,7 @@ impl Credentials {
         }
         use secrecy::ExposeSecret;
         let password_chars = credentials.password.expose_secret().chars().count();
-        if password_chars < settings.password_chars_min
-            || password_chars > settings.password_chars_max
-        {
+        if password_chars < settings.password_chars_min || password_chars > settings.password_chars_max {
             return Err(Problem::validation(format!(
                 "password must be {} to {} characters.",
                 settings.password_chars_min, settings.password_chars_max
@@ -97,12 +95,10 @@ pub async fn sign_up(
 /// Creates the user, the wallet and the first token in one transaction.
 /// Shared by the API and the browser sign-up form.
 pub async fn create_user(state: &AppState, credentials: Credentials) -> Result<SignedUp, Problem> {
-    let password_hash = auth::hash_password(credentials.password)
-        .await
-        .map_err(|error| {
-            tracing::error!(error = %error, "password hashing failed");
-            Problem::internal()
-        })?;
+    let password_hash = auth::hash_password(credentials.password).await.map_err(|error| {
+        tracing::error!(error = %error, "password hashing failed");
+        Problem::internal()
+    })?;
     let user_id = UserId(Uuid::now_v7());
     let wallet_id = WalletId(Uuid::now_v7());
     let grant = state.settings.signup_grant_minor;
@@ -186,12 +182,11 @@ pub async fn issue_token_for(
     state: &AppState,
     credentials: Credentials,
 ) -> Result<(UserId, auth::IssuedToken), Problem> {
-    let row =
-        sqlx::query_as::<_, (Uuid, String)>("SELECT id, password_hash FROM users WHERE name = $1")
-            .bind(&credentials.name)
-            .fetch_optional(&state.db)
-            .await
-            .map_err(|error| problem::from_database_error(&error, "signing in"))?;
+    let row = sqlx::query_as::<_, (Uuid, String)>("SELECT id, password_hash FROM users WHERE name = $1")
+        .bind(&credentials.name)
+        .fetch_optional(&state.db)
+        .await
+        .map_err(|error| problem::from_database_error(&error, "signing in"))?;
     let (user_id, stored_hash) = match row {
         Some((id, hash)) => (Some(UserId(id)), Some(hash)),
         None => (None, None),

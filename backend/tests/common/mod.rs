@@ -5,10 +5,7 @@
 //! If PostgreSQL or Redis is not reachable the harness panics with how to
 //! start them; a test never quietly skips.
 
-#![allow(
-    dead_code,
-    reason = "each test binary uses a different part of the harness"
-)]
+#![allow(dead_code, reason = "each test binary uses a different part of the harness")]
 
 pub mod proxy;
 
@@ -27,8 +24,7 @@ use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool};
 use uuid::Uuid;
 
 pub const SIGNING_KEY: &str = "test-signing-key-test-signing-key-0123456789";
-const HOW_TO_START: &str =
-    "start them with ./scripts/services.sh, or run the tests with ./scripts/test";
+const HOW_TO_START: &str = "start them with ./scripts/services.sh, or run the tests with ./scripts/test";
 
 /// The PostgreSQL server the tests create their databases on.
 pub fn postgres_server_url() -> String {
@@ -120,6 +116,12 @@ fn install_telemetry() -> &'static InMemorySpanExporter {
     })
 }
 
+/// Switches the cooldown off, which counts as an unsafe demonstration mode.
+pub fn without_cooldown(settings: &mut Settings) {
+    settings.cooldown_enabled = false;
+    settings.allow_unsafe_demo_modes = true;
+}
+
 pub struct TestApp {
     pub address: String,
     /// The test's own pool on the app's database, for asserting on state.
@@ -152,9 +154,7 @@ pub async fn spawn_app(adjust: impl FnOnce(&mut Settings)) -> TestApp {
 }
 
 /// Like `spawn_app`, with a counting proxy between the app and PostgreSQL.
-pub async fn spawn_app_behind_proxy(
-    adjust: impl FnOnce(&mut Settings),
-) -> (TestApp, proxy::CountingProxy) {
+pub async fn spawn_app_behind_proxy(adjust: impl FnOnce(&mut Settings)) -> (TestApp, proxy::CountingProxy) {
     assert_redis_reachable().await;
     let (_, options) = create_database().await;
     let upstream = format!("127.0.0.1:{}", options.get_port())
@@ -294,8 +294,7 @@ impl TestApp {
         TestUser {
             name: name.to_owned(),
             user_id: Uuid::parse_str(body["user_id"].as_str().expect("user_id")).expect("uuid"),
-            wallet_id: Uuid::parse_str(body["wallet_id"].as_str().expect("wallet_id"))
-                .expect("uuid"),
+            wallet_id: Uuid::parse_str(body["wallet_id"].as_str().expect("wallet_id")).expect("uuid"),
             token: body["token"].as_str().expect("token").to_owned(),
         }
     }
@@ -419,10 +418,7 @@ impl TestApp {
 
     pub async fn cooldown_keys(&self) -> Vec<String> {
         let client = redis::Client::open(redis_url()).expect("redis url");
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("redis");
+        let mut conn = client.get_multiplexed_async_connection().await.expect("redis");
         redis::cmd("KEYS")
             .arg(format!("{}cooldown:*", self.redis_prefix))
             .query_async(&mut conn)

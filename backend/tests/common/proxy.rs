@@ -113,11 +113,8 @@ impl FrontendParser {
                 return queries;
             }
             let length_at = header - 4;
-            let length = u32::from_be_bytes(
-                self.pending[length_at..header]
-                    .try_into()
-                    .expect("four bytes"),
-            ) as usize;
+            let length =
+                u32::from_be_bytes(self.pending[length_at..header].try_into().expect("four bytes")) as usize;
             let total = length_at + length;
             if self.pending.len() < total {
                 return queries;
