@@ -1,16 +1,14 @@
 //! The REST contract: accounts, reads, the OpenAPI document, and the whole
 //! error matrix, each refusal checked to have changed nothing.
 
-mod common;
-
 use chrono::Duration;
-use common::*;
 use layered_wallet::auth::TokenSigner;
 use layered_wallet::domain::UserId;
 use layered_wallet::settings::CooldownScope;
 use secrecy::{ExposeSecret, SecretString};
 use serde_json::{Value, json};
 use uuid::Uuid;
+use wallet_testkit::*;
 
 #[tokio::test]
 async fn sign_up_gives_a_wallet_with_the_grant_and_a_working_token() {

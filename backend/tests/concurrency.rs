@@ -1,12 +1,10 @@
 //! The three layers under real concurrency: many requests in flight at
 //! once, over real HTTP, asserting on the database afterwards.
 
-mod common;
-
 use std::collections::HashMap;
 
-use common::*;
 use uuid::Uuid;
+use wallet_testkit::*;
 
 fn statuses(responses: &[reqwest::Response]) -> HashMap<u16, usize> {
     let mut counts = HashMap::new();

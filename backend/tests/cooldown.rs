@@ -1,15 +1,13 @@
 //! Layer 1, the cooldown lock, against real Redis and PostgreSQL.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use layered_wallet::defense::cooldown::{Cooldown, CooldownLock, CooldownPermit};
 use layered_wallet::domain::UserId;
 use layered_wallet::settings::{CooldownScope, StoreErrorPolicy};
 use secrecy::SecretString;
 use uuid::Uuid;
+use wallet_testkit::*;
 
 /// Proves the window refuses a second transfer with 429 and a Retry-After
 /// rounded up from the key's TTL, and that the refusal sends not one query to

@@ -2,12 +2,9 @@
 //! response header, the problem body, the trace, the metrics and the
 //! decision feed.
 
-mod common;
-
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::*;
 use layered_wallet::decision::{Decision, Layer, Outcome};
 use layered_wallet::domain::TransferRequest;
 use opentelemetry::Value as OtelValue;
@@ -15,6 +12,7 @@ use opentelemetry_sdk::trace::SpanData;
 use secrecy::SecretString;
 use serde_json::{Value, json};
 use uuid::Uuid;
+use wallet_testkit::*;
 
 fn decision_of(response: &reqwest::Response) -> Decision {
     let header = response.headers()["defense-decision"].to_str().expect("ascii");

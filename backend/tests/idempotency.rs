@@ -1,15 +1,13 @@
 //! Layer 2, the idempotency key, against real PostgreSQL. The cooldown is
 //! off in most of these tests so that each branch is reached directly.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use layered_wallet::defense::idempotency;
 use layered_wallet::domain::TransferRequest;
 use serde_json::Value;
 use uuid::Uuid;
+use wallet_testkit::*;
 
 /// A retry with the same key gets the first response back byte for byte,
 /// marked as a replay, and no second transfer happens.

@@ -1,8 +1,6 @@
 //! Layer 3, the guarded debit, against real PostgreSQL.
 
-mod common;
-
-use common::*;
+use wallet_testkit::*;
 
 /// An overdraft is refused with 422 insufficient-funds and changes nothing;
 /// spending the exact balance leaves zero.

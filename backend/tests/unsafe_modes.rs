@@ -4,11 +4,9 @@
 //! probabilistic, so each demonstration gets a few attempts and a pause
 //! inside the naive window (`naive_window_ms`).
 
-mod common;
-
-use common::*;
 use layered_wallet::settings::{IdempotencyMode, RowGuardMode, Settings};
 use layered_wallet::startup::Application;
+use wallet_testkit::*;
 
 const ATTEMPTS: usize = 3;
 

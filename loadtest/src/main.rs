@@ -1,1 +1,47 @@
-fn main() {}
+//! `wallet-loadtest run <scenario>` and `wallet-loadtest demo`; see the
+//! library's documentation and `--help`.
+
+use clap::{Parser, Subcommand};
+use wallet_loadtest::{RunArgs, demo, print_findings, report, run, verdict};
+
+#[derive(Parser)]
+#[command(
+    name = "wallet-loadtest",
+    version,
+    about = "Prove Layered Wallet's invariants under load, and measure it"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one scenario against running instances.
+    Run(RunArgs),
+    /// Start instances in each configuration of the defense ladder, run the
+    /// duplicate and race scenarios against each, and print what went wrong.
+    Demo(demo::DemoArgs),
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let ok = match cli.command {
+        Command::Run(args) => {
+            let report = run(&args).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                report::print_table(&args.scenario.name(), &report.summary);
+                print_findings(report.invariants.as_ref());
+            }
+            verdict(report.invariants.as_ref(), args.expect_violations)
+        }
+        Command::Demo(args) => demo::run(&args).await?,
+    };
+    if !ok {
+        std::process::exit(1);
+    }
+    Ok(())
+}

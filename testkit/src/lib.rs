@@ -1,11 +1,9 @@
-//! Test harness: each test gets its own server on a random port, its own
+//! The test harness: each test gets its own server on a random port, its own
 //! PostgreSQL database and its own Redis key prefix, so tests run in
 //! parallel against the real stores. Nothing is mocked.
 //!
 //! If PostgreSQL or Redis is not reachable the harness panics with how to
 //! start them; a test never quietly skips.
-
-#![allow(dead_code, reason = "each test binary uses a different part of the harness")]
 
 pub mod proxy;
 

@@ -1,0 +1,224 @@
+//! `wallet-loadtest`: proves Layered Wallet's invariants under real
+//! concurrency, across instances, and measures its speed.
+//!
+//! Each run signs up its own users through the API, runs one scenario
+//! against one or more instances (`--target`, repeatable), counts outcomes
+//! by the `Defense-Decision` header with latency percentiles, and, given
+//! `--database-url`, checks the invariants on the database (read-only).
+//! A violation is reported and makes the exit status non-zero, or, with
+//! `--expect-violations`, its absence does.
+
+pub mod client;
+pub mod demo;
+pub mod invariants;
+pub mod report;
+pub mod scenarios;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use futures::StreamExt;
+use serde::Serialize;
+use sqlx::postgres::PgPoolOptions;
+
+use client::{Api, User};
+use scenarios::{Scenario, Shape};
+
+#[derive(Args, Clone)]
+pub struct RunArgs {
+    #[arg(value_enum)]
+    pub scenario: Scenario,
+    /// Base URL of an instance; repeat to spread requests across several.
+    #[arg(long = "target", default_value = "http://127.0.0.1:8080")]
+    pub targets: Vec<String>,
+    /// Check the invariants on this database at the end (read-only).
+    #[arg(long, env = "LOADTEST_DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// Burst scenarios: rounds, each with a fresh pair of users.
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
+    /// Burst scenarios: simultaneous requests per round.
+    #[arg(long, default_value_t = 50)]
+    pub copies: usize,
+    /// Duration scenarios: users to spread the transfers over.
+    #[arg(long, default_value_t = 64)]
+    pub users: usize,
+    /// Duration scenarios: closed-loop workers.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    /// Duration scenarios: how long to run.
+    #[arg(long, default_value_t = 10.0)]
+    pub duration_s: f64,
+    /// Duration scenarios: open loop at this many operations per second
+    /// instead of closed loop.
+    #[arg(long)]
+    pub rate_per_s: Option<f64>,
+    /// `mixed`: share of operations sent twice at once with one key.
+    #[arg(long, default_value_t = 0.2)]
+    pub duplicate_ratio: f64,
+    /// `late-retry`: wait before retrying; must exceed the cooldown TTL.
+    #[arg(long, default_value_t = 5_500)]
+    pub retry_after_ms: u64,
+    /// Amount of each transfer (`overdraw` defaults to a tenth of the grant).
+    #[arg(long)]
+    pub amount_minor: Option<i64>,
+    /// The servers' `signup_grant_minor`.
+    #[arg(long, default_value_t = 100_000)]
+    pub signup_grant_minor: i64,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Succeed only if an invariant was violated (to demonstrate an unsafe
+    /// configuration).
+    #[arg(long)]
+    pub expect_violations: bool,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Serialize)]
+pub struct RunReport {
+    pub scenario: Scenario,
+    pub targets: Vec<String>,
+    #[serde(flatten)]
+    pub summary: report::Summary,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub invariants: Option<invariants::Findings>,
+}
+
+pub fn print_findings(findings: Option<&invariants::Findings>) {
+    match findings {
+        None => println!("invariants: not checked (no --database-url)"),
+        Some(findings) if findings.violations.is_empty() => println!(
+            "invariants: all held ({} accepted responses = {} new transfers; money conserved; no negative balance; \
+             every balance matches its ledger; no key paid twice; every replay identical)",
+            findings.accepted_responses, findings.new_transfers
+        ),
+        Some(findings) => {
+            println!("INVARIANTS VIOLATED:");
+            for violation in &findings.violations {
+                println!("  - {violation}");
+            }
+        }
+    }
+}
+
+/// True when the run ended as it should.
+pub fn verdict(findings: Option<&invariants::Findings>, expect_violations: bool) -> bool {
+    let violated = findings.is_some_and(|f| !f.violations.is_empty());
+    if expect_violations {
+        if findings.is_none() {
+            eprintln!("--expect-violations needs --database-url");
+            return false;
+        }
+        if !violated {
+            eprintln!("expected violations, found none");
+        }
+        violated
+    } else {
+        !violated
+    }
+}
+
+pub async fn run(args: &RunArgs) -> anyhow::Result<RunReport> {
+    let shape = Shape {
+        rounds: args.rounds.max(1),
+        copies: args.copies.max(1),
+        users: args.users,
+        concurrency: args.concurrency.max(1),
+        duration: Duration::from_secs_f64(args.duration_s.max(0.1)),
+        rate_per_s: args.rate_per_s,
+        duplicate_ratio: args.duplicate_ratio.clamp(0.0, 0.9),
+        retry_after: Duration::from_millis(args.retry_after_ms),
+        amount_minor: args.amount_minor.unwrap_or(match args.scenario {
+            Scenario::Overdraw => (args.signup_grant_minor / 10).max(1),
+            _ => 100,
+        }),
+    };
+    let api = Api::new(args.targets.clone(), shape.concurrency.max(shape.copies) * 2)?;
+    let users = Arc::new(sign_up_users(&api, args.scenario.users_needed(&shape), args.quiet).await?);
+
+    let bar = scenarios::progress(
+        args.scenario.is_burst().then(|| {
+            let per_round = if args.scenario == Scenario::LateRetry {
+                2
+            } else {
+                shape.copies
+            };
+            (shape.rounds * per_round) as u64
+        }),
+        args.quiet || args.json,
+    );
+    let started = Instant::now();
+    let samples = if args.scenario.is_burst() {
+        scenarios::run_burst(args.scenario, &api, &users, &shape, &bar).await
+    } else {
+        scenarios::run_for_duration(args.scenario, &api, &users, &shape, &bar).await
+    };
+    let elapsed = started.elapsed();
+    bar.finish_and_clear();
+
+    let summary = report::summarize(&samples, elapsed);
+    let invariants = match &args.database_url {
+        Some(url) if args.scenario != Scenario::Healthz => {
+            let db = PgPoolOptions::new()
+                .max_connections(2)
+                .connect(url)
+                .await
+                .context("failed to connect to --database-url")?;
+            let ids: Vec<uuid::Uuid> = users.iter().map(|user| user.user_id).collect();
+            let mut findings = invariants::check(&db, &ids, &samples).await?;
+            if args.scenario == Scenario::LateRetry {
+                late_retry_check(&samples, shape.rounds, &mut findings);
+            }
+            Some(findings)
+        }
+        _ => None,
+    };
+    Ok(RunReport {
+        scenario: args.scenario,
+        targets: args.targets.clone(),
+        summary,
+        invariants,
+    })
+}
+
+/// `late-retry`: every retry after the window must be a replay.
+fn late_retry_check(samples: &[client::Sample], rounds: usize, findings: &mut invariants::Findings) {
+    let not_replayed = samples
+        .iter()
+        .filter(|s| !s.replayed)
+        .count()
+        .saturating_sub(rounds);
+    if not_replayed > 0 {
+        findings
+            .violations
+            .push(format!("{not_replayed} late retries were not replays"));
+    }
+}
+
+/// Signs up `count` fresh users, spread across the targets.
+async fn sign_up_users(api: &Api, count: usize, quiet: bool) -> anyhow::Result<Vec<User>> {
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    let bar = scenarios::progress(Some(count as u64), quiet);
+    bar.set_message("signing up users");
+    let results: Vec<anyhow::Result<User>> = futures::stream::iter(0..count)
+        .map(|i| {
+            let (api, name, bar) = (api.clone(), format!("lt-{}-{i}", &run[..10]), bar.clone());
+            async move {
+                let user = api
+                    .sign_up(i % api.targets.len(), &name, "load-test-password")
+                    .await;
+                bar.inc(1);
+                user
+            }
+        })
+        .buffered(8)
+        .collect()
+        .await;
+    bar.finish_and_clear();
+    results.into_iter().collect()
+}

@@ -1,0 +1,105 @@
+//! A short run of every scenario against two instances on one database and
+//! one Redis, asserting the invariants (never timings); and the same tool
+//! finding the violations of an unsafe configuration.
+
+use layered_wallet::settings::{IdempotencyMode, RowGuardMode, Settings};
+use wallet_loadtest::scenarios::Scenario;
+use wallet_loadtest::{RunArgs, run, verdict};
+use wallet_testkit::*;
+
+fn args(scenario: Scenario, first: &TestApp, second: &TestApp) -> RunArgs {
+    RunArgs {
+        scenario,
+        targets: vec![first.address.clone(), second.address.clone()],
+        database_url: Some(database_url_of(&first.db_options)),
+        rounds: 2,
+        copies: 12,
+        users: 6,
+        concurrency: 4,
+        duration_s: 1.0,
+        rate_per_s: None,
+        duplicate_ratio: 0.3,
+        retry_after_ms: 400,
+        amount_minor: None,
+        signup_grant_minor: 100_000,
+        json: true,
+        expect_violations: false,
+        quiet: true,
+    }
+}
+
+async fn two_instances(adjust: impl FnOnce(&mut Settings)) -> (TestApp, TestApp) {
+    let first = spawn_app(|settings| {
+        settings.cooldown_ttl_ms = 300;
+        adjust(settings);
+    })
+    .await;
+    let second = spawn_second_instance(&first).await;
+    (first, second)
+}
+
+/// Every scenario keeps every invariant against a safe pair of instances.
+#[tokio::test]
+async fn every_scenario_keeps_the_invariants_across_two_instances() {
+    let (first, second) = two_instances(|_| {}).await;
+    for scenario in [
+        Scenario::Storm,
+        Scenario::BuggyClient,
+        Scenario::NoKey,
+        Scenario::Overdraw,
+        Scenario::Cross,
+        Scenario::LateRetry,
+        Scenario::Throughput,
+        Scenario::Mixed,
+        Scenario::HotWallet,
+        Scenario::Healthz,
+    ] {
+        let report = run(&args(scenario, &first, &second))
+            .await
+            .expect("the scenario runs");
+        assert!(report.summary.requests > 0, "{scenario:?} sent nothing");
+        assert_eq!(report.summary.transport_errors, 0, "{scenario:?}");
+        if scenario == Scenario::Healthz {
+            assert!(
+                report.invariants.is_none(),
+                "healthz moves no money; nothing to check"
+            );
+            continue;
+        }
+        let findings = report.invariants.as_ref().expect("checked");
+        assert!(
+            findings.violations.is_empty(),
+            "{scenario:?}: {:?}",
+            findings.violations
+        );
+        assert!(verdict(report.invariants.as_ref(), false));
+        if scenario.is_burst() && scenario != Scenario::Cross {
+            assert!(findings.new_transfers >= 1, "{scenario:?} moved no money");
+        }
+    }
+    first.assert_invariants().await;
+}
+
+/// Against naive instances the same storm finds keys paid twice, and
+/// `--expect-violations` turns that into success.
+#[tokio::test]
+async fn the_tool_finds_the_violations_of_an_unsafe_configuration() {
+    let (first, second) = two_instances(|settings| {
+        without_cooldown(settings);
+        settings.idempotency_mode = IdempotencyMode::CheckThenInsert;
+        settings.row_guard_mode = RowGuardMode::ReadDecideWrite;
+        settings.naive_window_ms = 50;
+    })
+    .await;
+    let mut storm = args(Scenario::Storm, &first, &second);
+    storm.expect_violations = true;
+    let mut found = false;
+    for _ in 0..3 {
+        let report = run(&storm).await.expect("the scenario runs");
+        if verdict(report.invariants.as_ref(), true) {
+            found = true;
+            break;
+        }
+    }
+    assert!(found, "no violation found against naive instances");
+}
