@@ -51,7 +51,17 @@ pub struct IssuedToken {
 pub struct VerifiedToken {
     pub user_id: UserId,
     pub hash: [u8; 32],
+    /// Came from the browser's session cookie rather than an
+    /// `Authorization` header: a state-changing API call must then also
+    /// carry the CSRF token.
+    pub via_session: bool,
 }
+
+/// The browser session cookie. It holds a bearer token like any other,
+/// `HttpOnly` and `SameSite=Strict`.
+pub const SESSION_COOKIE: &str = "lw_session";
+/// The header a browser's script sends its CSRF token in.
+pub const CSRF_HEADER: &str = "X-CSRF-Token";
 
 impl TokenSigner {
     /// An empty key means "make one up": fine for one demo process, useless
@@ -128,15 +138,23 @@ impl TokenSigner {
         Ok(VerifiedToken {
             user_id: UserId(user_id),
             hash: token_hash(token),
+            via_session: false,
         })
     }
 
-    /// Reads `Authorization: Bearer …` and verifies it. No I/O.
+    /// Reads `Authorization: Bearer …`, or else the session cookie, and
+    /// verifies it. No I/O.
     pub fn verify_request(&self, request: &HttpRequest) -> Result<VerifiedToken, Problem> {
-        let header = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .ok_or_else(|| Problem::unauthorized("Send Authorization: Bearer <token>."))?;
+        let Some(header) = request.headers().get(header::AUTHORIZATION) else {
+            let cookie = request
+                .cookie(SESSION_COOKIE)
+                .ok_or_else(|| Problem::unauthorized("Send Authorization: Bearer <token>."))?;
+            let verified = self.verify(cookie.value())?;
+            return Ok(VerifiedToken {
+                via_session: true,
+                ..verified
+            });
+        };
         let value = header
             .to_str()
             .map_err(|_| Problem::invalid_token("The Authorization header is not valid."))?;
@@ -145,6 +163,51 @@ impl TokenSigner {
             .or_else(|| value.strip_prefix("bearer "))
             .ok_or_else(|| Problem::unauthorized("Send Authorization: Bearer <token>."))?;
         self.verify(token.trim())
+    }
+}
+
+impl TokenSigner {
+    /// The CSRF token of a session: a MAC of the session's token hash, so
+    /// it needs no storage and is worthless without the session cookie.
+    pub fn csrf_token(&self, session: &VerifiedToken) -> String {
+        let mut mac = self.mac();
+        mac.update(b"csrf:");
+        mac.update(&session.hash);
+        hex::encode(mac.finalize().into_bytes())
+    }
+
+    /// Checks a presented CSRF token in constant time.
+    pub fn verify_csrf(&self, session: &VerifiedToken, presented: &str) -> bool {
+        let Ok(presented) = hex::decode(presented.trim()) else {
+            return false;
+        };
+        let mut mac = self.mac();
+        mac.update(b"csrf:");
+        mac.update(&session.hash);
+        mac.verify_slice(&presented).is_ok()
+    }
+
+    /// For API calls that change state: a session-cookie caller must also
+    /// present the CSRF token in `X-CSRF-Token`.
+    pub fn require_csrf_header(&self, request: &HttpRequest, caller: &VerifiedToken) -> Result<(), Problem> {
+        if !caller.via_session {
+            return Ok(());
+        }
+        let presented = request
+            .headers()
+            .get(CSRF_HEADER)
+            .and_then(|value| value.to_str().ok())
+            .unwrap_or("");
+        if self.verify_csrf(caller, presented) {
+            Ok(())
+        } else {
+            Err(Problem::new(
+                actix_web::http::StatusCode::FORBIDDEN,
+                "csrf-token-invalid",
+                "CSRF token missing or invalid",
+                "A request authenticated by the session cookie must carry the page's X-CSRF-Token.",
+            ))
+        }
     }
 }
 

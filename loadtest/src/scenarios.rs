@@ -32,6 +32,8 @@ pub enum Scenario {
     Mixed,
     /// Every user pays into one wallet: contention on one row.
     HotWallet,
+    /// Each worker repeats one keyed request: after the first, replays.
+    Replay,
     /// `GET /healthz`: the HTTP ceiling of the same server and client.
     Healthz,
 }
@@ -49,7 +51,9 @@ impl Scenario {
     pub fn users_needed(self, options: &Shape) -> usize {
         match self {
             Scenario::Healthz => 0,
-            Scenario::Throughput | Scenario::Mixed | Scenario::HotWallet => options.users.max(2),
+            Scenario::Throughput | Scenario::Mixed | Scenario::HotWallet | Scenario::Replay => {
+                options.users.max(2)
+            }
             _ => 2 * options.rounds,
         }
     }
@@ -250,12 +254,21 @@ async fn one_operation(
             (from, (from + offset) % count)
         }
     };
+    // Replay: one key per sender, so every request after its first is a
+    // replay; the Uuid is derived from the run's own user id.
+    let (to, key) = match scenario {
+        Scenario::Replay => (
+            (from + 1) % count,
+            Some(Uuid::from_u128(users[from].user_id.as_u128() ^ 1).to_string()),
+        ),
+        _ => (to, key()),
+    };
     let planned = Planned {
         target,
         from,
         to_wallet: users[to].wallet_id,
         amount_minor: 1,
-        key: key(),
+        key,
     };
     if scenario != Scenario::Mixed {
         return vec![api.transfer(users, &planned).await];

@@ -13,6 +13,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::auth::VerifiedToken;
 use crate::decision::feed::FeedEntry;
 use crate::decision::{Decision, Layer, Outcome};
 use crate::defense::cooldown::{self, Cooldown, CooldownUnavailable};
@@ -54,56 +55,115 @@ pub async fn create_transfer(
 ) -> HttpResponse {
     let context = RequestContext::of(&request);
     let decided = decide(&request, payload, &state, &context).await;
-    report(&state, &context, decided)
+    report(&state, &context, &decided);
+    decided.into_response(&context)
 }
 
-/// What `decide` settled on, with what the report needs to know.
-struct Decided {
-    decision: Decision,
-    response: HttpResponse,
-    user: Option<UserId>,
-    key: Option<IdempotencyKey>,
+/// How a transfer request ended: the one decision, the answer, and what
+/// the report needs to know.
+pub struct Decided {
+    pub decision: Decision,
+    pub answer: Answer,
+    pub user: Option<UserId>,
+    pub key: Option<IdempotencyKey>,
 }
 
-/// The request's path through the layers. Every exit is one decision.
+pub enum Answer {
+    /// A response the transaction produced (and stored, with a key): a 201
+    /// or a business refusal, fresh or replayed.
+    Stored {
+        response: StoredResponse,
+        replayed: bool,
+    },
+    /// A refusal that was not stored.
+    Refused(Problem),
+}
+
+impl Decided {
+    fn refused(
+        problem: Problem,
+        layer: Layer,
+        outcome: Outcome,
+        user: Option<UserId>,
+        key: Option<IdempotencyKey>,
+    ) -> Self {
+        Self {
+            decision: Decision::new(layer, outcome),
+            answer: Answer::Refused(problem),
+            user,
+            key,
+        }
+    }
+
+    pub fn status(&self) -> u16 {
+        match &self.answer {
+            Answer::Stored { response, .. } => response.status,
+            Answer::Refused(problem) => problem.status,
+        }
+    }
+
+    /// The HTTP response, with the `Defense-Decision` header. A refusal's
+    /// problem body names the layer and the trace.
+    pub fn into_response(self, context: &RequestContext) -> HttpResponse {
+        let mut response = match self.answer {
+            Answer::Stored { response, replayed } => stored_response(&response, replayed),
+            Answer::Refused(problem) => problem
+                .with_layer(self.decision.layer)
+                .with_trace_id(&context.trace_id)
+                .into_response(),
+        };
+        if let Ok(value) = header::HeaderValue::from_str(&self.decision.header_value()) {
+            response
+                .headers_mut()
+                .insert(header::HeaderName::from_static("defense-decision"), value);
+        }
+        response
+    }
+}
+
+/// The API's path: cheap checks, then the layers.
 async fn decide(
     request: &HttpRequest,
     payload: web::Payload,
     state: &AppState,
     context: &RequestContext,
 ) -> Decided {
-    let refuse = |problem: Problem, layer: Layer, outcome: Outcome, user: Option<UserId>, key| {
-        let decision = Decision::new(layer, outcome);
-        let response = problem
-            .with_layer(layer)
-            .with_trace_id(&context.trace_id)
-            .into_response();
-        Decided {
-            decision,
-            response,
-            user,
-            key,
-        }
-    };
-
     // Cheap checks, no I/O: who is calling (a MAC), what they ask, which key.
     let caller = match state.tokens.verify_request(request) {
         Ok(caller) => caller,
-        Err(problem) => return refuse(problem, Layer::NoLayer, Outcome::Unauthorized, None, None),
+        Err(problem) => return Decided::refused(problem, Layer::NoLayer, Outcome::Unauthorized, None, None),
     };
     let user = Some(caller.user_id);
+    if let Err(problem) = state.tokens.require_csrf_header(request, &caller) {
+        return Decided::refused(problem, Layer::NoLayer, Outcome::Unauthorized, user, None);
+    }
     let body = match read_json_body(request, payload, state.settings.request_body_bytes_max).await {
         Ok(body) => body,
-        Err(problem) => return refuse(problem, Layer::NoLayer, Outcome::Invalid, user, None),
+        Err(problem) => return Decided::refused(problem, Layer::NoLayer, Outcome::Invalid, user, None),
     };
     let transfer_request = match TransferRequest::parse(&body, state.settings.transfer_amount_minor_max) {
         Ok(parsed) => parsed,
-        Err(problem) => return refuse(problem, Layer::NoLayer, Outcome::Invalid, user, None),
+        Err(problem) => return Decided::refused(problem, Layer::NoLayer, Outcome::Invalid, user, None),
     };
     let key = match IdempotencyKey::from_request(request, state.settings.idempotency_key_required) {
         Ok(key) => key,
-        Err(problem) => return refuse(problem, Layer::Idempotency, Outcome::Invalid, user, None),
+        Err(problem) => return Decided::refused(problem, Layer::Idempotency, Outcome::Invalid, user, None),
     };
+    let fingerprint = transfer_request.fingerprint(request.method().as_str(), request.path());
+    through_the_layers(state, context, &caller, &transfer_request, key, &fingerprint).await
+}
+
+/// The three layers in order, for a request that passed the cheap checks.
+/// Every exit is one decision. Shared by the API and the browser form.
+pub async fn through_the_layers(
+    state: &AppState,
+    context: &RequestContext,
+    caller: &VerifiedToken,
+    transfer_request: &TransferRequest,
+    key: Option<IdempotencyKey>,
+    fingerprint: &[u8; 32],
+) -> Decided {
+    let user = Some(caller.user_id);
 
     // Layer 1: the cooldown lock. A refusal here touches no database.
     let started = Instant::now();
@@ -121,13 +181,8 @@ async fn decide(
     let (permit, degraded) = match cooldown {
         Ok(Cooldown::Acquired(permit)) => (Some(permit), false),
         Ok(Cooldown::Active { retry_after_ms }) => {
-            return refuse(
-                cooldown_active(retry_after_ms),
-                Layer::Cooldown,
-                Outcome::Rejected,
-                user,
-                key,
-            );
+            let problem = cooldown_active(retry_after_ms);
+            return Decided::refused(problem, Layer::Cooldown, Outcome::Rejected, user, key);
         }
         Ok(Cooldown::PassedWithoutStore) => (None, true),
         Ok(Cooldown::Disabled) => (None, false),
@@ -135,19 +190,18 @@ async fn decide(
             let problem = Problem::unavailable(
                 "The cooldown store is unavailable and this deployment fails closed. Retry shortly.",
             );
-            return refuse(problem, Layer::Cooldown, Outcome::Error, user, key);
+            return Decided::refused(problem, Layer::Cooldown, Outcome::Error, user, key);
         }
     };
 
     // Layers 2 and 3: the idempotency claim and the row guard, in one
     // transaction.
-    let fingerprint = transfer_request.fingerprint(request.method().as_str(), request.path());
     let outcome = transfer::execute(
         state,
-        &caller,
-        &transfer_request,
+        caller,
+        transfer_request,
         key,
-        &fingerprint,
+        fingerprint,
         &context.trace_id,
     )
     .await;
@@ -161,24 +215,30 @@ async fn decide(
             }
             Decided {
                 decision,
-                response: stored_response(&response, false),
+                answer: Answer::Stored {
+                    response,
+                    replayed: false,
+                },
                 user,
                 key,
             }
         }
-        Ok(TransferOutcome::Replayed(stored)) => Decided {
+        Ok(TransferOutcome::Replayed(response)) => Decided {
             decision: Decision::new(Layer::Idempotency, Outcome::Replayed),
-            response: stored_response(&stored, true),
+            answer: Answer::Stored {
+                response,
+                replayed: true,
+            },
             user,
             key,
         },
         Ok(TransferOutcome::KeyReused) => {
-            refuse(key_reused(), Layer::Idempotency, Outcome::KeyReused, user, key)
+            Decided::refused(key_reused(), Layer::Idempotency, Outcome::KeyReused, user, key)
         }
         Ok(TransferOutcome::InFlight) => {
-            refuse(key_in_flight(), Layer::Idempotency, Outcome::InFlight, user, key)
+            Decided::refused(key_in_flight(), Layer::Idempotency, Outcome::InFlight, user, key)
         }
-        Err(refusal) => refuse(
+        Err(refusal) => Decided::refused(
             refusal.problem,
             refusal.decision.layer,
             refusal.decision.outcome,
@@ -189,7 +249,7 @@ async fn decide(
 
     // Our failure, not the client's: give the window back so an honest
     // retry is not blocked for the rest of the TTL.
-    if decided.response.status().is_server_error() {
+    if decided.status() >= 500 {
         if let Some(permit) = &permit {
             state.cooldown.release(permit).await;
         }
@@ -197,22 +257,15 @@ async fn decide(
     decided
 }
 
-/// Reports the decision everywhere, the same way: the response header, the
-/// request's span, the metrics, one log line and the decision feed.
-fn report(state: &AppState, context: &RequestContext, decided: Decided) -> HttpResponse {
+/// Reports the decision everywhere, the same way: the request's span, the
+/// metrics, one log line and the decision feed. (The response header is
+/// added by `Decided::into_response`.)
+pub fn report(state: &AppState, context: &RequestContext, decided: &Decided) {
     let Decided {
-        decision,
-        mut response,
-        user,
-        key,
-    } = decided;
-    let status = response.status().as_u16();
+        decision, user, key, ..
+    } = *decided;
+    let status = decided.status();
     let latency_ms = context.started.elapsed().as_secs_f64() * 1000.0;
-    if let Ok(value) = header::HeaderValue::from_str(&decision.header_value()) {
-        response
-            .headers_mut()
-            .insert(header::HeaderName::from_static("defense-decision"), value);
-    }
     let span = tracing::Span::current();
     span.record("defense.layer", decision.layer.as_str());
     span.record("defense.outcome", decision.outcome.as_str());
@@ -245,7 +298,6 @@ fn report(state: &AppState, context: &RequestContext, decided: Decided) -> HttpR
             },
         );
     }
-    response
 }
 
 /// Sends a response exactly as stored: the same status and the same bytes.

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# The benchmark: the hardware's ceilings and the service's figures, measured
+# on this machine in one run, each service figure printed as a ratio to its
+# ceiling. Writes docs/benchmarks.md.
+#
+#   loadtest/bench.sh                 # DURATION_S=10 per measurement
+#
+# Ceilings: pgbench running the transfer as plain statements (8, 32, 64
+# clients, and one hot wallet), redis-benchmark on SET NX PX, and the
+# server's own /healthz under the same load generator. Service: accepted
+# transfers/s and latency at 8, 32 and 64 clients, one hot wallet, cooldown
+# rejections/s (with the PostgreSQL transactions they caused), replays/s,
+# and the server's peak RSS.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+. scripts/lib/services.sh
+ensure_services
+
+duration=${DURATION_S:-10}
+port=${BENCH_PORT:-8090}
+db_name=layered_wallet_bench
+out=docs/benchmarks.md
+work=.tmp/bench
+mkdir -p "$work" docs
+
+cargo build --release --workspace --bins >&2
+server=target/release/wallet-server
+loadtest=target/release/wallet-loadtest
+command -v pgbench >/dev/null || apt_install postgresql-contrib
+command -v redis-benchmark >/dev/null || apt_install redis-tools
+
+psql "$PG_SERVER_URL" -qc "DROP DATABASE IF EXISTS $db_name WITH (FORCE)" >/dev/null
+psql "$PG_SERVER_URL" -qc "CREATE DATABASE $db_name" >/dev/null
+db_url=$(database_url "$db_name")
+DATABASE_URL=$db_url "$server" migrate 2>/dev/null
+
+say() { printf 'bench: %s\n' "$*" >&2; }
+json() { python3 -c "import json,sys; d=json.load(open('$1')); print($2)"; }
+
+# --- Ceilings ---------------------------------------------------------------
+say "pgbench: the transfer as plain statements"
+wallets=1000
+psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
+declare -A pg_tps
+for clients in 8 32 64; do
+  pg_tps[$clients]=$(pgbench "$db_url" -n -M prepared -c "$clients" -j 2 -T "$duration" --max-tries=10 \
+      -D n=$wallets -D hot=0 -f loadtest/pgbench/transfer.sql 2>/dev/null |
+    sed -n 's/^tps = \([0-9.]*\).*/\1/p')
+done
+pg_hot=$(pgbench "$db_url" -n -M prepared -c 32 -j 2 -T "$duration" --max-tries=10 \
+    -D n=$wallets -D hot=1 -f loadtest/pgbench/transfer.sql 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
+
+say "redis-benchmark: SET NX PX"
+redis_ops=$(redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -q -c 32 -n 300000 -r 1000000 \
+    SET "bench:cooldown:__rand_int__" token NX PX 5000 | tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -n 1 | cut -d' ' -f1)
+
+# --- The service --------------------------------------------------------------
+start_server() { # extra environment for the instance
+  psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
+  env DATABASE_URL="$db_url" REDIS_URL="$REDIS_URL" PORT=$port RUST_LOG=warn \
+      WALLET_TOKEN_SIGNING_KEY=bench-signing-key-bench-signing-key-0000 \
+      WALLET_REDIS_KEY_PREFIX="bench:$(date +%s%N):" "$@" \
+      "$server" serve > "$work/server.log" 2>&1 &
+  server_pid=$!
+  for _ in $(seq 1 100); do curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && return 0; sleep 0.1; done
+  echo "the server did not start; see $work/server.log" >&2; exit 1
+}
+stop_server() { kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; }
+trap 'stop_server' EXIT
+target=http://127.0.0.1:$port
+run() { # name, then wallet-loadtest run arguments
+  local name=$1; shift
+  "$loadtest" run "$@" --target "$target" --database-url "$db_url" --duration-s "$duration" --json --quiet > "$work/$name.json"
+}
+
+# Throughput: a 1 ms cooldown, so the window never holds back a user's next
+# transfer but every request still pays for its Redis round trip.
+start_server WALLET_COOLDOWN_TTL_MS=1
+say "HTTP ceiling: /healthz"
+run healthz healthz --concurrency 32
+for clients in 8 32 64; do
+  say "service: throughput at $clients clients"
+  run "throughput-$clients" throughput --concurrency "$clients" --users $((clients * 2))
+done
+say "service: one hot wallet"
+run hot hot-wallet --concurrency 32 --users 64
+say "service: replays"
+run replay replay --concurrency 32 --users 32
+rss_kib=$(sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$server_pid/status")
+stop_server
+
+# Cooldown rejections: a long window and two users, so all but each user's
+# first request are refused at the edge. PostgreSQL's transaction counter
+# shows what the refusals cost the database.
+start_server WALLET_COOLDOWN_TTL_MS=600000
+xacts() { psql "$db_url" -Atqc "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = '$db_name'"; }
+sleep 11; before=$(xacts)
+say "service: cooldown rejections"
+run cooldown throughput --concurrency 32 --users 2
+sleep 11; after=$(xacts)
+stop_server
+trap - EXIT
+
+# --- Report -------------------------------------------------------------------
+ratio() { python3 -c "print(f'{float($1) / float($2):.2f}')"; }
+f() { json "$work/$1.json" "$2"; }
+accepted() { f "$1" "round(d['accepted_per_s'])"; }
+pct() { f "$1" "[r for r in d['outcomes'] if r['outcome'] in ('accepted','degraded')][0]['$2']"; }
+healthz_rps=$(f healthz "round(d['requests_per_s'])")
+cooldown_rps=$(f cooldown "round(d['cooldown_rejections_per_s'])")
+cooldown_n=$(f cooldown "sum(r['count'] for r in d['outcomes'] if r['layer']=='cooldown')")
+cooldown_accepted=$(f cooldown "sum(r['count'] for r in d['outcomes'] if r['outcome']=='accepted')")
+replay_rps=$(f replay "round(d['replays_per_s'])")
+violations=$(python3 -c "import json,glob; print(sum(len((json.load(open(f)).get('invariants') or {}).get('violations', [])) for f in glob.glob('$work/*.json')))")
+cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
+
+{
+  echo "# Benchmarks"
+  echo
+  echo "Measured by \`loadtest/bench.sh\` on $(date -u +%Y-%m-%d): $(nproc) cores ($cpu), $(free -g | awk '/Mem:/ {print $2}') GiB,"
+  echo "PostgreSQL $(psql "$db_url" -Atqc 'SHOW server_version' | cut -d' ' -f1), Redis $(redis-server --version | sed 's/.*v=\([0-9.]*\).*/\1/')."
+  echo "Load generator, server, PostgreSQL and Redis share the machine. ${duration} s per measurement; release build;"
+  echo "server defaults (2 workers, 16 PostgreSQL connections). Absolute figures drift from run to run; the ratios are the point."
+  echo
+  echo "## Ceilings"
+  echo
+  echo "| ceiling | figure |"
+  echo "|---|---|"
+  for clients in 8 32 64; do
+    echo "| pgbench, the transfer as plain statements, $clients clients | ${pg_tps[$clients]} transfers/s |"
+  done
+  echo "| pgbench, one hot wallet, 32 clients | $pg_hot transfers/s |"
+  echo "| redis-benchmark, \`SET … NX PX\`, 32 clients | $redis_ops ops/s |"
+  echo "| the server's \`GET /healthz\`, 32 clients, same load generator | $healthz_rps requests/s |"
+  echo
+  echo "## The service against its ceilings"
+  echo
+  echo "| measurement | figure | ceiling | ratio | target |"
+  echo "|---|---|---|---|---|"
+  for clients in 8 32 64; do
+    target="—"; [ "$clients" = 32 ] && target="≥ 1.0"
+    echo "| accepted transfers/s, $clients clients (p50 $(pct "throughput-$clients" p50_ms) ms, p99 $(pct "throughput-$clients" p99_ms) ms) | $(accepted "throughput-$clients") | ${pg_tps[$clients]} | $(ratio "$(accepted "throughput-$clients")" "${pg_tps[$clients]}") | $target |"
+  done
+  echo "| one hot wallet, 32 clients | $(accepted hot) | $pg_hot | $(ratio "$(accepted hot)" "$pg_hot") | ≥ 1.5 |"
+  echo "| cooldown rejections/s, 32 clients | $cooldown_rps | $healthz_rps (/healthz) | $(ratio "$cooldown_rps" "$healthz_rps") | ≥ 0.30 |"
+  echo "| p99 / p50 of accepted transfers, 32 clients | $(pct throughput-32 p99_ms) / $(pct throughput-32 p50_ms) ms | | $(ratio "$(pct throughput-32 p99_ms)" "$(pct throughput-32 p50_ms)") | ≤ 3.0 |"
+  echo "| replays/s, 32 clients | $replay_rps | $healthz_rps (/healthz) | $(ratio "$replay_rps" "$healthz_rps") | — |"
+  echo "| server peak RSS under load | $((rss_kib / 1024)) MiB | | | ≤ 64 MiB |"
+  echo
+  echo "PostgreSQL transactions during the cooldown run: $((after - before)) for $cooldown_n rejected and $cooldown_accepted accepted"
+  echo "requests (\`pg_stat_database.xact_commit + xact_rollback\`, read after the statistics flush): the rejections cost none."
+  echo
+  echo "Invariant violations found by the load test across all runs: $violations."
+  echo
+  echo "## Commands"
+  echo
+  echo '```sh'
+  echo "pgbench \"\$DB\" -n -M prepared -c {8,32,64} -j 2 -T $duration --max-tries=10 -D n=$wallets -D hot=0 -f loadtest/pgbench/transfer.sql"
+  echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration --max-tries=10 -D n=$wallets -D hot=1 -f loadtest/pgbench/transfer.sql"
+  echo "redis-benchmark -q -c 32 -n 300000 -r 1000000 SET 'bench:cooldown:__rand_int__' token NX PX 5000"
+  echo "WALLET_COOLDOWN_TTL_MS=1 wallet-server serve"
+  echo "wallet-loadtest run healthz --concurrency 32 --duration-s $duration"
+  echo "wallet-loadtest run throughput --concurrency {8,32,64} --users {16,64,128} --duration-s $duration"
+  echo "wallet-loadtest run hot-wallet --concurrency 32 --users 64 --duration-s $duration"
+  echo "wallet-loadtest run replay --concurrency 32 --users 32 --duration-s $duration"
+  echo "WALLET_COOLDOWN_TTL_MS=600000 wallet-server serve"
+  echo "wallet-loadtest run throughput --concurrency 32 --users 2 --duration-s $duration"
+  echo '```'
+} > "$out.new"
+if [ -f docs/benchmarks-analysis.md ]; then
+  { echo; cat docs/benchmarks-analysis.md; } >> "$out.new"
+fi
+mv "$out.new" "$out"
+cat "$out"

@@ -1,0 +1,10 @@
+-- Wallets for the pgbench ceiling: :n users, each with a wallet, ids
+-- derived from the integer so the transfer script can name them.
+TRUNCATE ledger_entries, idempotency_keys, transfers, api_tokens, wallets, users CASCADE;
+INSERT INTO users (id, name, password_hash)
+SELECT ('00000000-0000-0000-0000-' || lpad(to_hex(i), 12, '0'))::uuid, 'pgbench-' || i, 'x'
+FROM generate_series(1, :n) AS i;
+INSERT INTO wallets (id, user_id, currency, opening_balance_minor, balance_minor)
+SELECT ('00000000-0000-0000-0001-' || lpad(to_hex(i), 12, '0'))::uuid,
+       ('00000000-0000-0000-0000-' || lpad(to_hex(i), 12, '0'))::uuid, 'USD', 100000000, 100000000
+FROM generate_series(1, :n) AS i;
