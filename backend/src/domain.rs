@@ -79,15 +79,31 @@ impl TransferRequest {
                 Problem::bad_request(format!("The body is not valid JSON: {error}."))
             }
         })?;
-        if body.from_wallet_id == body.to_wallet_id {
+        Self::new(
+            WalletId(body.from_wallet_id),
+            WalletId(body.to_wallet_id),
+            body.amount_minor,
+            amount_minor_max,
+        )
+    }
+
+    /// The same rules for a request that did not come as JSON (the
+    /// browser's form).
+    pub fn new(
+        from: WalletId,
+        to: WalletId,
+        amount_minor: i64,
+        amount_minor_max: i64,
+    ) -> Result<Self, Problem> {
+        if from == to {
             return Err(Problem::validation(
                 "from_wallet_id and to_wallet_id must be different wallets.",
             ));
         }
         Ok(Self {
-            from: WalletId(body.from_wallet_id),
-            to: WalletId(body.to_wallet_id),
-            amount: AmountMinor::parse(body.amount_minor, amount_minor_max)?,
+            from,
+            to,
+            amount: AmountMinor::parse(amount_minor, amount_minor_max)?,
         })
     }
 

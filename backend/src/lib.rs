@@ -15,3 +15,4 @@ pub mod startup;
 pub mod state;
 pub mod telemetry;
 pub mod transfer;
+pub mod web;

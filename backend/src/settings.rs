@@ -142,6 +142,12 @@ pub struct Settings {
     /// they allow are reliable rather than lucky.
     pub naive_window_ms: u64,
 
+    // --- Browser demo ---
+    /// A trace viewer's URL with `{trace_id}` in it, e.g.
+    /// `http://127.0.0.1:16686/trace/{trace_id}` for Jaeger; the race lab
+    /// links each request to its trace. Empty: no links.
+    pub trace_ui_url: String,
+
     // --- Decision feed ---
     pub decision_feed_enabled: bool,
     /// In-process queue between requests and the feed writer; entries
@@ -215,6 +221,8 @@ impl Default for Settings {
             row_guard_mode: RowGuardMode::Guarded,
             allow_unsafe_demo_modes: false,
             naive_window_ms: 0,
+
+            trace_ui_url: String::new(),
 
             decision_feed_enabled: true,
             decision_feed_queue_entries_max: 10_000,

@@ -163,6 +163,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
                 .route("/decisions", web::get().to(decisions::list_decisions))
                 .route("/decisions/stream", web::get().to(decisions::stream_decisions)),
         )
+        .configure(crate::web::configure)
         .default_service(web::to(routes::not_found));
 }
 

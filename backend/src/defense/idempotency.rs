@@ -229,6 +229,31 @@ fn is_lock_timeout(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
 }
 
+/// The completed response stored under a key with this fingerprint, if
+/// any. Read-only: the browser form uses it to show a double submit the
+/// original result after the cooldown refused the copy.
+pub async fn completed_response(
+    pool: &PgPool,
+    user: UserId,
+    key: IdempotencyKey,
+    fingerprint: &[u8; 32],
+) -> Result<Option<StoredResponse>, sqlx::Error> {
+    let row = sqlx::query_as::<_, (i16, String)>(
+        "SELECT response_status, response_body FROM idempotency_keys
+         WHERE user_id = $1 AND key = $2 AND fingerprint = $3
+           AND response_status IS NOT NULL AND expires_at > now()",
+    )
+    .bind(user.0)
+    .bind(key.0)
+    .bind(&fingerprint[..])
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|(status, body)| StoredResponse {
+        status: u16::try_from(status).unwrap_or(500),
+        body,
+    }))
+}
+
 // ---------------------------------------------------------------------------
 // DEMO ONLY: check, then insert (`idempotency_mode = check_then_insert`).
 //

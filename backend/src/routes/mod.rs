@@ -71,13 +71,21 @@ pub async fn authenticate(request: &HttpRequest, state: &AppState) -> Result<Ver
     Ok(token)
 }
 
-/// Any route we do not serve.
-pub async fn not_found(request: HttpRequest) -> actix_web::HttpResponse {
-    use actix_web::ResponseError;
+/// Any route we do not serve: a page for a browser, problem details for
+/// everyone else.
+pub async fn not_found(request: HttpRequest, state: web::Data<AppState>) -> actix_web::HttpResponse {
+    let wants_html = request
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|accept| accept.contains("text/html"));
+    if wants_html && !request.path().starts_with("/api/") {
+        return crate::web::pages::not_found_page(&state);
+    }
     Problem::not_found(format!(
         "There is nothing at {} {}.",
         request.method(),
         request.path()
     ))
-    .error_response()
+    .into_response()
 }

@@ -48,6 +48,13 @@ impl Credentials {
                 Problem::bad_request(format!("The body is not valid JSON: {error}."))
             }
         })?;
+        credentials.validate(settings)?;
+        Ok(credentials)
+    }
+
+    /// The account rules, for the API and the browser form alike.
+    pub fn validate(&self, settings: &Settings) -> Result<(), Problem> {
+        let credentials = self;
         let name_chars = credentials.name.chars().count();
         if name_chars == 0
             || name_chars > settings.user_name_chars_max
@@ -67,7 +74,7 @@ impl Credentials {
                 settings.password_chars_min, settings.password_chars_max
             )));
         }
-        Ok(credentials)
+        Ok(())
     }
 }
 
@@ -167,8 +174,7 @@ pub async fn sign_in(
     let body = read_json_body(&request, payload, state.settings.request_body_bytes_max).await?;
     let credentials = Credentials::parse(&body, &state.settings)
         .map_err(|_| Problem::unauthorized("Wrong name or password."))?;
-    let (user_id, issued) = issue_token_for(&state, credentials).await?;
-    let _ = user_id;
+    let issued = issue_token_for(&state, credentials).await?;
     use secrecy::ExposeSecret;
     Ok(HttpResponse::Created().json(IssuedTokenBody {
         token: issued.token.expose_secret().to_owned(),
@@ -181,7 +187,7 @@ pub async fn sign_in(
 pub async fn issue_token_for(
     state: &AppState,
     credentials: Credentials,
-) -> Result<(UserId, auth::IssuedToken), Problem> {
+) -> Result<auth::IssuedToken, Problem> {
     let row = sqlx::query_as::<_, (Uuid, String)>("SELECT id, password_hash FROM users WHERE name = $1")
         .bind(&credentials.name)
         .fetch_optional(&state.db)
@@ -207,7 +213,7 @@ pub async fn issue_token_for(
     auth::store_token(&state.db, user_id, &issued)
         .await
         .map_err(|error| problem::from_database_error(&error, "storing a token"))?;
-    Ok((user_id, issued))
+    Ok(issued)
 }
 
 /// Revoke the token this request carries.

@@ -1,0 +1,156 @@
+//! The browser demo: server-rendered pages (askama templates under
+//! `web/templates`) and a little plain JavaScript (`web/static`, compiled
+//! into the binary so the demo works offline and from any directory).
+//!
+//! Sessions: signing in stores a bearer token in the `lw_session` cookie
+//! (`HttpOnly`, `SameSite=Strict`, `Secure` over TLS). Every form that
+//! changes state carries a CSRF token: before sign-in a double-submit
+//! cookie, after it a MAC of the session. The race lab and the live feed
+//! call the same REST endpoints as API clients, authenticated by that
+//! cookie (and, for transfers, the CSRF header).
+
+use actix_web::cookie::{Cookie, SameSite, time};
+use actix_web::http::header;
+use actix_web::{HttpRequest, HttpResponse, web};
+use rand::RngCore;
+
+use crate::auth::{self, VerifiedToken};
+use crate::state::AppState;
+
+pub mod money;
+pub mod pages;
+
+/// The double-submit cookie that protects the forms shown before sign-in.
+const PRE_SESSION_CSRF_COOKIE: &str = "lw_csrf";
+
+pub fn configure(config: &mut web::ServiceConfig) {
+    config
+        .route("/", web::get().to(pages::home))
+        .route("/signin", web::get().to(pages::sign_in_page))
+        .route("/signin", web::post().to(pages::sign_in))
+        .route("/signup", web::get().to(pages::sign_up_page))
+        .route("/signup", web::post().to(pages::sign_up))
+        .route("/signout", web::post().to(pages::sign_out))
+        .route("/wallet", web::get().to(pages::wallet))
+        .route("/wallet/transfer", web::post().to(pages::transfer))
+        .route("/race-lab", web::get().to(pages::race_lab))
+        .route("/race-lab/recipient", web::get().to(pages::recipient))
+        .route("/feed", web::get().to(pages::feed))
+        .route("/problems/{slug}", web::get().to(pages::problem_type))
+        .route("/static/{file}", web::get().to(static_file));
+}
+
+/// The signed-in user behind a request's session cookie.
+pub struct Session {
+    pub token: VerifiedToken,
+    pub name: String,
+    pub wallet_id: uuid::Uuid,
+    pub balance_minor: i64,
+    pub currency: String,
+}
+
+/// The session, if the cookie holds a live token. One query.
+pub async fn session(request: &HttpRequest, state: &AppState) -> Result<Option<Session>, sqlx::Error> {
+    let Some(cookie) = request.cookie(auth::SESSION_COOKIE) else {
+        return Ok(None);
+    };
+    let Ok(token) = state.tokens.verify(cookie.value()) else {
+        return Ok(None);
+    };
+    let token = VerifiedToken {
+        via_session: true,
+        ..token
+    };
+    let row = sqlx::query_as::<_, (String, uuid::Uuid, i64, String)>(
+        "SELECT u.name, w.id, w.balance_minor, w.currency
+         FROM api_tokens t
+         JOIN users u ON u.id = t.user_id
+         JOIN wallets w ON w.user_id = u.id
+         WHERE t.token_hash = $1 AND t.user_id = $2 AND t.expires_at > now()
+         ORDER BY w.created_at LIMIT 1",
+    )
+    .bind(&token.hash[..])
+    .bind(token.user_id.0)
+    .fetch_optional(&state.db)
+    .await?;
+    Ok(row.map(|(name, wallet_id, balance_minor, currency)| Session {
+        token,
+        name,
+        wallet_id,
+        balance_minor,
+        currency,
+    }))
+}
+
+/// The session cookie for a fresh token; `Secure` when the request came
+/// over TLS (directly or, per `Forwarded`/`X-Forwarded-Proto`, via a proxy).
+pub fn session_cookie(request: &HttpRequest, token: &str, ttl_hours: u64) -> Cookie<'static> {
+    Cookie::build(auth::SESSION_COOKIE, token.to_owned())
+        .path("/")
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .secure(request.connection_info().scheme() == "https")
+        .max_age(time::Duration::hours(i64::try_from(ttl_hours).unwrap_or(24)))
+        .finish()
+}
+
+pub fn expired_session_cookie() -> Cookie<'static> {
+    let mut cookie = Cookie::build(auth::SESSION_COOKIE, "")
+        .path("/")
+        .http_only(true)
+        .finish();
+    cookie.make_removal();
+    cookie
+}
+
+/// The pre-session CSRF value: the cookie's, or a new one to set.
+pub fn pre_session_csrf(request: &HttpRequest) -> (String, Option<Cookie<'static>>) {
+    if let Some(cookie) = request.cookie(PRE_SESSION_CSRF_COOKIE) {
+        if cookie.value().len() == 32 {
+            return (cookie.value().to_owned(), None);
+        }
+    }
+    let mut bytes = [0u8; 16];
+    rand::thread_rng().fill_bytes(&mut bytes);
+    let value = hex::encode(bytes);
+    let cookie = Cookie::build(PRE_SESSION_CSRF_COOKIE, value.clone())
+        .path("/")
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .secure(request.connection_info().scheme() == "https")
+        .finish();
+    (value, Some(cookie))
+}
+
+/// A form posted before sign-in carries the cookie's value.
+pub fn pre_session_csrf_ok(request: &HttpRequest, presented: &str) -> bool {
+    request
+        .cookie(PRE_SESSION_CSRF_COOKIE)
+        .is_some_and(|cookie| constant_time_eq(cookie.value().as_bytes(), presented.as_bytes()))
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+const APP_CSS: &str = include_str!("../../../web/static/app.css");
+const RACE_LAB_JS: &str = include_str!("../../../web/static/race-lab.js");
+const FEED_JS: &str = include_str!("../../../web/static/feed.js");
+
+/// The static assets, compiled in.
+async fn static_file(path: web::Path<String>) -> HttpResponse {
+    let (body, content_type) = match path.as_str() {
+        "app.css" => (APP_CSS, "text/css; charset=utf-8"),
+        "race-lab.js" => (RACE_LAB_JS, "text/javascript; charset=utf-8"),
+        "feed.js" => (FEED_JS, "text/javascript; charset=utf-8"),
+        _ => {
+            return HttpResponse::NotFound()
+                .content_type("text/plain")
+                .body("no such file");
+        }
+    };
+    HttpResponse::Ok()
+        .content_type(content_type)
+        .insert_header((header::CACHE_CONTROL, "public, max-age=300"))
+        .body(body)
+}

@@ -1,0 +1,276 @@
+//! End-to-end tests in real headless Chromium (Debian's `chromium` and
+//! `chromium-driver`), driven over WebDriver.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::json;
+use wallet_testkit::*;
+
+/// A chromedriver process and a browser session on it; both end on drop.
+struct Browser {
+    client: Client,
+    driver: Child,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+const CHROMIUM: &str = "/usr/bin/chromium";
+
+async fn browser() -> Browser {
+    assert!(
+        std::path::Path::new(CHROMEDRIVER).exists() && std::path::Path::new(CHROMIUM).exists(),
+        "Chromium is not installed: apt-get install chromium chromium-driver (./scripts/test does this)"
+    );
+    let port = closed_port();
+    let driver = Command::new(CHROMEDRIVER)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start chromedriver");
+    let profile = std::env::temp_dir().join(format!("lw-chromium-{}", uuid::Uuid::new_v4().simple()));
+    let mut capabilities = serde_json::Map::new();
+    capabilities.insert(
+        "goog:chromeOptions".into(),
+        json!({
+            "binary": CHROMIUM,
+            "args": [
+                "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--no-first-run", "--window-size=1200,1400",
+                format!("--user-data-dir={}", profile.display()),
+            ]
+        }),
+    );
+    let url = format!("http://127.0.0.1:{port}");
+    let mut last_error = None;
+    for _ in 0..50 {
+        match ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(capabilities.clone())
+            .connect(&url)
+            .await
+        {
+            Ok(client) => return Browser { client, driver },
+            Err(error) => last_error = Some(error),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("could not start a Chromium session: {last_error:?}");
+}
+
+async fn fill(client: &Client, css: &str, text: &str) {
+    let field = client.find(Locator::Css(css)).await.expect(css);
+    field.clear().await.expect("clear");
+    field.send_keys(text).await.expect("type");
+}
+
+async fn text_of(client: &Client, css: &str) -> String {
+    client
+        .wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(Locator::Css(css))
+        .await
+        .expect(css)
+        .text()
+        .await
+        .expect("text")
+}
+
+/// Signs up through the browser's form and lands on the wallet page.
+async fn sign_up_in_browser(app: &TestApp, client: &Client, name: &str) {
+    client.goto(&app.url("/signup")).await.expect("open sign-up");
+    fill(client, "#name", name).await;
+    fill(client, "#password", "correct horse battery").await;
+    client
+        .find(Locator::Css("#submit"))
+        .await
+        .expect("submit")
+        .click()
+        .await
+        .expect("click");
+    let balance = text_of(client, "#balance").await;
+    assert_eq!(balance, "$1,000.00");
+}
+
+async fn user_id(app: &TestApp, name: &str) -> uuid::Uuid {
+    sqlx::query_scalar("SELECT id FROM users WHERE name = $1")
+        .bind(name)
+        .fetch_one(&app.db)
+        .await
+        .expect("user")
+}
+
+async fn wallet_of(app: &TestApp, name: &str) -> uuid::Uuid {
+    sqlx::query_scalar("SELECT w.id FROM wallets w JOIN users u ON u.id = w.user_id WHERE u.name = $1")
+        .bind(name)
+        .fetch_one(&app.db)
+        .await
+        .expect("wallet")
+}
+
+/// Sign up, send money, then double-click the submit button: exactly one
+/// transfer in the database, and a resubmitted form shows the original.
+#[tokio::test]
+async fn sign_up_transfer_and_a_double_click_pays_once() {
+    let app = spawn_app(|_| {}).await;
+    app.sign_up("bob").await;
+    let browser = browser().await;
+    let client = &browser.client;
+    sign_up_in_browser(&app, client, "alice").await;
+
+    fill(client, "#recipient", "bob").await;
+    fill(client, "#amount", "12.50").await;
+    // Two clicks as fast as WebDriver sends them: the browser submits the
+    // form twice with the same hidden idempotency key.
+    client
+        .execute(
+            "const b = document.getElementById('send'); b.click(); b.click(); return true;",
+            vec![],
+        )
+        .await
+        .expect("double click");
+    let notice = text_of(client, "#notice").await;
+    assert!(
+        notice.contains("Sent $12.50 to bob") || notice.contains("Already processed"),
+        "unexpected notice: {notice}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let alice = wallet_of(&app, "alice").await;
+    assert_eq!(app.transfer_count().await, 1, "a double click paid twice");
+    assert_eq!(app.balance(alice).await, 100_000 - 1_250);
+    assert_eq!(text_of(client, "#balance").await, "$987.50");
+
+    // The history lists it, formatted.
+    let history = text_of(client, "table.history").await;
+    assert!(
+        history.contains("Sent to bob") && history.contains("-$12.50"),
+        "{history}"
+    );
+    app.assert_invariants().await;
+}
+
+/// The race lab with 20 same-key requests: the page shows exactly one
+/// accepted and the balance moved once. Saves a screenshot.
+#[tokio::test]
+async fn the_race_lab_shows_one_accepted_out_of_twenty_same_key_requests() {
+    let app = spawn_app(|_| {}).await;
+    app.sign_up("bob").await;
+    let browser = browser().await;
+    let client = &browser.client;
+    sign_up_in_browser(&app, client, "alice").await;
+    client.goto(&app.url("/race-lab")).await.expect("open race lab");
+    fill(client, "#count", "20").await;
+    fill(client, "#lab-recipient", "bob").await;
+    fill(client, "#lab-amount", "5.00").await;
+    client
+        .find(Locator::Css("input[value=same-key]"))
+        .await
+        .expect("scenario")
+        .click()
+        .await
+        .expect("pick");
+    client
+        .find(Locator::Css("#fire"))
+        .await
+        .expect("fire")
+        .click()
+        .await
+        .expect("click");
+    client
+        .wait()
+        .at_most(Duration::from_secs(20))
+        .for_element(Locator::Css("#results[data-done=true]"))
+        .await
+        .expect("the lab finished");
+    let summary = text_of(client, "#summary").await;
+    assert!(summary.contains("1 accepted"), "{summary}");
+    assert!(!summary.contains("2 accepted"), "{summary}");
+    let balances = text_of(client, "#balances").await;
+    assert!(balances.contains("$1,000.00 → $995.00"), "{balances}");
+    assert!(balances.contains("1 × $5.00"), "{balances}");
+    let rows = client
+        .find_all(Locator::Css("#requests tbody tr"))
+        .await
+        .expect("rows");
+    assert_eq!(rows.len(), 20);
+
+    let alice = wallet_of(&app, "alice").await;
+    assert_eq!(app.transfer_count().await, 1);
+    assert_eq!(app.balance(alice).await, 100_000 - 500);
+    let decisions: i64 = sqlx::query_scalar("SELECT count(*) FROM transfers WHERE initiated_by = $1")
+        .bind(user_id(&app, "alice").await)
+        .fetch_one(&app.db)
+        .await
+        .expect("count");
+    assert_eq!(decisions, 1);
+
+    let png = client.screenshot().await.expect("screenshot");
+    let directory = std::env::var("SCREENSHOT_DIR")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../target/screenshots").to_owned());
+    std::fs::create_dir_all(&directory).expect("screenshot directory");
+    std::fs::write(format!("{directory}/race-lab.png"), png).expect("write screenshot");
+}
+
+/// A form posted without its CSRF token is refused and changes nothing,
+/// before sign-in and after.
+#[tokio::test]
+async fn a_form_without_its_csrf_token_is_refused() {
+    let app = spawn_app(|_| {}).await;
+    app.sign_up("bob").await;
+    let browser = browser().await;
+    let client = &browser.client;
+
+    client.goto(&app.url("/signup")).await.expect("open sign-up");
+    client
+        .execute(
+            "document.querySelector('input[name=csrf]').remove(); return true;",
+            vec![],
+        )
+        .await
+        .expect("js");
+    fill(client, "#name", "mallory").await;
+    fill(client, "#password", "correct horse battery").await;
+    client
+        .find(Locator::Css("#submit"))
+        .await
+        .expect("submit")
+        .click()
+        .await
+        .expect("click");
+    let error = text_of(client, "p.notice").await;
+    assert!(error.contains("expired"), "{error}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM users WHERE name = 'mallory'")
+            .await,
+        0
+    );
+
+    sign_up_in_browser(&app, client, "alice").await;
+    fill(client, "#recipient", "bob").await;
+    fill(client, "#amount", "1.00").await;
+    client
+        .execute(
+            "document.querySelector('#transfer-form input[name=csrf]').value = 'forged'; return true;",
+            vec![],
+        )
+        .await
+        .expect("js");
+    client
+        .find(Locator::Css("#send"))
+        .await
+        .expect("send")
+        .click()
+        .await
+        .expect("click");
+    let heading = text_of(client, "h1").await;
+    assert_eq!(heading, "Form expired");
+    assert_eq!(app.transfer_count().await, 0);
+}
