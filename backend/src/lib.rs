@@ -9,6 +9,7 @@ pub mod domain;
 pub mod metrics;
 pub mod openapi;
 pub mod problem;
+pub mod redis_store;
 pub mod routes;
 pub mod settings;
 pub mod startup;

@@ -1,7 +1,9 @@
 //! `wallet-server [serve|migrate] [--config FILE]`
 //!
 //! `serve` (the default) runs the HTTP server; `migrate` applies pending
-//! migrations and exits.
+//! migrations and exits; `healthcheck` asks the local server's `/readyz`
+//! and exits 0 when it is ready (for container health checks, which have no
+//! curl in the runtime image).
 
 use std::path::PathBuf;
 
@@ -23,9 +25,9 @@ async fn main() -> anyhow::Result<()> {
                         .into(),
                 );
             }
-            "serve" | "migrate" => command = arg,
+            "serve" | "migrate" | "healthcheck" => command = arg,
             "-h" | "--help" => {
-                println!("usage: wallet-server [serve|migrate] [--config FILE]");
+                println!("usage: wallet-server [serve|migrate|healthcheck] [--config FILE]");
                 return Ok(());
             }
             other => anyhow::bail!("unknown argument {other:?}; try --help"),
@@ -33,6 +35,9 @@ async fn main() -> anyhow::Result<()> {
     }
 
     let settings = Settings::load(config_file.as_deref())?;
+    if command == "healthcheck" {
+        std::process::exit(if healthcheck(settings.http_port) { 0 } else { 1 });
+    }
     let _telemetry = telemetry::init(settings.log_format);
     settings.validate()?;
 
@@ -47,4 +52,21 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(port = app.port(), "wallet-server listening");
     app.run_until_stopped().await?;
     Ok(())
+}
+
+/// `GET /readyz` on the local port with a plain socket: true on a 200.
+fn healthcheck(port: u16) -> bool {
+    use std::io::{Read, Write};
+    use std::time::Duration;
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(3)));
+    let request = "GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    if stream.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    response.starts_with("HTTP/1.1 200")
 }

@@ -110,6 +110,9 @@ pub struct Settings {
     /// Upper bound on one Redis command, connecting included. A slow Redis is
     /// treated like an unreachable one.
     pub redis_command_timeout_ms: u64,
+    /// Nodes of a Redis Cluster to use instead of `redis_url` (any subset;
+    /// the rest are discovered). Empty: one Redis server at `redis_url`.
+    pub redis_cluster_urls: Vec<SecretString>,
     /// Prepended to every Redis key, so several deployments (or tests) can
     /// share one Redis.
     pub redis_key_prefix: String,
@@ -204,6 +207,7 @@ impl Default for Settings {
             redis_pool_connections_max: 32,
             redis_pool_wait_ms_max: 200,
             redis_command_timeout_ms: 250,
+            redis_cluster_urls: Vec::new(),
             redis_key_prefix: "lw:".into(),
 
             cooldown_enabled: true,
@@ -256,7 +260,9 @@ impl Settings {
         builder = builder.add_source(
             config::Environment::with_prefix("WALLET")
                 .prefix_separator("_")
-                .try_parsing(true),
+                .try_parsing(true)
+                .list_separator(",")
+                .with_list_parse_key("redis_cluster_urls"),
         );
         for (variable, setting) in [
             ("DATABASE_URL", "database_url"),

@@ -19,11 +19,11 @@ use crate::defense::cooldown::CooldownLock;
 use crate::defense::idempotency;
 use crate::metrics::Metrics;
 use crate::openapi;
+use crate::redis_store::{RedisPool, StreamClient};
 use crate::routes::{self, decisions, health, transfers, users, wallets};
 use crate::settings::Settings;
 use crate::state::AppState;
 use crate::telemetry;
-use deadpool_redis::{Pool, Runtime, Timeouts};
 
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
@@ -67,8 +67,8 @@ impl Application {
         let metrics = Metrics::new();
         let (redis, redis_client) = if settings.cooldown_enabled || settings.decision_feed_enabled {
             (
-                Some(redis_pool(&settings)?),
-                Some(redis::Client::open(settings.redis_url.expose_secret())?),
+                Some(RedisPool::from_settings(&settings)?),
+                Some(StreamClient::from_settings(&settings)?),
             )
         } else {
             (None, None)
@@ -181,24 +181,6 @@ pub fn db_pool(settings: &Settings) -> anyhow::Result<PgPool> {
         .min_connections(settings.db_pool_connections_min)
         .acquire_timeout(Duration::from_millis(settings.db_acquire_wait_ms_max))
         .connect_lazy_with(options))
-}
-
-/// A Redis pool with every limit explicit. Creating it does not connect.
-pub fn redis_pool(settings: &Settings) -> anyhow::Result<Pool> {
-    let mut config = deadpool_redis::Config::from_url(settings.redis_url.expose_secret());
-    let command_timeout = Duration::from_millis(settings.redis_command_timeout_ms);
-    config.pool = Some(deadpool_redis::PoolConfig {
-        max_size: settings.redis_pool_connections_max,
-        timeouts: Timeouts {
-            wait: Some(Duration::from_millis(settings.redis_pool_wait_ms_max)),
-            create: Some(command_timeout),
-            recycle: Some(command_timeout),
-        },
-        ..Default::default()
-    });
-    config
-        .create_pool(Some(Runtime::Tokio1))
-        .map_err(|error| anyhow::anyhow!("invalid Redis configuration: {error}"))
 }
 
 /// The host name and a short random suffix: unique per process.

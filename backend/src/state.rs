@@ -14,7 +14,7 @@ pub struct AppState {
     pub db: sqlx::PgPool,
     /// Shared by the cooldown and the decision feed; `None` when neither
     /// is enabled.
-    pub redis: Option<deadpool_redis::Pool>,
+    pub redis: Option<crate::redis_store::RedisPool>,
     pub cooldown: CooldownLock,
     pub tokens: TokenSigner,
     pub metrics: Metrics,

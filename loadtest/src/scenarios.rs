@@ -62,7 +62,11 @@ impl Scenario {
     pub fn is_burst(self) -> bool {
         !matches!(
             self,
-            Scenario::Throughput | Scenario::Mixed | Scenario::HotWallet | Scenario::Healthz
+            Scenario::Throughput
+                | Scenario::Mixed
+                | Scenario::HotWallet
+                | Scenario::Replay
+                | Scenario::Healthz
         )
     }
 }

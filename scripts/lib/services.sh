@@ -117,3 +117,42 @@ ensure_services() {
   ensure_postgres
   ensure_redis
 }
+
+# A local Redis Cluster of three masters on 127.0.0.1:7101-7103, for the
+# cluster tests and for trying `redis_cluster_urls`. Exports
+# REDIS_CLUSTER_URLS.
+REDIS_CLUSTER_PORTS=${REDIS_CLUSTER_PORTS:-"7101 7102 7103"}
+
+ensure_redis_cluster() {
+  local first urls="" port
+  first=${REDIS_CLUSTER_PORTS%% *}
+  for port in $REDIS_CLUSTER_PORTS; do urls="${urls:+$urls,}redis://127.0.0.1:$port"; done
+  export REDIS_CLUSTER_URLS=$urls
+  if port_open "$first" && redis-cli -p "$first" cluster info 2>/dev/null | grep -q 'cluster_state:ok'; then
+    return 0
+  fi
+  command -v redis-server >/dev/null || apt_install redis-server
+  command -v redis-cli >/dev/null || apt_install redis-tools
+  log "starting a Redis Cluster on ports $REDIS_CLUSTER_PORTS"
+  for port in $REDIS_CLUSTER_PORTS; do
+    port_open "$port" && continue
+    mkdir -p "$STATE_DIR/redis-cluster/$port"
+    redis-server --port "$port" --bind 127.0.0.1 --daemonize yes --save "" --appendonly no \
+      --cluster-enabled yes --cluster-config-file "nodes-$port.conf" --cluster-node-timeout 2000 \
+      --maxmemory-policy noeviction \
+      --dir "$STATE_DIR/redis-cluster/$port" --logfile "$STATE_DIR/redis-cluster/$port/redis.log"
+    wait_for_port "$port" "Redis Cluster node"
+  done
+  if ! redis-cli -p "$first" cluster info | grep -q 'cluster_known_nodes:3'; then
+    local nodes=""
+    for port in $REDIS_CLUSTER_PORTS; do nodes="$nodes 127.0.0.1:$port"; done
+    # shellcheck disable=SC2086
+    redis-cli --cluster create $nodes --cluster-replicas 0 --cluster-yes >/dev/null
+  fi
+  for _ in $(seq 1 100); do
+    redis-cli -p "$first" cluster info | grep -q 'cluster_state:ok' && return 0
+    sleep 0.1
+  done
+  log "the Redis Cluster did not become ready"
+  return 1
+}

@@ -5,6 +5,7 @@
 //! If PostgreSQL or Redis is not reachable the harness panics with how to
 //! start them; a test never quietly skips.
 
+pub mod nginx;
 pub mod proxy;
 
 use std::collections::HashMap;
@@ -29,6 +30,36 @@ pub fn postgres_server_url() -> String {
     std::env::var("TEST_DATABASE_URL")
         .or_else(|_| std::env::var("DATABASE_URL"))
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// The local Redis Cluster the cluster tests use (`./scripts/test` starts
+/// it on 127.0.0.1:7101-7103).
+pub fn redis_cluster_urls() -> Vec<String> {
+    std::env::var("REDIS_CLUSTER_URLS")
+        .unwrap_or_else(|_| "redis://127.0.0.1:7101,redis://127.0.0.1:7102,redis://127.0.0.1:7103".into())
+        .split(',')
+        .map(str::to_owned)
+        .collect()
+}
+
+pub async fn assert_redis_cluster_reachable() {
+    let urls = redis_cluster_urls();
+    let client = redis::cluster::ClusterClient::new(urls.clone()).expect("cluster URLs");
+    let reachable = tokio::time::timeout(Duration::from_secs(3), async {
+        let mut conn = client.get_async_connection().await?;
+        redis::cmd("SET")
+            .arg("lw:cluster-probe")
+            .arg("1")
+            .query_async::<()>(&mut conn)
+            .await
+    })
+    .await;
+    if !matches!(reachable, Ok(Ok(()))) {
+        panic!(
+            "the Redis Cluster is not reachable at {urls:?}; start it with ./scripts/test \
+             (which runs ensure_redis_cluster from scripts/lib/services.sh)"
+        );
+    }
 }
 
 pub fn redis_url() -> String {
@@ -270,6 +301,23 @@ async fn drop_database(name: &str) {
 }
 
 impl TestApp {
+    /// Stops the server at once, as a crash would: open connections are
+    /// dropped, in-flight requests fail.
+    pub async fn kill(&mut self) {
+        if let Some((handle, thread)) = self.server.take() {
+            handle.stop(false).await;
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.address
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// This app shares its database with another, which drops it.
     pub fn mark_second_instance(&mut self) {
         self.second_instance = true;

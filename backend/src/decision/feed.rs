@@ -17,7 +17,6 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use deadpool_redis::Pool;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use uuid::Uuid;
@@ -25,6 +24,7 @@ use uuid::Uuid;
 use crate::decision::{Layer, Outcome};
 use crate::domain::UserId;
 use crate::metrics::Metrics;
+use crate::redis_store::{RedisPool, StreamClient, StreamConnection};
 
 /// How many entries the writer sends to Redis in one pipeline.
 const WRITE_BATCH_ENTRIES_MAX: usize = 256;
@@ -56,10 +56,10 @@ pub struct StoredEntry {
 pub struct DecisionFeed {
     /// `None` when the feed is off (no Redis configured).
     queue: Option<mpsc::Sender<(UserId, FeedEntry)>>,
-    pool: Option<Pool>,
+    pool: Option<RedisPool>,
     /// For the live streams, each of which needs a connection of its own
     /// (a blocking `XREAD` would stall a pooled one).
-    client: Option<redis::Client>,
+    client: Option<StreamClient>,
     key_prefix: String,
     command_timeout: Duration,
     metrics: Metrics,
@@ -78,8 +78,8 @@ impl DecisionFeed {
     /// Starts the writer task. With no Redis pool the feed is off: entries
     /// are discarded and reads return nothing.
     pub fn start(
-        pool: Option<Pool>,
-        client: Option<redis::Client>,
+        pool: Option<RedisPool>,
+        client: Option<StreamClient>,
         settings: FeedSettings,
         metrics: Metrics,
     ) -> Self {
@@ -112,18 +112,9 @@ impl DecisionFeed {
 
     /// A dedicated connection for one live stream, whose replies may take
     /// up to `response_timeout` (the blocking read's wait, plus slack).
-    pub async fn stream_connection(
-        &self,
-        response_timeout: Duration,
-    ) -> Result<redis::aio::MultiplexedConnection, String> {
+    pub async fn stream_connection(&self, response_timeout: Duration) -> Result<StreamConnection, String> {
         let client = self.client.as_ref().ok_or("the decision feed is disabled")?;
-        let config = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.command_timeout))
-            .set_response_timeout(Some(response_timeout));
-        client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .map_err(|error| error.to_string())
+        client.connect(self.command_timeout, response_timeout).await
     }
 
     /// The user's entries after stream id `after` (exclusive), oldest
@@ -139,7 +130,7 @@ impl DecisionFeed {
         };
         let start = after.map_or_else(|| "-".to_owned(), |id| format!("({id}"));
         let read = async {
-            let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+            let mut conn = pool.get().await?;
             redis::cmd("XRANGE")
                 .arg(self.stream_key(user))
                 .arg(start)
@@ -188,18 +179,33 @@ pub fn decode((id, fields): RawEntry) -> Option<StoredEntry> {
 /// in one pipeline. Ends when every sender is gone (the app stopped).
 async fn write_batches(
     mut receiver: mpsc::Receiver<(UserId, FeedEntry)>,
-    pool: Pool,
+    pool: RedisPool,
     settings: FeedSettings,
     metrics: Metrics,
 ) {
     let retention_s = settings.retention_hours.saturating_mul(3600);
     let mut batch = Vec::with_capacity(WRITE_BATCH_ENTRIES_MAX);
     while receiver.recv_many(&mut batch, WRITE_BATCH_ENTRIES_MAX).await > 0 {
-        let mut pipe = redis::pipe();
+        // One pipeline for the batch; on a cluster, one per user, so that
+        // each pipeline's keys live in one hash slot.
+        let mut pipes: Vec<redis::Pipeline> = Vec::new();
+        let mut per_user: std::collections::HashMap<UserId, usize> = std::collections::HashMap::new();
         for (user, entry) in &batch {
+            let index = if pool.is_cluster() {
+                *per_user.entry(*user).or_insert_with(|| {
+                    pipes.push(redis::pipe());
+                    pipes.len() - 1
+                })
+            } else {
+                if pipes.is_empty() {
+                    pipes.push(redis::pipe());
+                }
+                0
+            };
             let key = stream_key(&settings.key_prefix, *user);
             let json = serde_json::to_string(entry).unwrap_or_default();
-            pipe.cmd("XADD")
+            pipes[index]
+                .cmd("XADD")
                 .arg(&key)
                 .arg("MAXLEN")
                 .arg("~")
@@ -207,12 +213,20 @@ async fn write_batches(
                 .arg("*")
                 .arg("d")
                 .arg(json)
+                .ignore()
+                .cmd("EXPIRE")
+                .arg(&key)
+                .arg(retention_s)
                 .ignore();
-            pipe.cmd("EXPIRE").arg(&key).arg(retention_s).ignore();
         }
         let write = async {
-            let mut conn = pool.get().await.map_err(|e| e.to_string())?;
-            pipe.query_async::<()>(&mut conn).await.map_err(|e| e.to_string())
+            let mut conn = pool.get().await?;
+            for pipe in &pipes {
+                pipe.query_async::<()>(&mut conn)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok::<_, String>(())
         };
         match tokio::time::timeout(settings.command_timeout, write).await {
             Ok(Ok(())) => {}

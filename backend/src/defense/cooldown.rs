@@ -29,13 +29,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::Pool;
 use prometheus::IntCounter;
 use rand::RngCore;
 use redis::Script;
 use sha2::{Digest, Sha256};
 
 use crate::domain::UserId;
+use crate::redis_store::RedisPool;
 use crate::settings::{CooldownScope, Settings, StoreErrorPolicy};
 
 /// Compare-and-delete: only the holder of `token` may remove the key.
@@ -76,7 +76,7 @@ pub struct CooldownUnavailable;
 #[derive(Clone)]
 pub struct CooldownLock {
     /// `None` when the layer is disabled; no Redis connection is made then.
-    pool: Option<Pool>,
+    pool: Option<RedisPool>,
     ttl_ms: u64,
     scope: CooldownScope,
     on_store_error: StoreErrorPolicy,
@@ -91,7 +91,7 @@ impl CooldownLock {
     /// `pool` is the shared Redis pool; the layer is disabled when
     /// `cooldown_enabled` is off. Nothing connects here: the server starts
     /// (and fails open) even while Redis is down.
-    pub fn new(settings: &Settings, pool: Option<Pool>, fail_open_passes: IntCounter) -> Self {
+    pub fn new(settings: &Settings, pool: Option<RedisPool>, fail_open_passes: IntCounter) -> Self {
         Self {
             pool: pool.filter(|_| settings.cooldown_enabled),
             ttl_ms: settings.cooldown_ttl_ms,
@@ -104,7 +104,7 @@ impl CooldownLock {
         }
     }
 
-    pub fn pool(&self) -> Option<&Pool> {
+    pub fn pool(&self) -> Option<&RedisPool> {
         self.pool.as_ref()
     }
 
@@ -158,7 +158,7 @@ impl CooldownLock {
 
     async fn ask_redis(
         &self,
-        pool: &Pool,
+        pool: &RedisPool,
         user: UserId,
         action: &str,
         canonical_body: &str,
@@ -166,7 +166,7 @@ impl CooldownLock {
         let key = self.key(user, action, canonical_body);
         let token = random_token();
         let attempt = async {
-            let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+            let mut conn = pool.get().await?;
             let set: Option<String> = redis::cmd("SET")
                 .arg(&key)
                 .arg(&token)
@@ -224,7 +224,7 @@ impl CooldownLock {
             return false;
         };
         let attempt = async {
-            let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+            let mut conn = pool.get().await?;
             self.release_script
                 .key(&permit.key)
                 .arg(&permit.token)

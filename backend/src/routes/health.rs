@@ -63,7 +63,7 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
         None => "disabled",
         Some(pool) => {
             let ping = async {
-                let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+                let mut conn = pool.get().await?;
                 redis::cmd("PING")
                     .query_async::<String>(&mut conn)
                     .await
