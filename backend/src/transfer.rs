@@ -1,6 +1,9 @@
-//! Layers 2 and 3 in one PostgreSQL transaction: claim the idempotency key,
-//! check the caller may debit the source, run the guarded debit, credit and
-//! record, store the response with the claim, commit.
+//! Layers 2 and 3 in one PostgreSQL transaction: check the token is live
+//! and the caller owns the source, claim the idempotency key, run the row
+//! guard (lock both wallets, guarded debit, credit, record), store the
+//! response with the claim, commit. In production the transaction is one
+//! call of the SQL function `transfer()`; with a naive demonstration mode
+//! it runs statement by statement so the naive variant can stand in.
 //!
 //! Business refusals (insufficient funds, unknown target) are committed with
 //! the claim so that retries replay them. Everything else (authentication,
@@ -14,7 +17,7 @@ use std::time::Instant;
 use actix_web::http::StatusCode;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::{AssertSqlSafe, PgConnection};
+use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
 use crate::auth::{self, VerifiedToken};
@@ -135,26 +138,181 @@ async fn execute_once(
     trace_id: &str,
 ) -> Result<TransferOutcome, Failure> {
     let settings = &state.settings;
-    let naive_window = std::time::Duration::from_millis(settings.naive_window_ms);
-    // The first lock this transaction may wait for is the key's claim (when
-    // there is a key), then the wallet rows; each wait has its own bound.
-    let first_wait_ms = match key {
-        Some(_) => settings.idempotency_wait_ms_max,
-        None => settings.wallet_lock_wait_ms_max,
+    if settings.idempotency_mode == IdempotencyMode::Atomic
+        && settings.row_guard_mode == RowGuardMode::Guarded
+    {
+        in_one_call(state, caller, request, key, fingerprint, trace_id).await
+    } else {
+        step_by_step(state, caller, request, key, fingerprint, trace_id).await
+    }
+}
+
+fn not_your_wallet() -> Refusal {
+    Refusal::new(
+        Problem::new(
+            StatusCode::FORBIDDEN,
+            "not-your-wallet",
+            "Not your wallet",
+            "You can only send money from a wallet you own.",
+        ),
+        Layer::NoLayer,
+        Outcome::Unauthorized,
+    )
+}
+
+fn revoked_token() -> Refusal {
+    Refusal::new(
+        Problem::invalid_token("The bearer token has been revoked or has expired."),
+        Layer::NoLayer,
+        Outcome::Unauthorized,
+    )
+}
+
+/// The production path: the whole transaction is one call of the SQL
+/// function `transfer()` (migrations/20261130000004_transfer.sql), which
+/// runs `idempotency_claim()` and then `row_guard_transfer()`: one round
+/// trip instead of one per statement, and row locks held only while the
+/// row guard's statements run.
+async fn in_one_call(
+    state: &AppState,
+    caller: &VerifiedToken,
+    request: &TransferRequest,
+    key: Option<IdempotencyKey>,
+    fingerprint: &[u8; 32],
+    trace_id: &str,
+) -> Result<TransferOutcome, Failure> {
+    let settings = &state.settings;
+    let transfer_id = Uuid::now_v7();
+    let row: OneCallRow = sqlx::query_as(
+        "SELECT outcome, response_status, response_body, claim_outcome, claim_ms, guard_outcome, guard_ms
+         FROM transfer($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+    )
+    .bind(caller.user_id.0)
+    .bind(&caller.hash[..])
+    .bind(key.map(IdempotencyKey::as_uuid))
+    .bind(&fingerprint[..])
+    .bind(i32::try_from(settings.idempotency_retention_hours).unwrap_or(i32::MAX))
+    .bind(i32::try_from(settings.idempotency_wait_ms_max).unwrap_or(i32::MAX))
+    .bind(i32::try_from(settings.wallet_lock_wait_ms_max).unwrap_or(i32::MAX))
+    .bind(transfer_id)
+    .bind(request.from.0)
+    .bind(request.to.0)
+    .bind(request.amount.get())
+    .bind(insufficient_funds().with_trace_id(trace_id).body())
+    .bind(unknown_target().with_trace_id(trace_id).body())
+    .fetch_one(&state.db)
+    .await?;
+    let (outcome, status, body, claim_outcome, claim_ms, guard_outcome, guard_ms) = row;
+
+    // The layers ran inside the database; report each as a span of its own
+    // with the time it took there.
+    if let (Some(claimed), Some(key)) = (claim_outcome.as_deref(), key) {
+        let claim = Claim::from_outcome(claimed, None, None);
+        let outcome = if claimed == "replay" {
+            "replayed"
+        } else {
+            claim.outcome()
+        };
+        layer_span(state, Layer::Idempotency, outcome, claim_ms, Some(key.hash_hex()));
+    }
+    if let Some(guarded) = guard_outcome.as_deref() {
+        let outcome = Guarded::from_outcome(guarded, None, None).outcome();
+        let outcome = if guarded == "applied" { "accepted" } else { outcome };
+        layer_span(state, Layer::RowGuard, outcome, guard_ms, None);
+    }
+
+    let stored = |status: Option<i16>, body: Option<String>| StoredResponse {
+        status: status.and_then(|s| u16::try_from(s).ok()).unwrap_or(500),
+        body: body.unwrap_or_default(),
     };
+    let decided = |layer, outcome| Decision::new(layer, outcome);
+    Ok(match outcome.as_str() {
+        "unauthorized" => return Err(Failure::Refused(revoked_token())),
+        "not_owner" => return Err(Failure::Refused(not_your_wallet())),
+        "replayed" => TransferOutcome::Replayed(stored(status, body)),
+        "mismatch" => TransferOutcome::KeyReused,
+        "in_flight" => TransferOutcome::InFlight,
+        "accepted" => TransferOutcome::Decided {
+            response: stored(status, body),
+            decision: decided(Layer::RowGuard, Outcome::Accepted),
+        },
+        "insufficient_funds" => TransferOutcome::Decided {
+            response: stored(status, body),
+            decision: decided(Layer::RowGuard, Outcome::InsufficientFunds),
+        },
+        "unknown_target" => TransferOutcome::Decided {
+            response: stored(status, body),
+            decision: decided(Layer::RowGuard, Outcome::Rejected),
+        },
+        other => {
+            tracing::error!(outcome = other, "transfer() answered an unknown outcome");
+            return Err(Failure::Refused(Refusal::new(
+                Problem::internal(),
+                Layer::NoLayer,
+                Outcome::Error,
+            )));
+        }
+    })
+}
+
+/// `transfer()`'s row: outcome, response status and body, and each layer's
+/// outcome and time in milliseconds.
+type OneCallRow = (
+    String,
+    Option<i16>,
+    Option<String>,
+    Option<String>,
+    Option<f64>,
+    Option<String>,
+    Option<f64>,
+);
+
+fn layer_span(state: &AppState, layer: Layer, outcome: &str, db_ms: Option<f64>, key_hash: Option<String>) {
+    let db_ms = db_ms.unwrap_or(0.0);
+    state.metrics.observe_layer(
+        layer.as_str(),
+        std::time::Duration::from_secs_f64(db_ms.max(0.0) / 1000.0),
+    );
+    let span = match layer {
+        Layer::Idempotency => tracing::info_span!(
+            "defense.idempotency",
+            defense.layer = layer.as_str(),
+            defense.outcome = outcome,
+            defense.db_ms = db_ms,
+            idempotency.key_hash = key_hash,
+        ),
+        _ => tracing::info_span!(
+            "defense.row_guard",
+            defense.layer = layer.as_str(),
+            defense.outcome = outcome,
+            defense.db_ms = db_ms,
+        ),
+    };
+    drop(span.entered());
+}
+
+/// The demonstration path: one statement at a time, so that a naive
+/// variant can stand in for either layer.
+async fn step_by_step(
+    state: &AppState,
+    caller: &VerifiedToken,
+    request: &TransferRequest,
+    key: Option<IdempotencyKey>,
+    fingerprint: &[u8; 32],
+    trace_id: &str,
+) -> Result<TransferOutcome, Failure> {
+    let settings = &state.settings;
+    let naive_window = std::time::Duration::from_millis(settings.naive_window_ms);
+    let wallet_wait_ms = settings.wallet_lock_wait_ms_max;
     let mut tx = state
         .db
         .begin_with(AssertSqlSafe(format!(
-            "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '{first_wait_ms}ms'"
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '{wallet_wait_ms}ms'"
         )))
         .await?;
 
     if !auth::token_is_live(&mut *tx, caller).await? {
-        return Err(Failure::Refused(Refusal::new(
-            Problem::invalid_token("The bearer token has been revoked or has expired."),
-            Layer::NoLayer,
-            Outcome::Unauthorized,
-        )));
+        return Err(Failure::Refused(revoked_token()));
     }
 
     // Layer 2: claim the key.
@@ -174,6 +332,7 @@ async fn execute_once(
                     key,
                     fingerprint,
                     settings.idempotency_retention_hours,
+                    settings.idempotency_wait_ms_max,
                 )
                 .await?
             }
@@ -182,7 +341,7 @@ async fn execute_once(
             .metrics
             .observe_layer(Layer::Idempotency.as_str(), started.elapsed());
         match claim {
-            Claim::Started => set_lock_timeout_ms(&mut tx, settings.wallet_lock_wait_ms_max).await?,
+            Claim::Started => {}
             Claim::Replay(stored) => return Ok(TransferOutcome::Replayed(stored)),
             Claim::Mismatch => return Ok(TransferOutcome::KeyReused),
             Claim::InFlight => return Ok(TransferOutcome::InFlight),
@@ -195,7 +354,15 @@ async fn execute_once(
     let key_uuid = key.map(IdempotencyKey::as_uuid);
     let guarded = match settings.row_guard_mode {
         RowGuardMode::Guarded => {
-            row_guard::apply(&mut tx, transfer_id, request, caller.user_id, key_uuid).await?
+            row_guard::apply(
+                &mut tx,
+                transfer_id,
+                request,
+                caller.user_id,
+                key_uuid,
+                wallet_wait_ms,
+            )
+            .await?
         }
         RowGuardMode::ReadDecideWrite => {
             row_guard::apply_read_decide_write(
@@ -213,18 +380,7 @@ async fn execute_once(
         .metrics
         .observe_layer(Layer::RowGuard.as_str(), started.elapsed());
     let (response, decision) = match guarded {
-        Guarded::NotOwner => {
-            return Err(Failure::Refused(Refusal::new(
-                Problem::new(
-                    StatusCode::FORBIDDEN,
-                    "not-your-wallet",
-                    "Not your wallet",
-                    "You can only send money from a wallet you own.",
-                ),
-                Layer::NoLayer,
-                Outcome::Unauthorized,
-            )));
-        }
+        Guarded::NotOwner => return Err(Failure::Refused(not_your_wallet())),
         Guarded::UnknownTarget => (
             refusal(unknown_target().with_trace_id(trace_id)),
             Decision::new(Layer::RowGuard, Outcome::Rejected),
@@ -281,13 +437,6 @@ async fn execute_once(
         (None, _) => tx.commit().await?,
     }
     Ok(TransferOutcome::Decided { response, decision })
-}
-
-async fn set_lock_timeout_ms(tx: &mut PgConnection, ms: u64) -> Result<(), sqlx::Error> {
-    sqlx::raw_sql(AssertSqlSafe(format!("SET LOCAL lock_timeout = '{ms}ms'")))
-        .execute(&mut *tx)
-        .await?;
-    Ok(())
 }
 
 /// A business refusal as stored and sent: its layer is the row guard's.

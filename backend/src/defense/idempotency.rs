@@ -16,6 +16,11 @@
 //!   the first transaction; if that takes longer than
 //!   `idempotency_wait_ms_max` (a transaction-local `lock_timeout`), 409.
 //!
+//! The claim's SQL is the function `idempotency_claim()`
+//! (migrations/20261130000002_idempotency_claim.sql), so that the whole
+//! transfer can run in one round trip (`transfer()`); this module calls it
+//! on its own when the transfer runs step by step (demonstration modes).
+//!
 //! **Does not guarantee** anything for requests without a key (the cooldown
 //! sheds those bursts, the row guard keeps the balance right) or after a key
 //! expires: after `idempotency_retention_hours` the same key is a new
@@ -110,8 +115,9 @@ pub enum Claim {
     InFlight,
 }
 
-/// Claims `key` for `user` inside `tx`. The caller has set the transaction's
-/// `lock_timeout` to the longest it will wait for an in-flight claim.
+/// Claims `key` for `user` inside `tx`, waiting at most `wait_ms` for a
+/// concurrent claim of the same key (the SQL is `idempotency_claim()` in
+/// migrations/20261130000002_idempotency_claim.sql).
 #[tracing::instrument(
     name = "defense.idempotency",
     skip_all,
@@ -128,76 +134,46 @@ pub async fn claim(
     key: IdempotencyKey,
     fingerprint: &[u8; 32],
     retention_hours: u64,
+    wait_ms: u64,
 ) -> Result<Claim, sqlx::Error> {
-    // An expired row still waiting for the sweeper is taken over as if it
-    // were absent: after expiry the same key is a new request.
-    let inserted = sqlx::query_scalar::<_, bool>(
-        "INSERT INTO idempotency_keys (user_id, key, fingerprint, expires_at)
-         VALUES ($1, $2, $3, now() + make_interval(hours => $4))
-         ON CONFLICT (user_id, key) DO UPDATE
-             SET fingerprint = EXCLUDED.fingerprint,
-                 response_status = NULL,
-                 response_body = NULL,
-                 transfer_id = NULL,
-                 created_at = now(),
-                 expires_at = EXCLUDED.expires_at
-             WHERE idempotency_keys.expires_at <= now()
-         RETURNING true",
+    let (outcome, status, body) = sqlx::query_as::<_, (String, Option<i16>, Option<String>)>(
+        "SELECT outcome, response_status, response_body FROM idempotency_claim($1, $2, $3, $4, $5)",
     )
     .bind(user.0)
     .bind(key.0)
     .bind(&fingerprint[..])
     .bind(i32::try_from(retention_hours).unwrap_or(i32::MAX))
-    .fetch_optional(&mut *tx)
-    .await;
-    let claim = claim_outcome(tx, user, key, fingerprint, inserted).await?;
-    tracing::Span::current().record(
-        "defense.outcome",
-        match claim {
+    .bind(i32::try_from(wait_ms).unwrap_or(i32::MAX))
+    .fetch_one(&mut *tx)
+    .await?;
+    let claim = Claim::from_outcome(&outcome, status, body);
+    tracing::Span::current().record("defense.outcome", claim.outcome());
+    Ok(claim)
+}
+
+impl Claim {
+    /// Reads `idempotency_claim()`'s answer.
+    pub fn from_outcome(outcome: &str, status: Option<i16>, body: Option<String>) -> Self {
+        match (outcome, status, body) {
+            ("started", _, _) => Claim::Started,
+            ("mismatch", _, _) => Claim::Mismatch,
+            ("replay", Some(status), Some(body)) => Claim::Replay(StoredResponse {
+                status: u16::try_from(status).unwrap_or(500),
+                body,
+            }),
+            // 'in_flight', or anything unexpected: never guess a response.
+            _ => Claim::InFlight,
+        }
+    }
+
+    /// The outcome as traces and metrics name it.
+    pub fn outcome(&self) -> &'static str {
+        match self {
             Claim::Started => "accepted",
             Claim::Replay(_) => "replayed",
             Claim::Mismatch => "key_reused",
             Claim::InFlight => "in_flight",
-        },
-    );
-    Ok(claim)
-}
-
-async fn claim_outcome(
-    tx: &mut PgConnection,
-    user: UserId,
-    key: IdempotencyKey,
-    fingerprint: &[u8; 32],
-    inserted: Result<Option<bool>, sqlx::Error>,
-) -> Result<Claim, sqlx::Error> {
-    match inserted {
-        Ok(Some(_)) => return Ok(Claim::Started),
-        Ok(None) => {}
-        Err(error) if is_lock_timeout(&error) => return Ok(Claim::InFlight),
-        Err(error) => return Err(error),
-    }
-
-    // The conflicting claim has committed (the insert waited for it), so
-    // this statement sees it, response included.
-    let (stored_fingerprint, status, body) = sqlx::query_as::<_, (Vec<u8>, Option<i16>, Option<String>)>(
-        "SELECT fingerprint, response_status, response_body
-         FROM idempotency_keys WHERE user_id = $1 AND key = $2",
-    )
-    .bind(user.0)
-    .bind(key.0)
-    .fetch_one(&mut *tx)
-    .await?;
-    if stored_fingerprint != fingerprint {
-        return Ok(Claim::Mismatch);
-    }
-    match (status, body) {
-        (Some(status), Some(body)) => Ok(Claim::Replay(StoredResponse {
-            status: u16::try_from(status).unwrap_or(500),
-            body,
-        })),
-        // A committed claim always carries its response; treat anything
-        // else as still in flight rather than guess.
-        _ => Ok(Claim::InFlight),
+        }
     }
 }
 
@@ -222,11 +198,6 @@ pub async fn complete(
     .execute(&mut *tx)
     .await?;
     Ok(())
-}
-
-/// `lock_timeout` fired: the claim we waited on is still in flight.
-fn is_lock_timeout(error: &sqlx::Error) -> bool {
-    matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
 }
 
 /// The completed response stored under a key with this fingerprint, if

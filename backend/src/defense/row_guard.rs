@@ -22,6 +22,11 @@
 //! **Bounds:** a wait for a wallet lock is bounded by the transaction's
 //! `lock_timeout` (`wallet_lock_wait_ms_max`).
 //!
+//! **Where the SQL is:** the function `row_guard_transfer()`
+//! (migrations/20261130000003_row_guard.sql), so that the whole transfer can
+//! run in one round trip (`transfer()`); this module calls it on its own
+//! when the transfer runs step by step (demonstration modes).
+//!
 //! **Does not guarantee** that a retried request is not a second transfer:
 //! that is the idempotency key's job.
 
@@ -29,7 +34,7 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::domain::{TransferRequest, UserId, WalletId};
+use crate::domain::{TransferRequest, UserId};
 
 /// What the row guard decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +51,8 @@ pub enum Guarded {
 }
 
 impl Guarded {
-    fn outcome(self) -> &'static str {
+    /// The outcome as traces and metrics name it.
+    pub fn outcome(self) -> &'static str {
         match self {
             Guarded::Applied { .. } => "accepted",
             Guarded::InsufficientFunds => "insufficient_funds",
@@ -58,7 +64,8 @@ impl Guarded {
 
 /// The whole layer, in the caller's transaction: lock both wallets in id
 /// order, check ownership and the target, run the guarded debit, then
-/// credit and record.
+/// credit and record. The SQL is `row_guard_transfer()` in
+/// migrations/20261130000003_row_guard.sql.
 #[tracing::instrument(
     name = "defense.row_guard",
     skip_all,
@@ -76,26 +83,45 @@ pub async fn apply(
     request: &TransferRequest,
     caller: UserId,
     idempotency_key: Option<Uuid>,
+    wait_ms: u64,
 ) -> Result<Guarded, sqlx::Error> {
-    let wallets = lock_wallets(tx, request.from, request.to).await?;
-    let guarded = if wallets.source_owner != Some(caller) {
-        Guarded::NotOwner
-    } else if !wallets.target_exists {
-        Guarded::UnknownTarget
-    } else {
-        match debit(tx, request.from, request.amount.get()).await? {
-            Debit::InsufficientFunds => Guarded::InsufficientFunds,
-            Debit::Applied { balance_minor_after } => {
-                let created_at = credit_and_record(tx, transfer_id, request, caller, idempotency_key).await?;
-                Guarded::Applied {
-                    balance_minor_after,
-                    created_at,
-                }
-            }
-        }
-    };
+    let (outcome, balance_minor_after, created_at) = sqlx::query_as::<
+        _,
+        (String, Option<i64>, Option<DateTime<Utc>>),
+    >(
+        "SELECT outcome, balance_minor_after, created_at FROM row_guard_transfer($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(transfer_id)
+    .bind(caller.0)
+    .bind(request.from.0)
+    .bind(request.to.0)
+    .bind(request.amount.get())
+    .bind(idempotency_key)
+    .bind(i32::try_from(wait_ms).unwrap_or(i32::MAX))
+    .fetch_one(&mut *tx)
+    .await?;
+    let guarded = Guarded::from_outcome(&outcome, balance_minor_after, created_at);
     tracing::Span::current().record("defense.outcome", guarded.outcome());
     Ok(guarded)
+}
+
+impl Guarded {
+    /// Reads `row_guard_transfer()`'s answer.
+    pub fn from_outcome(
+        outcome: &str,
+        balance_minor_after: Option<i64>,
+        created_at: Option<DateTime<Utc>>,
+    ) -> Self {
+        match (outcome, balance_minor_after, created_at) {
+            ("applied", Some(balance_minor_after), Some(created_at)) => Guarded::Applied {
+                balance_minor_after,
+                created_at,
+            },
+            ("insufficient_funds", _, _) => Guarded::InsufficientFunds,
+            ("unknown_target", _, _) => Guarded::UnknownTarget,
+            _ => Guarded::NotOwner,
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -160,67 +186,9 @@ pub async fn apply_read_decide_write(
     Ok(guarded)
 }
 
-/// What locking the two wallets of a transfer found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LockedWallets {
-    pub source_owner: Option<UserId>,
-    pub target_exists: bool,
-}
-
-/// Locks the source and target wallets in id order (`FOR NO KEY UPDATE`:
-/// the lock the later `UPDATE`s take anyway, taken early and in a fixed
-/// order) and reports who owns the source and whether the target exists.
-pub async fn lock_wallets(
-    tx: &mut PgConnection,
-    from: WalletId,
-    to: WalletId,
-) -> Result<LockedWallets, sqlx::Error> {
-    let rows = sqlx::query_as::<_, (Uuid, Uuid)>(
-        "SELECT id, user_id FROM wallets
-         WHERE id = ANY($1)
-         ORDER BY id
-         FOR NO KEY UPDATE",
-    )
-    .bind([from.0, to.0].as_slice())
-    .fetch_all(&mut *tx)
-    .await?;
-    Ok(LockedWallets {
-        source_owner: rows
-            .iter()
-            .find(|(id, _)| *id == from.0)
-            .map(|(_, owner)| UserId(*owner)),
-        target_exists: rows.iter().any(|(id, _)| *id == to.0),
-    })
-}
-
-/// The outcome of the guarded debit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Debit {
-    Applied { balance_minor_after: i64 },
-    InsufficientFunds,
-}
-
-/// The guard itself: check and write in one statement.
-pub async fn debit(tx: &mut PgConnection, from: WalletId, amount_minor: i64) -> Result<Debit, sqlx::Error> {
-    let balance_after = sqlx::query_scalar::<_, i64>(
-        "UPDATE wallets SET balance_minor = balance_minor - $2
-         WHERE id = $1 AND balance_minor >= $2
-         RETURNING balance_minor",
-    )
-    .bind(from.0)
-    .bind(amount_minor)
-    .fetch_optional(&mut *tx)
-    .await?;
-    Ok(match balance_after {
-        Some(balance_minor_after) => Debit::Applied { balance_minor_after },
-        None => Debit::InsufficientFunds,
-    })
-}
-
-/// Credits the target and writes the transfer with its two ledger entries
-/// (double entry: the pair sums to zero), in one statement. Call only after
-/// a successful `debit` in the same transaction.
-pub async fn credit_and_record(
+/// Credits the target and writes the transfer with its two ledger entries,
+/// in one statement: the naive variant's second half.
+async fn credit_and_record(
     tx: &mut PgConnection,
     transfer_id: Uuid,
     request: &TransferRequest,

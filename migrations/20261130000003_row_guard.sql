@@ -1,0 +1,72 @@
+-- Layer 3, the row guard, as a function, so that the transfer can run in
+-- one round trip (see transfer()). backend/src/defense/row_guard.rs
+-- documents the layer; this is its SQL.
+--
+-- Both wallets are locked in wallet-id order (transfers A->B and B->A take
+-- their locks in the same order, so they cannot deadlock), waiting at most
+-- p_wait_ms; then the guarded debit checks and writes in one statement,
+-- and the credit, the transfer and its two ledger entries follow:
+--   'applied'            debited, credited, recorded;
+--   'insufficient_funds' the guard refused the debit; nothing written;
+--   'unknown_target'     no such target wallet; nothing written;
+--   'not_owner'          the caller does not own the source wallet.
+CREATE FUNCTION row_guard_transfer(
+    p_transfer_id uuid,
+    p_user uuid,
+    p_from uuid,
+    p_to uuid,
+    p_amount bigint,
+    p_key uuid,
+    p_wait_ms int,
+    OUT outcome text,
+    OUT balance_minor_after bigint,
+    OUT created_at timestamptz
+)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_source_owner uuid;
+    v_target_exists boolean := false;
+    v_wallet record;
+BEGIN
+    PERFORM set_config('lock_timeout', p_wait_ms || 'ms', true);
+    FOR v_wallet IN
+        SELECT w.id, w.user_id FROM wallets w
+         WHERE w.id IN (p_from, p_to)
+         ORDER BY w.id
+           FOR NO KEY UPDATE
+    LOOP
+        IF v_wallet.id = p_from THEN
+            v_source_owner := v_wallet.user_id;
+        ELSE
+            v_target_exists := true;
+        END IF;
+    END LOOP;
+    IF v_source_owner IS DISTINCT FROM p_user THEN
+        outcome := 'not_owner';
+        RETURN;
+    END IF;
+    IF NOT v_target_exists THEN
+        outcome := 'unknown_target';
+        RETURN;
+    END IF;
+
+    -- The guard: check and write in one statement.
+    UPDATE wallets SET balance_minor = balance_minor - p_amount
+     WHERE id = p_from AND balance_minor >= p_amount
+    RETURNING balance_minor INTO balance_minor_after;
+    IF NOT FOUND THEN
+        outcome := 'insufficient_funds';
+        RETURN;
+    END IF;
+
+    UPDATE wallets SET balance_minor = balance_minor + p_amount WHERE id = p_to;
+    INSERT INTO transfers (id, from_wallet_id, to_wallet_id, amount_minor, initiated_by, idempotency_key)
+    VALUES (p_transfer_id, p_from, p_to, p_amount, p_user, p_key)
+    RETURNING transfers.created_at INTO created_at;
+    -- Double entry: the pair sums to zero.
+    INSERT INTO ledger_entries (transfer_id, wallet_id, amount_minor)
+    VALUES (p_transfer_id, p_from, -p_amount), (p_transfer_id, p_to, p_amount);
+    outcome := 'applied';
+END
+$$;
