@@ -181,6 +181,11 @@ pub struct Settings {
     /// at start-up (tokens then die with the process: fine for a demo only).
     pub token_signing_key: SecretString,
     pub api_token_ttl_hours: u64,
+    /// Threads that hash and verify passwords (argon2id: CPU and 19 MiB
+    /// each, by design); they bound what sign-ins can take.
+    pub password_hash_threads: usize,
+    /// Sign-ins waiting for a password thread before further ones get 503.
+    pub password_hash_queue_max: usize,
 }
 
 impl Default for Settings {
@@ -246,6 +251,8 @@ impl Default for Settings {
 
             token_signing_key: SecretString::from(""),
             api_token_ttl_hours: 24,
+            password_hash_threads: 2,
+            password_hash_queue_max: 64,
         }
     }
 }

@@ -93,6 +93,10 @@ impl Application {
         let state = AppState {
             cooldown: CooldownLock::new(&settings, redis.clone(), metrics.cooldown_fail_open.clone()),
             tokens: TokenSigner::new(&settings.token_signing_key),
+            passwords: crate::auth::PasswordWorkers::start(
+                settings.password_hash_threads,
+                settings.password_hash_queue_max,
+            ),
             db: db.clone(),
             redis,
             metrics,

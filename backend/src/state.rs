@@ -17,6 +17,7 @@ pub struct AppState {
     pub redis: Option<crate::redis_store::RedisPool>,
     pub cooldown: CooldownLock,
     pub tokens: TokenSigner,
+    pub passwords: crate::auth::PasswordWorkers,
     pub metrics: Metrics,
     pub feed: DecisionFeed,
     /// Bounds the live decision streams this instance serves at once.

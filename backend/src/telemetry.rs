@@ -44,12 +44,22 @@ impl Drop for TelemetryGuard {
 /// The server's set-up: logs to stdout, spans to OTLP when configured.
 pub fn init(format: LogFormat) -> TelemetryGuard {
     let mut builder = SdkTracerProvider::builder().with_resource(resource());
-    if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_some() {
+    let exporter = std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").and_then(|_| {
         match opentelemetry_otlp::SpanExporter::builder().with_http().build() {
-            Ok(exporter) => builder = builder.with_batch_exporter(exporter),
-            Err(error) => eprintln!("OTLP exporter not started: {error}"),
+            Ok(exporter) => Some(exporter),
+            Err(error) => {
+                eprintln!("OTLP exporter not started: {error}");
+                None
+            }
         }
-    }
+    });
+    builder = match exporter {
+        Some(exporter) => builder.with_batch_exporter(exporter),
+        // Nothing to export to: spans still get trace ids (returned to
+        // clients and written to the feed) but are not recorded, which
+        // saves building span data nobody will read.
+        None => builder.with_sampler(opentelemetry_sdk::trace::Sampler::AlwaysOff),
+    };
     install(format, true, builder.build())
 }
 

@@ -270,7 +270,12 @@ async fn a_form_without_its_csrf_token_is_refused() {
         .click()
         .await
         .expect("click");
-    let heading = text_of(client, "h1").await;
-    assert_eq!(heading, "Form expired");
+    // Wait for the refusal page itself, not the wallet page it replaces.
+    client
+        .wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(Locator::XPath("//h1[text()='Form expired']"))
+        .await
+        .expect("the refusal page");
     assert_eq!(app.transfer_count().await, 0);
 }

@@ -128,8 +128,8 @@ impl CooldownLock {
         }
     }
 
-    /// One atomic `SET key token NX PX ttl`; on refusal, one `PTTL` for the
-    /// `Retry-After` value.
+    /// One atomic `SET key token NX PX ttl`, pipelined with a `PTTL` whose
+    /// answer gives a refusal its `Retry-After`: one round trip either way.
     #[tracing::instrument(
         name = "defense.cooldown",
         skip_all,
@@ -165,26 +165,23 @@ impl CooldownLock {
     ) -> Result<Cooldown, CooldownUnavailable> {
         let key = self.key(user, action, canonical_body);
         let token = random_token();
+        // SET and PTTL in one round trip: the SET is the atomic decision;
+        // the PTTL, read right after it, is only used when the SET lost.
         let attempt = async {
             let mut conn = pool.get().await?;
-            let set: Option<String> = redis::cmd("SET")
+            let (set, remaining_ms): (Option<String>, i64) = redis::pipe()
+                .cmd("SET")
                 .arg(&key)
                 .arg(&token)
                 .arg("NX")
                 .arg("PX")
                 .arg(self.ttl_ms)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| e.to_string())?;
-            if set.is_some() {
-                return Ok(None);
-            }
-            let remaining_ms: i64 = redis::cmd("PTTL")
+                .cmd("PTTL")
                 .arg(&key)
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| e.to_string())?;
-            Ok::<_, String>(Some(remaining_ms))
+            Ok::<_, String>(if set.is_some() { None } else { Some(remaining_ms) })
         };
         match tokio::time::timeout(self.command_timeout, attempt).await {
             Ok(Ok(None)) => Ok(Cooldown::Acquired(CooldownPermit { key, token })),

@@ -102,10 +102,15 @@ pub async fn sign_up(
 /// Creates the user, the wallet and the first token in one transaction.
 /// Shared by the API and the browser sign-up form.
 pub async fn create_user(state: &AppState, credentials: Credentials) -> Result<SignedUp, Problem> {
-    let password_hash = auth::hash_password(credentials.password).await.map_err(|error| {
-        tracing::error!(error = %error, "password hashing failed");
-        Problem::internal()
-    })?;
+    let password_hash = state
+        .passwords
+        .hash(credentials.password)
+        .await
+        .map_err(|_| busy())?
+        .map_err(|error| {
+            tracing::error!(error = %error, "password hashing failed");
+            Problem::internal()
+        })?;
     let user_id = UserId(Uuid::now_v7());
     let wallet_id = WalletId(Uuid::now_v7());
     let grant = state.settings.signup_grant_minor;
@@ -197,8 +202,11 @@ pub async fn issue_token_for(
         Some((id, hash)) => (Some(UserId(id)), Some(hash)),
         None => (None, None),
     };
-    let matches = auth::verify_password(credentials.password, stored_hash)
+    let matches = state
+        .passwords
+        .verify(credentials.password, stored_hash)
         .await
+        .map_err(|_| busy())?
         .map_err(|error| {
             tracing::error!(error = %error, "password verification failed");
             Problem::internal()
@@ -231,6 +239,11 @@ pub async fn revoke_current(
         .await
         .map_err(|error| problem::from_database_error(&error, "revoking a token"))?;
     Ok(HttpResponse::NoContent().finish())
+}
+
+/// Every password worker is busy: shed the sign-in rather than queue it.
+fn busy() -> Problem {
+    Problem::unavailable("Too many sign-ins at once. Retry in a moment.")
 }
 
 fn to_i64(hours: u64) -> i64 {
