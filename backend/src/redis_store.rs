@@ -111,61 +111,41 @@ impl RedisPool {
     }
 }
 
-impl ConnectionLike for RedisConnection {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            RedisConnection::Single(conn) => conn.req_packed_command(cmd),
-            RedisConnection::Cluster(conn) => conn.req_packed_command(cmd),
-        }
-    }
+/// Both connection enums pass every command to the connection they hold.
+macro_rules! delegate_connection_like {
+    ($name:ident) => {
+        impl ConnectionLike for $name {
+            fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+                match self {
+                    $name::Single(conn) => conn.req_packed_command(cmd),
+                    $name::Cluster(conn) => conn.req_packed_command(cmd),
+                }
+            }
 
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            RedisConnection::Single(conn) => conn.req_packed_commands(cmd, offset, count),
-            RedisConnection::Cluster(conn) => conn.req_packed_commands(cmd, offset, count),
-        }
-    }
+            fn req_packed_commands<'a>(
+                &'a mut self,
+                cmd: &'a Pipeline,
+                offset: usize,
+                count: usize,
+            ) -> RedisFuture<'a, Vec<Value>> {
+                match self {
+                    $name::Single(conn) => conn.req_packed_commands(cmd, offset, count),
+                    $name::Cluster(conn) => conn.req_packed_commands(cmd, offset, count),
+                }
+            }
 
-    fn get_db(&self) -> i64 {
-        match self {
-            RedisConnection::Single(conn) => conn.get_db(),
-            RedisConnection::Cluster(conn) => conn.get_db(),
+            fn get_db(&self) -> i64 {
+                match self {
+                    $name::Single(conn) => conn.get_db(),
+                    $name::Cluster(conn) => conn.get_db(),
+                }
+            }
         }
-    }
+    };
 }
 
-impl ConnectionLike for StreamConnection {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            StreamConnection::Single(conn) => conn.req_packed_command(cmd),
-            StreamConnection::Cluster(conn) => conn.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            StreamConnection::Single(conn) => conn.req_packed_commands(cmd, offset, count),
-            StreamConnection::Cluster(conn) => conn.req_packed_commands(cmd, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            StreamConnection::Single(conn) => conn.get_db(),
-            StreamConnection::Cluster(conn) => conn.get_db(),
-        }
-    }
-}
+delegate_connection_like!(RedisConnection);
+delegate_connection_like!(StreamConnection);
 
 /// Opens connections for live streams: one server or the cluster.
 #[derive(Clone)]

@@ -85,9 +85,17 @@ pub async fn execute(
     fingerprint: &[u8; 32],
     trace_id: &str,
 ) -> Result<TransferOutcome, Refusal> {
+    let call = Call {
+        state,
+        caller,
+        request,
+        key,
+        fingerprint,
+        trace_id,
+    };
     let mut attempt = 0;
     loop {
-        match execute_once(state, caller, request, key, fingerprint, trace_id).await {
+        match execute_once(&call).await {
             Err(Failure::Database(error))
                 if is_retryable(&error) && attempt < state.settings.transfer_retries_max =>
             {
@@ -129,21 +137,24 @@ impl From<sqlx::Error> for Failure {
     }
 }
 
-async fn execute_once(
-    state: &AppState,
-    caller: &VerifiedToken,
-    request: &TransferRequest,
+/// One transfer request's inputs to the transaction.
+struct Call<'a> {
+    state: &'a AppState,
+    caller: &'a VerifiedToken,
+    request: &'a TransferRequest,
     key: Option<IdempotencyKey>,
-    fingerprint: &[u8; 32],
-    trace_id: &str,
-) -> Result<TransferOutcome, Failure> {
-    let settings = &state.settings;
+    fingerprint: &'a [u8; 32],
+    trace_id: &'a str,
+}
+
+async fn execute_once(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
+    let settings = &call.state.settings;
     if settings.idempotency_mode == IdempotencyMode::Atomic
         && settings.row_guard_mode == RowGuardMode::Guarded
     {
-        in_one_call(state, caller, request, key, fingerprint, trace_id).await
+        in_one_call(call).await
     } else {
-        step_by_step(state, caller, request, key, fingerprint, trace_id).await
+        step_by_step(call).await
     }
 }
 
@@ -173,14 +184,15 @@ fn revoked_token() -> Refusal {
 /// runs `idempotency_claim()` and then `row_guard_transfer()`: one round
 /// trip instead of one per statement, and row locks held only while the
 /// row guard's statements run.
-async fn in_one_call(
-    state: &AppState,
-    caller: &VerifiedToken,
-    request: &TransferRequest,
-    key: Option<IdempotencyKey>,
-    fingerprint: &[u8; 32],
-    trace_id: &str,
-) -> Result<TransferOutcome, Failure> {
+async fn in_one_call(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
+    let Call {
+        state,
+        caller,
+        request,
+        key,
+        fingerprint,
+        trace_id,
+    } = *call;
     let settings = &state.settings;
     let transfer_id = Uuid::now_v7();
     let row: OneCallRow = sqlx::query_as(
@@ -293,14 +305,15 @@ fn layer_span(state: &AppState, layer: Layer, outcome: &str, db_ms: Option<f64>,
 
 /// The demonstration path: one statement at a time, so that a naive
 /// variant can stand in for either layer.
-async fn step_by_step(
-    state: &AppState,
-    caller: &VerifiedToken,
-    request: &TransferRequest,
-    key: Option<IdempotencyKey>,
-    fingerprint: &[u8; 32],
-    trace_id: &str,
-) -> Result<TransferOutcome, Failure> {
+async fn step_by_step(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
+    let Call {
+        state,
+        caller,
+        request,
+        key,
+        fingerprint,
+        trace_id,
+    } = *call;
     let settings = &state.settings;
     let naive_window = std::time::Duration::from_millis(settings.naive_window_ms);
     let wallet_wait_ms = settings.wallet_lock_wait_ms_max;

@@ -647,3 +647,32 @@ async fn no_secret_reaches_the_logs() {
         "an Authorization header reached the logs"
     );
 }
+
+/// An incoming W3C `traceparent` is continued: the response and the server
+/// span carry the caller's trace id, and the span's parent is the caller's.
+#[tokio::test]
+async fn an_incoming_traceparent_is_continued() {
+    let app = spawn_app(|_| {}).await;
+    let alice = app.sign_up("alice").await;
+    let bob = app.sign_up("bob").await;
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent_span = "00f067aa0ba902b7";
+    let response = app
+        .transfer_request(&alice, bob.wallet_id, 10, None)
+        .header("traceparent", format!("00-{trace_id}-{parent_span}-01"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status(), 201);
+    assert_eq!(trace_id_of(&response), trace_id);
+    let spans = trace_spans(trace_id).await;
+    let server = spans
+        .iter()
+        .find(|span| span.name.starts_with("POST "))
+        .expect("server span");
+    assert_eq!(server.parent_span_id.to_string(), parent_span);
+    assert!(
+        spans.iter().any(|span| span.name == "defense.row_guard"),
+        "no row guard span"
+    );
+}

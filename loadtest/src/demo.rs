@@ -199,22 +199,11 @@ fn print_rows(rows: &[Row], args: &DemoArgs) {
 
 async fn run_scenario(scenario: Scenario, targets: &[String], args: &DemoArgs) -> anyhow::Result<RunReport> {
     let run_args = RunArgs {
-        scenario,
-        targets: targets.to_vec(),
-        database_url: Some(args.database_url.clone()),
         rounds: args.rounds,
         copies: args.copies,
         users: 2,
-        concurrency: 1,
-        duration_s: 1.0,
-        rate_per_s: None,
-        duplicate_ratio: 0.0,
-        retry_after_ms: 0,
-        amount_minor: None,
         signup_grant_minor: GRANT_MINOR,
-        json: true,
-        expect_violations: false,
-        quiet: true,
+        ..RunArgs::new(scenario, targets.to_vec(), Some(args.database_url.clone()))
     };
     crate::run(&run_args).await
 }

@@ -79,6 +79,31 @@ pub struct RunArgs {
     pub quiet: bool,
 }
 
+impl RunArgs {
+    /// A run of `scenario` against `targets` with the command line's
+    /// defaults, quiet and in JSON, checking invariants on `database_url`.
+    pub fn new(scenario: Scenario, targets: Vec<String>, database_url: Option<String>) -> Self {
+        Self {
+            scenario,
+            targets,
+            database_url,
+            rounds: 5,
+            copies: 50,
+            users: 64,
+            concurrency: 32,
+            duration_s: 10.0,
+            rate_per_s: None,
+            duplicate_ratio: 0.2,
+            retry_after_ms: 5_500,
+            amount_minor: None,
+            signup_grant_minor: 100_000,
+            json: true,
+            expect_violations: false,
+            quiet: true,
+        }
+    }
+}
+
 #[derive(Serialize)]
 pub struct RunReport {
     pub scenario: Scenario,

@@ -9,22 +9,18 @@ use wallet_testkit::*;
 
 fn args(scenario: Scenario, first: &TestApp, second: &TestApp) -> RunArgs {
     RunArgs {
-        scenario,
-        targets: vec![first.address.clone(), second.address.clone()],
-        database_url: Some(database_url_of(&first.db_options)),
         rounds: 2,
         copies: 12,
         users: 6,
         concurrency: 4,
         duration_s: 1.0,
-        rate_per_s: None,
         duplicate_ratio: 0.3,
         retry_after_ms: 400,
-        amount_minor: None,
-        signup_grant_minor: 100_000,
-        json: true,
-        expect_violations: false,
-        quiet: true,
+        ..RunArgs::new(
+            scenario,
+            vec![first.address.clone(), second.address.clone()],
+            Some(database_url_of(&first.db_options)),
+        )
     }
 }
 

@@ -13,22 +13,18 @@ use wallet_testkit::*;
 
 fn through(target: &str, scenario: Scenario, app: &TestApp) -> RunArgs {
     RunArgs {
-        scenario,
-        targets: vec![target.to_owned()],
-        database_url: Some(database_url_of(&app.db_options)),
         rounds: 3,
         copies: 30,
         users: 8,
         concurrency: 8,
         duration_s: 1.0,
-        rate_per_s: None,
         duplicate_ratio: 0.3,
         retry_after_ms: 400,
-        amount_minor: None,
-        signup_grant_minor: 100_000,
-        json: true,
-        expect_violations: false,
-        quiet: true,
+        ..RunArgs::new(
+            scenario,
+            vec![target.to_owned()],
+            Some(database_url_of(&app.db_options)),
+        )
     }
 }
 

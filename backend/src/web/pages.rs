@@ -244,36 +244,7 @@ pub async fn sign_in(
     form: web::Form<AccountForm>,
     state: web::Data<AppState>,
 ) -> HttpResponse {
-    let form = form.into_inner();
-    if !site::pre_session_csrf_ok(&request, &form.csrf) {
-        let message = "This form expired. Please try again.".to_owned();
-        return account_page(
-            &request,
-            &state,
-            "signin",
-            form.name,
-            Some(message),
-            StatusCode::FORBIDDEN,
-        );
-    }
-    let credentials = Credentials {
-        name: form.name.clone(),
-        password: SecretString::from(form.password),
-    };
-    match users::issue_token_for(&state, credentials).await {
-        Ok(issued) => signed_in(&request, &state, &issued.token),
-        Err(problem) => {
-            let status = problem.status_code();
-            account_page(
-                &request,
-                &state,
-                "signin",
-                form.name,
-                Some(problem.detail),
-                status,
-            )
-        }
-    }
+    account_form(&request, &state, "signin", form.into_inner()).await
 }
 
 pub async fn sign_up(
@@ -281,45 +252,46 @@ pub async fn sign_up(
     form: web::Form<AccountForm>,
     state: web::Data<AppState>,
 ) -> HttpResponse {
-    let form = form.into_inner();
-    if !site::pre_session_csrf_ok(&request, &form.csrf) {
-        let message = "This form expired. Please try again.".to_owned();
-        return account_page(
-            &request,
-            &state,
-            "signup",
-            form.name,
-            Some(message),
+    account_form(&request, &state, "signup", form.into_inner()).await
+}
+
+/// Both account forms: check the pre-session CSRF token, then sign in (an
+/// existing user) or sign up (a new one) through the API's own functions,
+/// and either set the session cookie or show the form again with the reason.
+async fn account_form(
+    request: &HttpRequest,
+    state: &AppState,
+    form_kind: &'static str,
+    form: AccountForm,
+) -> HttpResponse {
+    let again = |error: String, status| {
+        account_page(request, state, form_kind, form.name.clone(), Some(error), status)
+    };
+    if !site::pre_session_csrf_ok(request, &form.csrf) {
+        return again(
+            "This form expired. Please try again.".to_owned(),
             StatusCode::FORBIDDEN,
         );
     }
     let credentials = Credentials {
         name: form.name.clone(),
-        password: SecretString::from(form.password),
+        password: SecretString::from(form.password.clone()),
     };
-    if let Err(problem) = credentials.validate(&state.settings) {
-        return account_page(
-            &request,
-            &state,
-            "signup",
-            form.name,
-            Some(problem.detail),
-            StatusCode::UNPROCESSABLE_ENTITY,
-        );
-    }
-    match users::create_user(&state, credentials).await {
-        Ok(signed_up) => signed_in(&request, &state, &SecretString::from(signed_up.token)),
-        Err(problem) => {
-            let status = problem.status_code();
-            account_page(
-                &request,
-                &state,
-                "signup",
-                form.name,
-                Some(problem.detail),
-                status,
-            )
+    let token = if form_kind == "signin" {
+        users::issue_token_for(state, credentials)
+            .await
+            .map(|issued| issued.token)
+    } else {
+        match credentials.validate(&state.settings) {
+            Ok(()) => users::create_user(state, credentials)
+                .await
+                .map(|signed_up| SecretString::from(signed_up.token)),
+            Err(problem) => Err(problem),
         }
+    };
+    match token {
+        Ok(token) => signed_in(request, state, &token),
+        Err(problem) => again(problem.detail.clone(), problem.status_code()),
     }
 }
 
