@@ -201,11 +201,7 @@ pub async fn trace_requests(
     if let Some(metrics) = metrics {
         metrics
             .http_latency
-            .with_label_values(&[
-                route.as_str(),
-                method.as_str(),
-                &format!("{}xx", status.as_u16() / 100),
-            ])
+            .with_label_values(&[route.as_str(), method.as_str(), status_class(status.as_u16())])
             .observe(started.elapsed().as_secs_f64());
     }
     let headers = response.headers_mut();
@@ -224,4 +220,15 @@ pub async fn trace_requests(
         }
     }
     Ok(response)
+}
+
+/// `2xx`, `4xx`, …: the metric label, without formatting a string per request.
+fn status_class(status: u16) -> &'static str {
+    match status / 100 {
+        1 => "1xx",
+        2 => "2xx",
+        3 => "3xx",
+        4 => "4xx",
+        _ => "5xx",
+    }
 }

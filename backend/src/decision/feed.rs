@@ -190,6 +190,8 @@ async fn write_batches(
         // each pipeline's keys live in one hash slot.
         let mut pipes: Vec<redis::Pipeline> = Vec::new();
         let mut per_user: std::collections::HashMap<UserId, usize> = std::collections::HashMap::new();
+        let mut expiring: std::collections::HashMap<UserId, (usize, String)> =
+            std::collections::HashMap::new();
         for (user, entry) in &batch {
             let index = if pool.is_cluster() {
                 *per_user.entry(*user).or_insert_with(|| {
@@ -213,11 +215,12 @@ async fn write_batches(
                 .arg("*")
                 .arg("d")
                 .arg(json)
-                .ignore()
-                .cmd("EXPIRE")
-                .arg(&key)
-                .arg(retention_s)
                 .ignore();
+            expiring.insert(*user, (index, key));
+        }
+        // One EXPIRE per stream and batch, not per entry.
+        for (index, key) in expiring.values() {
+            pipes[*index].cmd("EXPIRE").arg(key).arg(retention_s).ignore();
         }
         let write = async {
             let mut conn = pool.get().await?;
