@@ -1,6 +1,7 @@
 //! End-to-end tests in real headless Chromium (Debian's `chromium` and
 //! `chromium-driver`), driven over WebDriver.
 
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -12,12 +13,31 @@ use wallet_testkit::*;
 struct Browser {
     client: Client,
     driver: Child,
+    profile: std::path::PathBuf,
+}
+
+impl Browser {
+    /// Ends the WebDriver session, which quits Chromium.
+    async fn quit(self) {
+        let _ = self.client.clone().close().await;
+    }
 }
 
 impl Drop for Browser {
+    /// Chromium is chromedriver's child: end the whole process group, or
+    /// browsers would outlive the test.
     fn drop(&mut self) {
-        let _ = self.driver.kill();
+        let group = format!("-{}", self.driver.id());
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
         let _ = self.driver.wait();
+        // A test that failed before `quit` leaves its browser behind: its
+        // profile directory names it.
+        let _ = Command::new("pkill")
+            .arg("-KILL")
+            .arg("-f")
+            .arg(self.profile.as_os_str())
+            .status();
+        let _ = std::fs::remove_dir_all(&self.profile);
     }
 }
 
@@ -32,6 +52,7 @@ async fn browser() -> Browser {
     let port = closed_port();
     let driver = Command::new(CHROMEDRIVER)
         .arg(format!("--port={port}"))
+        .process_group(0)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -58,7 +79,13 @@ async fn browser() -> Browser {
             .connect(&url)
             .await
         {
-            Ok(client) => return Browser { client, driver },
+            Ok(client) => {
+                return Browser {
+                    client,
+                    driver,
+                    profile,
+                };
+            }
             Err(error) => last_error = Some(error),
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -155,6 +182,7 @@ async fn sign_up_transfer_and_a_double_click_pays_once() {
         "{history}"
     );
     app.assert_invariants().await;
+    browser.quit().await;
 }
 
 /// The race lab with 20 same-key requests: the page shows exactly one
@@ -217,6 +245,7 @@ async fn the_race_lab_shows_one_accepted_out_of_twenty_same_key_requests() {
         .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../target/screenshots").to_owned());
     std::fs::create_dir_all(&directory).expect("screenshot directory");
     std::fs::write(format!("{directory}/race-lab.png"), png).expect("write screenshot");
+    browser.quit().await;
 }
 
 /// A form posted without its CSRF token is refused and changes nothing,
@@ -278,4 +307,5 @@ async fn a_form_without_its_csrf_token_is_refused() {
         .await
         .expect("the refusal page");
     assert_eq!(app.transfer_count().await, 0);
+    browser.quit().await;
 }
