@@ -467,3 +467,16 @@ mod tests {
         assert_eq!(error.0.len(), 3, "{error}");
     }
 }
+
+#[cfg(test)]
+mod example_file {
+    use super::Settings;
+
+    #[test]
+    fn the_example_settings_file_loads_and_validates() {
+        let path = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../config/example.toml"));
+        let settings = Settings::load(Some(path)).expect("config/example.toml must load");
+        settings.validate().expect("and validate");
+        assert_eq!(settings.cooldown_ttl_ms, 5_000);
+    }
+}

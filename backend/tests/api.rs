@@ -381,3 +381,31 @@ async fn health_readiness_openapi_and_unknown_routes() {
     .await;
     assert_eq!(status, 404);
 }
+
+/// Expired token hashes are swept in batches; live ones stay.
+#[tokio::test]
+async fn expired_tokens_are_swept() {
+    let app = spawn_app(|_| {}).await;
+    let alice = app.sign_up("alice").await;
+    sqlx::query(
+        "INSERT INTO api_tokens (token_hash, user_id, expires_at)
+         SELECT sha256(n::text::bytea), $1, now() - interval '1 minute' FROM generate_series(1, 5) AS n",
+    )
+    .bind(alice.user_id)
+    .execute(&app.db)
+    .await
+    .expect("expired tokens");
+    let deleted = layered_wallet::auth::sweep_expired_tokens(&app.db, 2)
+        .await
+        .expect("sweep");
+    assert_eq!(deleted, 5);
+    assert_eq!(
+        app.count("SELECT count(*) FROM api_tokens").await,
+        1,
+        "the live token was swept"
+    );
+    let wallet = app
+        .get_json(&format!("/api/v1/wallets/{}", alice.wallet_id), Some(&alice))
+        .await;
+    assert_eq!(wallet["balance_minor"], 100_000);
+}

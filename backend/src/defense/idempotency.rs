@@ -29,8 +29,6 @@
 //! **When PostgreSQL fails:** the transaction rolls back, so nothing is
 //! stored and the key is free for a retry; the client gets 503.
 
-use std::time::Duration;
-
 use actix_web::HttpRequest;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
@@ -314,30 +312,6 @@ pub async fn sweep_expired(pool: &PgPool, batch_rows_max: i64) -> Result<u64, sq
             return Ok(deleted_total);
         }
     }
-}
-
-/// Runs `sweep_expired` every `interval` until the returned handle is
-/// aborted (the server does so at shutdown).
-pub fn spawn_sweeper(pool: PgPool, interval: Duration, batch_rows_max: i64) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        // The first sweep is one interval after start-up, not at once: a
-        // fleet restarting together should not all sweep at the same moment.
-        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            ticker.tick().await;
-            match sweep_expired(&pool, batch_rows_max).await {
-                Ok(0) => {}
-                Ok(deleted) => tracing::info!(
-                    idempotency.keys_deleted = deleted,
-                    "swept expired idempotency keys"
-                ),
-                Err(error) => {
-                    tracing::warn!(error = %error, "idempotency sweep failed; will retry next interval")
-                }
-            }
-        }
-    })
 }
 
 #[cfg(test)]
