@@ -133,8 +133,7 @@ async fn accounts_refuse_taken_names_bad_input_and_wrong_passwords() {
 #[tokio::test]
 async fn wallets_and_transfers_are_visible_to_their_owners_only() {
     let app = spawn_app(without_cooldown).await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
+    let (alice, bob) = app.alice_and_bob().await;
     let carol = app.sign_up("carol").await;
     let get = |user: &TestUser, path: String| app.client.get(app.url(&path)).bearer_auth(&user.token).send();
 
@@ -156,20 +155,16 @@ async fn wallets_and_transfers_are_visible_to_their_owners_only() {
     let mut ids = Vec::new();
     for amount in [1, 2, 3, 4, 5] {
         let receipt: Value = app
-            .transfer_request(&alice, bob.wallet_id, amount, None)
-            .send()
+            .transfer(&alice, bob.wallet_id, amount, None)
             .await
-            .expect("send")
             .json()
             .await
             .expect("json");
         ids.push(receipt["id"].as_str().expect("id").to_owned());
     }
     let received: Value = app
-        .transfer_request(&carol, alice.wallet_id, 9, None)
-        .send()
+        .transfer(&carol, alice.wallet_id, 9, None)
         .await
-        .expect("send")
         .json()
         .await
         .expect("json");
@@ -235,14 +230,9 @@ async fn every_refusal_in_the_matrix_is_a_problem_and_changes_nothing() {
         settings.request_body_bytes_max = 512;
     })
     .await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
+    let (alice, bob) = app.alice_and_bob().await;
     let key = new_key();
-    let done = app
-        .transfer_request(&alice, bob.wallet_id, 5, Some(&key))
-        .send()
-        .await
-        .expect("send");
+    let done = app.transfer(&alice, bob.wallet_id, 5, Some(&key)).await;
     assert_eq!(done.status(), 201);
     let revoked = app.sign_up("revoked").await;
     let revoke = app

@@ -99,6 +99,16 @@ async fn fill(client: &Client, css: &str, text: &str) {
     field.send_keys(text).await.expect("type");
 }
 
+async fn click(client: &Client, css: &str) {
+    client
+        .find(Locator::Css(css))
+        .await
+        .expect(css)
+        .click()
+        .await
+        .expect("click");
+}
+
 async fn text_of(client: &Client, css: &str) -> String {
     client
         .wait()
@@ -116,13 +126,7 @@ async fn sign_up_in_browser(app: &TestApp, client: &Client, name: &str) {
     client.goto(&app.url("/signup")).await.expect("open sign-up");
     fill(client, "#name", name).await;
     fill(client, "#password", "correct horse battery").await;
-    client
-        .find(Locator::Css("#submit"))
-        .await
-        .expect("submit")
-        .click()
-        .await
-        .expect("click");
+    click(client, "#submit").await;
     let balance = text_of(client, "#balance").await;
     assert_eq!(balance, "$1,000.00");
 }
@@ -198,20 +202,8 @@ async fn the_race_lab_shows_one_accepted_out_of_twenty_same_key_requests() {
     fill(client, "#count", "20").await;
     fill(client, "#lab-recipient", "bob").await;
     fill(client, "#lab-amount", "5.00").await;
-    client
-        .find(Locator::Css("input[value=same-key]"))
-        .await
-        .expect("scenario")
-        .click()
-        .await
-        .expect("pick");
-    client
-        .find(Locator::Css("#fire"))
-        .await
-        .expect("fire")
-        .click()
-        .await
-        .expect("click");
+    click(client, "input[value=same-key]").await;
+    click(client, "#fire").await;
     client
         .wait()
         .at_most(Duration::from_secs(20))
@@ -267,13 +259,7 @@ async fn a_form_without_its_csrf_token_is_refused() {
         .expect("js");
     fill(client, "#name", "mallory").await;
     fill(client, "#password", "correct horse battery").await;
-    client
-        .find(Locator::Css("#submit"))
-        .await
-        .expect("submit")
-        .click()
-        .await
-        .expect("click");
+    click(client, "#submit").await;
     let error = text_of(client, "p.notice").await;
     assert!(error.contains("expired"), "{error}");
     assert_eq!(
@@ -292,13 +278,7 @@ async fn a_form_without_its_csrf_token_is_refused() {
         )
         .await
         .expect("js");
-    client
-        .find(Locator::Css("#send"))
-        .await
-        .expect("send")
-        .click()
-        .await
-        .expect("click");
+    click(client, "#send").await;
     // Wait for the refusal page itself, not the wallet page it replaces.
     client
         .wait()

@@ -59,8 +59,7 @@ async fn two_instances_on_a_cluster_move_money_once() {
     assert_redis_cluster_reachable().await;
     let first = spawn_app(on_cluster).await;
     let second = spawn_second_instance(&first).await;
-    let alice = first.sign_up("alice").await;
-    let bob = first.sign_up("bob").await;
+    let (alice, bob) = first.alice_and_bob().await;
     let key = new_key();
     let requests = (0..30)
         .map(|i| {

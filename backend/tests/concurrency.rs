@@ -26,8 +26,7 @@ fn replays(responses: &[reqwest::Response]) -> usize {
 #[tokio::test]
 async fn fifty_identical_requests_with_one_key_move_money_once() {
     let app = spawn_app(|_| {}).await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
+    let (alice, bob) = app.alice_and_bob().await;
     let key = new_key();
     let requests = (0..50)
         .map(|_| app.transfer_request(&alice, bob.wallet_id, 1_000, Some(&key)))
@@ -59,8 +58,7 @@ async fn without_the_cooldown_the_key_alone_still_moves_money_once() {
         settings.idempotency_wait_ms_max = 5_000;
     })
     .await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
+    let (alice, bob) = app.alice_and_bob().await;
     let key = new_key();
     let requests = (0..50)
         .map(|_| app.transfer_request(&alice, bob.wallet_id, 1_000, Some(&key)))
@@ -87,8 +85,7 @@ async fn one_hundred_distinct_transfers_against_ten_units_succeed_exactly_ten_ti
         settings.signup_grant_minor = 1_000;
     })
     .await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
+    let (alice, bob) = app.alice_and_bob().await;
     let requests = (0..100)
         .map(|_| app.transfer_request(&alice, bob.wallet_id, 100, Some(&new_key())))
         .collect();
@@ -107,8 +104,7 @@ async fn one_hundred_distinct_transfers_against_ten_units_succeed_exactly_ten_ti
 #[tokio::test]
 async fn crossing_transfers_never_deadlock_and_conserve_money() {
     let app = spawn_app(without_cooldown).await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
+    let (alice, bob) = app.alice_and_bob().await;
     let requests = (0..200)
         .map(|i| {
             if i % 2 == 0 {
@@ -133,8 +129,7 @@ async fn crossing_transfers_never_deadlock_and_conserve_money() {
 async fn two_instances_keep_the_same_guarantees() {
     let first = spawn_app(|_| {}).await;
     let second = spawn_second_instance(&first).await;
-    let alice = first.sign_up("alice").await;
-    let bob = first.sign_up("bob").await;
+    let (alice, bob) = first.alice_and_bob().await;
 
     // One key, both instances, all layers on.
     let key = new_key();
@@ -163,8 +158,7 @@ async fn two_instances_without_cooldown_never_overdraw() {
     })
     .await;
     let second = spawn_second_instance(&first).await;
-    let alice = first.sign_up("alice").await;
-    let bob = first.sign_up("bob").await;
+    let (alice, bob) = first.alice_and_bob().await;
 
     // The same key on both instances: one transfer.
     let key = new_key();

@@ -15,14 +15,9 @@ use wallet_testkit::*;
 #[tokio::test]
 async fn a_second_transfer_inside_the_window_is_refused_without_touching_the_database() {
     let (app, proxy) = spawn_app_behind_proxy(|settings| settings.cooldown_ttl_ms = 5_000).await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
+    let (alice, bob) = app.alice_and_bob().await;
 
-    let first = app
-        .transfer_request(&alice, bob.wallet_id, 100, None)
-        .send()
-        .await
-        .expect("send");
+    let first = app.transfer(&alice, bob.wallet_id, 100, None).await;
     assert_eq!(first.status(), 201);
 
     let queries_before = proxy.query_messages();
@@ -60,18 +55,9 @@ async fn a_second_transfer_inside_the_window_is_refused_without_touching_the_dat
 #[tokio::test]
 async fn the_window_belongs_to_one_user() {
     let app = spawn_app(|_| {}).await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
-    let a = app
-        .transfer_request(&alice, bob.wallet_id, 100, None)
-        .send()
-        .await
-        .expect("send");
-    let b = app
-        .transfer_request(&bob, alice.wallet_id, 100, None)
-        .send()
-        .await
-        .expect("send");
+    let (alice, bob) = app.alice_and_bob().await;
+    let a = app.transfer(&alice, bob.wallet_id, 100, None).await;
+    let b = app.transfer(&bob, alice.wallet_id, 100, None).await;
     assert_eq!((a.status().as_u16(), b.status().as_u16()), (201, 201));
     app.assert_invariants().await;
 }
@@ -80,26 +66,13 @@ async fn the_window_belongs_to_one_user() {
 #[tokio::test]
 async fn the_window_expires_after_its_ttl() {
     let app = spawn_app(|settings| settings.cooldown_ttl_ms = 300).await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
-    let first = app
-        .transfer_request(&alice, bob.wallet_id, 100, None)
-        .send()
-        .await
-        .expect("send");
+    let (alice, bob) = app.alice_and_bob().await;
+    let first = app.transfer(&alice, bob.wallet_id, 100, None).await;
     assert_eq!(first.status(), 201);
-    let inside = app
-        .transfer_request(&alice, bob.wallet_id, 100, None)
-        .send()
-        .await
-        .expect("send");
+    let inside = app.transfer(&alice, bob.wallet_id, 100, None).await;
     assert_eq!(inside.status(), 429);
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let after = app
-        .transfer_request(&alice, bob.wallet_id, 100, None)
-        .send()
-        .await
-        .expect("send");
+    let after = app.transfer(&alice, bob.wallet_id, 100, None).await;
     assert_eq!(after.status(), 201);
     assert_eq!(app.transfer_count().await, 2);
     assert_eq!(app.balance(alice.wallet_id).await, 100_000 - 200);
@@ -110,23 +83,10 @@ async fn the_window_expires_after_its_ttl() {
 #[tokio::test]
 async fn the_body_scope_refuses_only_identical_transfers() {
     let app = spawn_app(|settings| settings.cooldown_scope = CooldownScope::UserActionBody).await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
-    let first = app
-        .transfer_request(&alice, bob.wallet_id, 100, None)
-        .send()
-        .await
-        .expect("send");
-    let same = app
-        .transfer_request(&alice, bob.wallet_id, 100, None)
-        .send()
-        .await
-        .expect("send");
-    let different = app
-        .transfer_request(&alice, bob.wallet_id, 250, None)
-        .send()
-        .await
-        .expect("send");
+    let (alice, bob) = app.alice_and_bob().await;
+    let first = app.transfer(&alice, bob.wallet_id, 100, None).await;
+    let same = app.transfer(&alice, bob.wallet_id, 100, None).await;
+    let different = app.transfer(&alice, bob.wallet_id, 250, None).await;
     assert_eq!(
         (
             first.status().as_u16(),
@@ -143,16 +103,11 @@ async fn the_body_scope_refuses_only_identical_transfers() {
 #[tokio::test]
 async fn a_server_failure_releases_the_window_for_an_honest_retry() {
     let (app, proxy) = spawn_app_behind_proxy(|settings| settings.db_acquire_wait_ms_max = 500).await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
+    let (alice, bob) = app.alice_and_bob().await;
     proxy.go_down();
 
     for attempt in 0..3 {
-        let response = app
-            .transfer_request(&alice, bob.wallet_id, 100, None)
-            .send()
-            .await
-            .expect("send");
+        let response = app.transfer(&alice, bob.wallet_id, 100, None).await;
         let (status, _) = problem(response).await;
         assert_eq!(status, 503, "attempt {attempt}");
     }
@@ -206,27 +161,14 @@ async fn with_redis_down_the_default_fails_open_and_the_lower_layers_still_decid
         settings.redis_url = SecretString::from(format!("redis://127.0.0.1:{}", closed_port()));
     })
     .await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
+    let (alice, bob) = app.alice_and_bob().await;
     let key = new_key();
-    let first = app
-        .transfer_request(&alice, bob.wallet_id, 100, Some(&key))
-        .send()
-        .await
-        .expect("send");
+    let first = app.transfer(&alice, bob.wallet_id, 100, Some(&key)).await;
     assert_eq!(first.status(), 201);
-    let retry = app
-        .transfer_request(&alice, bob.wallet_id, 100, Some(&key))
-        .send()
-        .await
-        .expect("send");
+    let retry = app.transfer(&alice, bob.wallet_id, 100, Some(&key)).await;
     assert_eq!(retry.status(), 201);
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
-    let plain = app
-        .transfer_request(&alice, bob.wallet_id, 100, None)
-        .send()
-        .await
-        .expect("send");
+    let plain = app.transfer(&alice, bob.wallet_id, 100, None).await;
     assert_eq!(plain.status(), 201, "no cooldown without Redis");
     assert_eq!(app.transfer_count().await, 2);
 
@@ -247,8 +189,7 @@ async fn with_redis_down_fail_closed_answers_503_and_changes_nothing() {
         settings.cooldown_on_store_error = StoreErrorPolicy::FailClosed;
     })
     .await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
+    let (alice, bob) = app.alice_and_bob().await;
     let before = app.snapshot().await;
     let response = app
         .transfer_request(&alice, bob.wallet_id, 100, Some(&new_key()))

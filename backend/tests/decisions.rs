@@ -128,8 +128,7 @@ async fn feed_in_redis(app: &TestApp, user: &TestUser, at_least: usize) -> Vec<V
 #[tokio::test]
 async fn a_storm_yields_one_accepted_and_every_other_request_names_its_layer() {
     let app = spawn_app(|_| {}).await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
+    let (alice, bob) = app.alice_and_bob().await;
     let key = new_key();
     let requests = (0..30)
         .map(|_| app.transfer_request(&alice, bob.wallet_id, 100, Some(&key)))
@@ -219,8 +218,7 @@ async fn header_body_span_metric_and_feed_agree_for_every_outcome() {
         settings.db_acquire_wait_ms_max = 500;
     })
     .await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
+    let (alice, bob) = app.alice_and_bob().await;
     let key = new_key();
     let held_key = Uuid::new_v4();
     let held_body =
@@ -343,8 +341,7 @@ async fn header_body_span_metric_and_feed_agree_for_every_outcome() {
 async fn with_redis_down_the_decisions_are_degraded_or_errors() {
     let closed = format!("redis://127.0.0.1:{}", closed_port());
     let open = spawn_app(|settings| settings.redis_url = SecretString::from(closed.clone())).await;
-    let alice = open.sign_up("alice").await;
-    let bob = open.sign_up("bob").await;
+    let (alice, bob) = open.alice_and_bob().await;
     let mut unused = 0;
     let degraded = Case {
         name: "fail open",
@@ -478,8 +475,7 @@ async fn two_instances_share_one_feed_and_its_live_stream() {
         app.mark_second_instance();
         app
     };
-    let alice = first.sign_up("alice").await;
-    let bob = first.sign_up("bob").await;
+    let (alice, bob) = first.alice_and_bob().await;
 
     // A live stream on the first instance, opened before anything happens.
     let mut stream = first
@@ -491,16 +487,8 @@ async fn two_instances_share_one_feed_and_its_live_stream() {
         .expect("stream");
     assert_eq!(stream.headers()["content-type"], "text/event-stream");
 
-    let on_first = first
-        .transfer_request(&alice, bob.wallet_id, 1, None)
-        .send()
-        .await
-        .expect("send");
-    let on_second = second
-        .transfer_request(&alice, bob.wallet_id, 2, None)
-        .send()
-        .await
-        .expect("send");
+    let on_first = first.transfer(&alice, bob.wallet_id, 1, None).await;
+    let on_second = second.transfer(&alice, bob.wallet_id, 2, None).await;
     assert_eq!(
         (on_first.status().as_u16(), on_second.status().as_u16()),
         (201, 201)
@@ -653,8 +641,7 @@ async fn no_secret_reaches_the_logs() {
 #[tokio::test]
 async fn an_incoming_traceparent_is_continued() {
     let app = spawn_app(|_| {}).await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
+    let (alice, bob) = app.alice_and_bob().await;
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let parent_span = "00f067aa0ba902b7";
     let response = app

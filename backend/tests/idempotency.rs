@@ -14,15 +14,10 @@ use wallet_testkit::*;
 #[tokio::test]
 async fn a_retry_with_the_same_key_replays_the_first_response_byte_for_byte() {
     let app = spawn_app(without_cooldown).await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
+    let (alice, bob) = app.alice_and_bob().await;
     let key = new_key();
 
-    let first = app
-        .transfer_request(&alice, bob.wallet_id, 700, Some(&key))
-        .send()
-        .await
-        .expect("send");
+    let first = app.transfer(&alice, bob.wallet_id, 700, Some(&key)).await;
     assert_eq!(first.status(), 201);
     assert!(first.headers().get("idempotent-replayed").is_none());
     let first_body = first.bytes().await.expect("body");
@@ -30,11 +25,7 @@ async fn a_retry_with_the_same_key_replays_the_first_response_byte_for_byte() {
     // The quoted RFC 8941 form names the same key.
     let quoted = format!("\"{key}\"");
     for header in [key.as_str(), quoted.as_str()] {
-        let retry = app
-            .transfer_request(&alice, bob.wallet_id, 700, Some(header))
-            .send()
-            .await
-            .expect("send");
+        let retry = app.transfer(&alice, bob.wallet_id, 700, Some(header)).await;
         assert_eq!(retry.status(), 201);
         assert_eq!(retry.headers()["idempotent-replayed"], "true");
         assert_eq!(retry.headers()["content-type"], "application/json");
@@ -49,22 +40,13 @@ async fn a_retry_with_the_same_key_replays_the_first_response_byte_for_byte() {
 #[tokio::test]
 async fn a_key_reused_with_a_different_body_is_refused() {
     let app = spawn_app(without_cooldown).await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
+    let (alice, bob) = app.alice_and_bob().await;
     let key = new_key();
-    let first = app
-        .transfer_request(&alice, bob.wallet_id, 700, Some(&key))
-        .send()
-        .await
-        .expect("send");
+    let first = app.transfer(&alice, bob.wallet_id, 700, Some(&key)).await;
     assert_eq!(first.status(), 201);
     let before = app.snapshot().await;
 
-    let reused = app
-        .transfer_request(&alice, bob.wallet_id, 701, Some(&key))
-        .send()
-        .await
-        .expect("send");
+    let reused = app.transfer(&alice, bob.wallet_id, 701, Some(&key)).await;
     let (status, body) = problem(reused).await;
     assert_eq!(status, 422);
     assert_eq!(body["type"], "/problems/idempotency-key-reused");
@@ -76,19 +58,10 @@ async fn a_key_reused_with_a_different_body_is_refused() {
 #[tokio::test]
 async fn keys_belong_to_one_user() {
     let app = spawn_app(without_cooldown).await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
+    let (alice, bob) = app.alice_and_bob().await;
     let key = new_key();
-    let a = app
-        .transfer_request(&alice, bob.wallet_id, 10, Some(&key))
-        .send()
-        .await
-        .expect("send");
-    let b = app
-        .transfer_request(&bob, alice.wallet_id, 20, Some(&key))
-        .send()
-        .await
-        .expect("send");
+    let a = app.transfer(&alice, bob.wallet_id, 10, Some(&key)).await;
+    let b = app.transfer(&bob, alice.wallet_id, 20, Some(&key)).await;
     assert_eq!((a.status().as_u16(), b.status().as_u16()), (201, 201));
     assert!(b.headers().get("idempotent-replayed").is_none());
     assert_eq!(app.transfer_count().await, 2);
@@ -99,15 +72,10 @@ async fn keys_belong_to_one_user() {
 #[tokio::test]
 async fn a_malformed_key_is_refused_before_any_work() {
     let app = spawn_app(|_| {}).await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
+    let (alice, bob) = app.alice_and_bob().await;
     let before = app.snapshot().await;
     for bad in ["not-a-uuid", "\"unterminated", "12345"] {
-        let response = app
-            .transfer_request(&alice, bob.wallet_id, 10, Some(bad))
-            .send()
-            .await
-            .expect("send");
+        let response = app.transfer(&alice, bob.wallet_id, 10, Some(bad)).await;
         let (status, body) = problem(response).await;
         assert_eq!(status, 422, "{bad}");
         assert_eq!(body["layer"], "idempotency");
@@ -129,14 +97,9 @@ async fn a_malformed_key_is_refused_before_any_work() {
 #[tokio::test]
 async fn a_required_key_that_is_missing_is_a_400() {
     let app = spawn_app(|settings| settings.idempotency_key_required = true).await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
+    let (alice, bob) = app.alice_and_bob().await;
     let before = app.snapshot().await;
-    let response = app
-        .transfer_request(&alice, bob.wallet_id, 10, None)
-        .send()
-        .await
-        .expect("send");
+    let response = app.transfer(&alice, bob.wallet_id, 10, None).await;
     let (status, body) = problem(response).await;
     assert_eq!(status, 400);
     assert_eq!(body["layer"], "idempotency");
@@ -183,8 +146,7 @@ async fn a_key_still_in_flight_waits_then_answers_409() {
         settings.idempotency_wait_ms_max = 300;
     })
     .await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
+    let (alice, bob) = app.alice_and_bob().await;
     let key = Uuid::new_v4();
     let held = hold_claim(
         &app,
@@ -224,8 +186,7 @@ async fn a_key_that_completes_during_the_wait_is_replayed() {
         settings.idempotency_wait_ms_max = 5_000;
     })
     .await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
+    let (alice, bob) = app.alice_and_bob().await;
     let key = Uuid::new_v4();
     let stored = r#"{"stored":"by the first request"}"#;
     let held = hold_claim(
@@ -255,8 +216,7 @@ async fn a_key_that_completes_during_the_wait_is_replayed() {
 #[tokio::test]
 async fn a_key_whose_first_request_rolled_back_is_free_for_the_retry() {
     let app = spawn_app(without_cooldown).await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
+    let (alice, bob) = app.alice_and_bob().await;
     let key = Uuid::new_v4();
     let held = hold_claim(
         &app,
@@ -283,14 +243,9 @@ async fn a_key_whose_first_request_rolled_back_is_free_for_the_retry() {
 #[tokio::test]
 async fn a_business_refusal_is_stored_and_replayed() {
     let app = spawn_app(without_cooldown).await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
+    let (alice, bob) = app.alice_and_bob().await;
     let key = new_key();
-    let refused = app
-        .transfer_request(&alice, bob.wallet_id, 150_000, Some(&key))
-        .send()
-        .await
-        .expect("send");
+    let refused = app.transfer(&alice, bob.wallet_id, 150_000, Some(&key)).await;
     let refused_bytes = {
         assert_eq!(refused.status(), 422);
         refused.bytes().await.expect("body")
@@ -298,17 +253,9 @@ async fn a_business_refusal_is_stored_and_replayed() {
     let body: Value = serde_json::from_slice(&refused_bytes).expect("json");
     assert_eq!(body["type"], "/problems/insufficient-funds");
 
-    let top_up = app
-        .transfer_request(&bob, alice.wallet_id, 60_000, None)
-        .send()
-        .await
-        .expect("send");
+    let top_up = app.transfer(&bob, alice.wallet_id, 60_000, None).await;
     assert_eq!(top_up.status(), 201);
-    let retry = app
-        .transfer_request(&alice, bob.wallet_id, 150_000, Some(&key))
-        .send()
-        .await
-        .expect("send");
+    let retry = app.transfer(&alice, bob.wallet_id, 150_000, Some(&key)).await;
     assert_eq!(retry.status(), 422);
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     assert_eq!(retry.headers()["content-type"], "application/problem+json");
@@ -318,17 +265,9 @@ async fn a_business_refusal_is_stored_and_replayed() {
     // Unknown targets are business refusals too.
     let ghost_key = new_key();
     let ghost = Uuid::new_v4();
-    let first = app
-        .transfer_request(&alice, ghost, 10, Some(&ghost_key))
-        .send()
-        .await
-        .expect("send");
+    let first = app.transfer(&alice, ghost, 10, Some(&ghost_key)).await;
     assert_eq!(first.status(), 422);
-    let again = app
-        .transfer_request(&alice, ghost, 10, Some(&ghost_key))
-        .send()
-        .await
-        .expect("send");
+    let again = app.transfer(&alice, ghost, 10, Some(&ghost_key)).await;
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     app.assert_invariants().await;
 }
@@ -338,24 +277,15 @@ async fn a_business_refusal_is_stored_and_replayed() {
 #[tokio::test]
 async fn an_expired_key_is_a_new_request() {
     let app = spawn_app(without_cooldown).await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
+    let (alice, bob) = app.alice_and_bob().await;
     let key = new_key();
-    let first = app
-        .transfer_request(&alice, bob.wallet_id, 10, Some(&key))
-        .send()
-        .await
-        .expect("send");
+    let first = app.transfer(&alice, bob.wallet_id, 10, Some(&key)).await;
     assert_eq!(first.status(), 201);
     sqlx::query("UPDATE idempotency_keys SET expires_at = now() - interval '1 second'")
         .execute(&app.db)
         .await
         .expect("expire");
-    let again = app
-        .transfer_request(&alice, bob.wallet_id, 10, Some(&key))
-        .send()
-        .await
-        .expect("send");
+    let again = app.transfer(&alice, bob.wallet_id, 10, Some(&key)).await;
     assert_eq!(again.status(), 201);
     assert!(again.headers().get("idempotent-replayed").is_none());
     assert_eq!(app.transfer_count().await, 2);

@@ -7,26 +7,17 @@ use wallet_testkit::*;
 #[tokio::test]
 async fn the_row_guard_refuses_an_overdraft_and_allows_the_exact_balance() {
     let app = spawn_app(without_cooldown).await;
-    let alice = app.sign_up("alice").await;
-    let bob = app.sign_up("bob").await;
+    let (alice, bob) = app.alice_and_bob().await;
     let before = app.snapshot().await;
 
-    let over = app
-        .transfer_request(&alice, bob.wallet_id, 100_001, None)
-        .send()
-        .await
-        .expect("send");
+    let over = app.transfer(&alice, bob.wallet_id, 100_001, None).await;
     let (status, body) = problem(over).await;
     assert_eq!(status, 422);
     assert_eq!(body["type"], "/problems/insufficient-funds");
     assert_eq!(body["layer"], "row_guard");
     assert_eq!(app.snapshot().await, before);
 
-    let exact = app
-        .transfer_request(&alice, bob.wallet_id, 100_000, None)
-        .send()
-        .await
-        .expect("send");
+    let exact = app.transfer(&alice, bob.wallet_id, 100_000, None).await;
     assert_eq!(exact.status(), 201);
     let receipt: serde_json::Value = exact.json().await.expect("json");
     assert_eq!(receipt["balance_minor_after"], 0);

@@ -60,8 +60,7 @@ async fn without_the_cooldown_a_keyless_double_click_pays_twice() {
     assert!(doubled, "two keyless clicks never both paid without the cooldown");
 
     let safe_app = spawn_app(|_| {}).await;
-    let alice = safe_app.sign_up("alice").await;
-    let bob = safe_app.sign_up("bob").await;
+    let (alice, bob) = safe_app.alice_and_bob().await;
     let clicks = (0..2)
         .map(|_| safe_app.transfer_request(&alice, bob.wallet_id, 100, None))
         .collect();
@@ -103,8 +102,7 @@ async fn with_idempotency_off_every_retry_pays() {
     })
     .await;
     assert_eq!(storm_with_one_key(&off, 5).await, 0, "keys are not even recorded");
-    let alice = off.sign_up("alice").await;
-    let bob = off.sign_up("bob").await;
+    let (alice, bob) = off.alice_and_bob().await;
     let key = new_key();
     let retries = (0..5)
         .map(|_| off.transfer_request(&alice, bob.wallet_id, 100, Some(&key)))
@@ -147,8 +145,7 @@ async fn read_decide_write_overdraws_the_intent_and_creates_money() {
         settings.signup_grant_minor = 300;
     })
     .await;
-    let alice = guarded.sign_up("alice").await;
-    let bob = guarded.sign_up("bob").await;
+    let (alice, bob) = guarded.alice_and_bob().await;
     let requests = (0..10)
         .map(|_| guarded.transfer_request(&alice, bob.wallet_id, 100, Some(&new_key())))
         .collect();

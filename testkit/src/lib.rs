@@ -345,7 +345,26 @@ impl TestApp {
         }
     }
 
-    /// `POST /api/v1/transfers` from `user`'s wallet.
+    /// Two fresh users, the cast of most tests.
+    pub async fn alice_and_bob(&self) -> (TestUser, TestUser) {
+        (self.sign_up("alice").await, self.sign_up("bob").await)
+    }
+
+    /// Sends `POST /api/v1/transfers` from `user`'s wallet.
+    pub async fn transfer(
+        &self,
+        user: &TestUser,
+        to: Uuid,
+        amount_minor: i64,
+        key: Option<&str>,
+    ) -> reqwest::Response {
+        self.transfer_request(user, to, amount_minor, key)
+            .send()
+            .await
+            .expect("the transfer request was sent")
+    }
+
+    /// `POST /api/v1/transfers` from `user`'s wallet, to send later.
     pub fn transfer_request(
         &self,
         user: &TestUser,
