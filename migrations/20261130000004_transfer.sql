@@ -1,3 +1,22 @@
+-- The body of a 201, in one format whichever path made the transfer (this
+-- function, or the statement-by-statement demonstration path).
+CREATE FUNCTION transfer_receipt(
+    p_transfer_id uuid,
+    p_from uuid,
+    p_to uuid,
+    p_amount bigint,
+    p_created_at timestamptz,
+    p_balance_minor_after bigint
+)
+RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT format(
+        '{"id":"%s","from_wallet_id":"%s","to_wallet_id":"%s","amount_minor":%s,"created_at":"%s","balance_minor_after":%s}',
+        p_transfer_id, p_from, p_to, p_amount,
+        to_char(p_created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        p_balance_minor_after)
+$$;
+
 -- The whole transfer transaction in one call, so that it costs one round
 -- trip: authentication and ownership (read-only, so a refusal writes
 -- nothing), then layer 2 (idempotency_claim), then layer 3
@@ -5,13 +24,15 @@
 -- single statement, it commits or rolls back as a whole.
 --
 -- The refusal bodies are built by the service and passed in; the receipt is
--- built here, because it needs the row guard's results. Whatever body is
--- returned is the one stored, so a replay is byte for byte the original.
+-- built here (transfer_receipt()), because it needs the row guard's results.
+-- Whatever body is returned is the one stored, so a replay is byte for byte
+-- the original.
 --
 -- outcome: 'unauthorized', 'not_owner', 'replayed', 'mismatch', 'in_flight',
--- 'accepted', 'insufficient_funds' or 'unknown_target'. claim_ms and
--- guard_ms are each layer's time inside the database, for traces and
--- metrics.
+-- 'accepted', 'insufficient_funds' or 'unknown_target'. Each layer's own
+-- answer comes back too (claim_outcome; guard_outcome with the balance and
+-- time of an applied transfer), with claim_ms and guard_ms, its time inside
+-- the database, for traces and metrics.
 CREATE FUNCTION transfer(
     p_user uuid,
     p_token_hash bytea,
@@ -32,7 +53,9 @@ CREATE FUNCTION transfer(
     OUT claim_outcome text,
     OUT claim_ms double precision,
     OUT guard_outcome text,
-    OUT guard_ms double precision
+    OUT guard_ms double precision,
+    OUT balance_minor_after bigint,
+    OUT created_at timestamptz
 )
 LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
@@ -75,14 +98,13 @@ BEGIN
       FROM row_guard_transfer(p_transfer_id, p_user, p_from, p_to, p_amount, p_key, p_wallet_wait_ms);
     guard_outcome := v_guard.outcome;
     guard_ms := extract(epoch FROM clock_timestamp() - v_started) * 1000;
+    balance_minor_after := v_guard.balance_minor_after;
+    created_at := v_guard.created_at;
     IF v_guard.outcome = 'applied' THEN
         outcome := 'accepted';
         response_status := 201;
-        response_body := format(
-            '{"id":"%s","from_wallet_id":"%s","to_wallet_id":"%s","amount_minor":%s,"created_at":"%s","balance_minor_after":%s}',
-            p_transfer_id, p_from, p_to, p_amount,
-            to_char(v_guard.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-            v_guard.balance_minor_after);
+        response_body := transfer_receipt(
+            p_transfer_id, p_from, p_to, p_amount, v_guard.created_at, v_guard.balance_minor_after);
     ELSIF v_guard.outcome = 'insufficient_funds' THEN
         outcome := 'insufficient_funds';
         response_status := 422;

@@ -16,7 +16,6 @@ use std::time::Instant;
 
 use actix_web::http::StatusCode;
 use chrono::{DateTime, Utc};
-use serde::Serialize;
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
@@ -29,8 +28,10 @@ use crate::problem::{self, Problem};
 use crate::settings::{IdempotencyMode, RowGuardMode};
 use crate::state::AppState;
 
-/// The body of a successful `POST /api/v1/transfers`.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
+/// The body of a successful `POST /api/v1/transfers`, as the SQL function
+/// `transfer_receipt()` writes it (this type documents it in the OpenAPI
+/// document).
+#[derive(Debug, utoipa::ToSchema)]
 pub struct TransferReceipt {
     pub id: Uuid,
     pub from_wallet_id: Uuid,
@@ -196,7 +197,8 @@ async fn in_one_call(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
     let settings = &state.settings;
     let transfer_id = Uuid::now_v7();
     let row: OneCallRow = sqlx::query_as(
-        "SELECT outcome, response_status, response_body, claim_outcome, claim_ms, guard_outcome, guard_ms
+        "SELECT outcome, response_status, response_body, claim_outcome, claim_ms, guard_outcome, guard_ms,
+                balance_minor_after, created_at
          FROM transfer($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
     )
     .bind(caller.user_id.0)
@@ -214,61 +216,82 @@ async fn in_one_call(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
     .bind(unknown_target().with_trace_id(trace_id).body())
     .fetch_one(&state.db)
     .await?;
-    let (outcome, status, body, claim_outcome, claim_ms, guard_outcome, guard_ms) = row;
-
-    // The layers ran inside the database; report each as a span of its own
-    // with the time it took there.
-    if let (Some(claimed), Some(key)) = (claim_outcome.as_deref(), key) {
-        let claim = Claim::from_outcome(claimed, None, None);
-        let outcome = if claimed == "replay" {
-            "replayed"
-        } else {
-            claim.outcome()
-        };
-        layer_span(state, Layer::Idempotency, outcome, claim_ms, Some(key.hash_hex()));
+    let (
+        outcome,
+        status,
+        body,
+        claim_outcome,
+        claim_ms,
+        guard_outcome,
+        guard_ms,
+        balance_minor_after,
+        created_at,
+    ) = row;
+    match outcome.as_str() {
+        "unauthorized" => return Err(Failure::Refused(revoked_token())),
+        "not_owner" => return Err(Failure::Refused(not_your_wallet())),
+        _ => {}
     }
-    if let Some(guarded) = guard_outcome.as_deref() {
-        let outcome = Guarded::from_outcome(guarded, None, None).outcome();
-        let outcome = if guarded == "applied" { "accepted" } else { outcome };
-        layer_span(state, Layer::RowGuard, outcome, guard_ms, None);
-    }
-
-    let stored = |status: Option<i16>, body: Option<String>| StoredResponse {
+    let response = StoredResponse {
         status: status.and_then(|s| u16::try_from(s).ok()).unwrap_or(500),
         body: body.unwrap_or_default(),
     };
-    let decided = |layer, outcome| Decision::new(layer, outcome);
-    Ok(match outcome.as_str() {
-        "unauthorized" => return Err(Failure::Refused(revoked_token())),
-        "not_owner" => return Err(Failure::Refused(not_your_wallet())),
-        "replayed" => TransferOutcome::Replayed(stored(status, body)),
-        "mismatch" => TransferOutcome::KeyReused,
-        "in_flight" => TransferOutcome::InFlight,
-        "accepted" => TransferOutcome::Decided {
-            response: stored(status, body),
-            decision: decided(Layer::RowGuard, Outcome::Accepted),
-        },
-        "insufficient_funds" => TransferOutcome::Decided {
-            response: stored(status, body),
-            decision: decided(Layer::RowGuard, Outcome::InsufficientFunds),
-        },
-        "unknown_target" => TransferOutcome::Decided {
-            response: stored(status, body),
-            decision: decided(Layer::RowGuard, Outcome::Rejected),
-        },
-        other => {
-            tracing::error!(outcome = other, "transfer() answered an unknown outcome");
-            return Err(Failure::Refused(Refusal::new(
-                Problem::internal(),
-                Layer::NoLayer,
-                Outcome::Error,
-            )));
+
+    // The layers ran inside the database; each is reported as a span of its
+    // own with the time it took there, and decides as in the step path.
+    if let (Some(claimed), Some(key)) = (claim_outcome.as_deref(), key) {
+        let claim = Claim::from_outcome(claimed, status, Some(response.body.clone()));
+        layer_span(
+            state,
+            Layer::Idempotency,
+            claim.outcome(),
+            claim_ms,
+            Some(key.hash_hex()),
+        );
+        if let Some(ended) = ended_by_claim(claim) {
+            return Ok(ended);
         }
-    })
+    }
+    let Some(guarded) = guard_outcome.as_deref() else {
+        tracing::error!(outcome, "transfer() answered without a row guard outcome");
+        return Err(Failure::Refused(Refusal::new(
+            Problem::internal(),
+            Layer::NoLayer,
+            Outcome::Error,
+        )));
+    };
+    let guarded = Guarded::from_outcome(guarded, balance_minor_after, created_at);
+    layer_span(state, Layer::RowGuard, guarded.outcome(), guard_ms, None);
+    let decision = decision_of(guarded).ok_or_else(|| Failure::Refused(not_your_wallet()))?;
+    Ok(TransferOutcome::Decided { response, decision })
 }
 
-/// `transfer()`'s row: outcome, response status and body, and each layer's
-/// outcome and time in milliseconds.
+/// A claim that ends the request before the row guard: a replay, a reused
+/// key or a key in flight. `None` when the claim is ours.
+fn ended_by_claim(claim: Claim) -> Option<TransferOutcome> {
+    match claim {
+        Claim::Started => None,
+        Claim::Replay(stored) => Some(TransferOutcome::Replayed(stored)),
+        Claim::Mismatch => Some(TransferOutcome::KeyReused),
+        Claim::InFlight => Some(TransferOutcome::InFlight),
+    }
+}
+
+/// The decision the row guard's answer makes; `None` for a caller who does
+/// not own the source wallet, refused without storing anything.
+fn decision_of(guarded: Guarded) -> Option<Decision> {
+    let outcome = match guarded {
+        Guarded::Applied { .. } => Outcome::Accepted,
+        Guarded::InsufficientFunds => Outcome::InsufficientFunds,
+        Guarded::UnknownTarget => Outcome::Rejected,
+        Guarded::NotOwner => return None,
+    };
+    Some(Decision::new(Layer::RowGuard, outcome))
+}
+
+/// `transfer()`'s row: outcome, response status and body, each layer's
+/// outcome and time in milliseconds, and an applied transfer's balance and
+/// time.
 type OneCallRow = (
     String,
     Option<i16>,
@@ -277,6 +300,8 @@ type OneCallRow = (
     Option<f64>,
     Option<String>,
     Option<f64>,
+    Option<i64>,
+    Option<DateTime<Utc>>,
 );
 
 fn layer_span(state: &AppState, layer: Layer, outcome: &str, db_ms: Option<f64>, key_hash: Option<String>) {
@@ -353,11 +378,8 @@ async fn step_by_step(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
         state
             .metrics
             .observe_layer(Layer::Idempotency.as_str(), started.elapsed());
-        match claim {
-            Claim::Started => {}
-            Claim::Replay(stored) => return Ok(TransferOutcome::Replayed(stored)),
-            Claim::Mismatch => return Ok(TransferOutcome::KeyReused),
-            Claim::InFlight => return Ok(TransferOutcome::InFlight),
+        if let Some(ended) = ended_by_claim(claim) {
+            return Ok(ended);
         }
     }
 
@@ -392,40 +414,29 @@ async fn step_by_step(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
     state
         .metrics
         .observe_layer(Layer::RowGuard.as_str(), started.elapsed());
-    let (response, decision) = match guarded {
-        Guarded::NotOwner => return Err(Failure::Refused(not_your_wallet())),
-        Guarded::UnknownTarget => (
-            refusal(unknown_target().with_trace_id(trace_id)),
-            Decision::new(Layer::RowGuard, Outcome::Rejected),
-        ),
-        Guarded::InsufficientFunds => (
-            refusal(insufficient_funds().with_trace_id(trace_id)),
-            Decision::new(Layer::RowGuard, Outcome::InsufficientFunds),
-        ),
+    let decision = decision_of(guarded).ok_or_else(|| Failure::Refused(not_your_wallet()))?;
+    let response = match guarded {
         Guarded::Applied {
             balance_minor_after,
             created_at,
         } => {
-            let receipt = TransferReceipt {
-                id: transfer_id,
-                from_wallet_id: request.from.0,
-                to_wallet_id: request.to.0,
-                amount_minor: request.amount.get(),
-                created_at,
-                balance_minor_after,
-            };
-            let body = serde_json::to_string(&receipt).map_err(|error| {
-                tracing::error!(error = %error, "could not serialise a transfer receipt");
-                Failure::Refused(Refusal::new(Problem::internal(), Layer::NoLayer, Outcome::Error))
-            })?;
-            (
-                StoredResponse {
-                    status: StatusCode::CREATED.as_u16(),
-                    body,
-                },
-                Decision::new(Layer::RowGuard, Outcome::Accepted),
-            )
+            // The same receipt the one-call path stores: one format.
+            let body = sqlx::query_scalar::<_, String>("SELECT transfer_receipt($1, $2, $3, $4, $5, $6)")
+                .bind(transfer_id)
+                .bind(request.from.0)
+                .bind(request.to.0)
+                .bind(request.amount.get())
+                .bind(created_at)
+                .bind(balance_minor_after)
+                .fetch_one(&mut *tx)
+                .await?;
+            StoredResponse {
+                status: StatusCode::CREATED.as_u16(),
+                body,
+            }
         }
+        Guarded::UnknownTarget => refusal(unknown_target().with_trace_id(trace_id)),
+        _ => refusal(insufficient_funds().with_trace_id(trace_id)),
     };
     let transfer_id = (decision.outcome == Outcome::Accepted).then_some(transfer_id);
 

@@ -57,3 +57,52 @@ async fn the_database_constraints_back_the_guard_up() {
     .await;
     assert!(zero.is_err(), "a zero transfer was accepted");
 }
+
+/// The one-call path and the statement-by-statement path (used by the
+/// demonstration modes) write the receipt in one format.
+#[tokio::test]
+async fn both_transaction_paths_write_the_same_receipt_format() {
+    // The field names, in order, as written.
+    let shape = |body: &str| {
+        body.match_indices("\":")
+            .map(|(end, _)| {
+                let start = body[..end].rfind('"').expect("an opening quote") + 1;
+                body[start..end].to_owned()
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut formats = Vec::new();
+    for step_by_step in [false, true] {
+        let app = spawn_app(|settings| {
+            if step_by_step {
+                settings.idempotency_mode = layered_wallet::settings::IdempotencyMode::CheckThenInsert;
+                settings.allow_unsafe_demo_modes = true;
+            }
+        })
+        .await;
+        let (alice, bob) = app.alice_and_bob().await;
+        let response = app.transfer(&alice, bob.wallet_id, 1_250, Some(&new_key())).await;
+        assert_eq!(response.status(), 201);
+        let body = response.text().await.expect("body");
+        let receipt: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        assert_eq!(receipt["balance_minor_after"], 100_000 - 1_250);
+        let created_at = receipt["created_at"].as_str().expect("created_at");
+        assert!(
+            created_at.ends_with('Z') && created_at.len() == 27,
+            "{created_at}"
+        );
+        formats.push(shape(&body));
+    }
+    assert_eq!(formats[0], formats[1]);
+    assert_eq!(
+        formats[0],
+        [
+            "id",
+            "from_wallet_id",
+            "to_wallet_id",
+            "amount_minor",
+            "created_at",
+            "balance_minor_after"
+        ]
+    );
+}
