@@ -68,10 +68,7 @@ async fn two_instances_on_a_cluster_move_money_once() {
         })
         .collect();
     let responses = fire_together(requests).await;
-    let fresh = responses
-        .iter()
-        .filter(|r| r.status() == 201 && r.headers().get("idempotent-replayed").is_none())
-        .count();
+    let fresh = fresh_transfers(&responses);
     assert_eq!(fresh, 1);
     assert_eq!(first.transfer_count().await, 1);
     first.assert_invariants().await;

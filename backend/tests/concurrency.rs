@@ -33,10 +33,7 @@ async fn fifty_identical_requests_with_one_key_move_money_once() {
         .collect();
     let responses = fire_together(requests).await;
     let counts = statuses(&responses);
-    let fresh = responses
-        .iter()
-        .filter(|r| r.status() == 201 && r.headers().get("idempotent-replayed").is_none())
-        .count();
+    let fresh = fresh_transfers(&responses);
     assert_eq!(fresh, 1, "{counts:?}");
     assert_eq!(
         counts.get(&429).copied().unwrap_or(0) + replays(&responses) + 1,
@@ -140,10 +137,7 @@ async fn two_instances_keep_the_same_guarantees() {
         })
         .collect();
     let responses = fire_together(requests).await;
-    let fresh = responses
-        .iter()
-        .filter(|r| r.status() == 201 && r.headers().get("idempotent-replayed").is_none())
-        .count();
+    let fresh = fresh_transfers(&responses);
     assert_eq!(fresh, 1, "{:?}", statuses(&responses));
     assert_eq!(first.transfer_count().await, 1);
     first.assert_invariants().await;

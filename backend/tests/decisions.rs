@@ -56,15 +56,7 @@ async fn trace_spans(trace_id: &str) -> Vec<SpanData> {
 }
 
 async fn decision_counts(app: &TestApp) -> HashMap<(String, String), u64> {
-    let text = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .expect("send")
-        .text()
-        .await
-        .expect("text");
+    let text = app.metrics().await;
     let mut counts = HashMap::new();
     for line in text
         .lines()

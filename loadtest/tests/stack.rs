@@ -53,15 +53,7 @@ async fn a_storm_through_nginx_across_three_instances_keeps_every_invariant() {
     }
     // Requests really were spread: every instance answered some.
     for app in [&first, &second, &third] {
-        let metrics = app
-            .client
-            .get(app.url("/metrics"))
-            .send()
-            .await
-            .expect("send")
-            .text()
-            .await
-            .expect("text");
+        let metrics = app.metrics().await;
         assert!(
             metrics.contains("wallet_transfer_decisions_total"),
             "an instance got no transfers"

@@ -345,6 +345,18 @@ impl TestApp {
         }
     }
 
+    /// The Prometheus text at `/metrics`.
+    pub async fn metrics(&self) -> String {
+        self.client
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .expect("send")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
     /// Two fresh users, the cast of most tests.
     pub async fn alice_and_bob(&self) -> (TestUser, TestUser) {
         (self.sign_up("alice").await, self.sign_up("bob").await)
@@ -536,6 +548,14 @@ pub async fn fire_together(requests: Vec<reqwest::RequestBuilder>) -> Vec<reqwes
         responses.push(task.await.expect("request task"));
     }
     responses
+}
+
+/// Responses that made a transfer: 201 and not a replay.
+pub fn fresh_transfers(responses: &[reqwest::Response]) -> usize {
+    responses
+        .iter()
+        .filter(|r| r.status() == 201 && r.headers().get("idempotent-replayed").is_none())
+        .count()
 }
 
 pub fn new_key() -> String {

@@ -33,7 +33,6 @@ use actix_web::HttpRequest;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::decision::Layer;
 use crate::domain::UserId;
 use crate::problem::Problem;
 
@@ -53,7 +52,6 @@ impl IdempotencyKey {
             .unwrap_or(value);
         Uuid::try_parse(unquoted).map(Self).map_err(|_| {
             Problem::validation("The Idempotency-Key header must be a UUID, optionally in double quotes.")
-                .with_layer(Layer::Idempotency)
         })
     }
 
@@ -65,18 +63,16 @@ impl IdempotencyKey {
             if required {
                 return Err(Problem::bad_request(
                     "This deployment requires an Idempotency-Key header (a UUID) on every transfer.",
-                )
-                .with_layer(Layer::Idempotency));
+                ));
             }
             return Ok(None);
         };
         if values.next().is_some() {
-            return Err(Problem::validation("Send exactly one Idempotency-Key header.")
-                .with_layer(Layer::Idempotency));
+            return Err(Problem::validation("Send exactly one Idempotency-Key header."));
         }
-        let value = value.to_str().map_err(|_| {
-            Problem::validation("The Idempotency-Key header must be a UUID.").with_layer(Layer::Idempotency)
-        })?;
+        let value = value
+            .to_str()
+            .map_err(|_| Problem::validation("The Idempotency-Key header must be a UUID."))?;
         Self::parse(value).map(Some)
     }
 

@@ -1,7 +1,8 @@
 //! The caller's decision feed: `GET /api/v1/decisions?after=` for recent
 //! entries and `GET /api/v1/decisions/stream` for a live Server-Sent Events
 //! stream. Both read the shared Redis streams, so they show the decisions of
-//! every instance. A user sees only their own.
+//! every instance. A user sees only their own. The browser's live feed page
+//! calls the same endpoints, authenticated by its session cookie.
 
 use std::time::Duration;
 
@@ -69,8 +70,8 @@ pub async fn list_decisions(
     Ok(HttpResponse::Ok().json(page))
 }
 
-/// Shared with the browser pages, which authenticate by cookie.
-pub async fn read_page(request: &HttpRequest, state: &AppState, user: UserId) -> Result<FeedPage, Problem> {
+/// One page of `user`'s stream after `?after=`.
+async fn read_page(request: &HttpRequest, state: &AppState, user: UserId) -> Result<FeedPage, Problem> {
     let max = state.settings.decisions_page_entries_max;
     let query = parse_query(request, max)?;
     let items = state
@@ -106,12 +107,8 @@ pub async fn stream_decisions(
     open_stream(&request, &state, caller.user_id).await
 }
 
-/// Shared with the browser pages.
-pub async fn open_stream(
-    request: &HttpRequest,
-    state: &AppState,
-    user: UserId,
-) -> Result<HttpResponse, Problem> {
+/// The Server-Sent Events response over `user`'s stream.
+async fn open_stream(request: &HttpRequest, state: &AppState, user: UserId) -> Result<HttpResponse, Problem> {
     let query = parse_query(request, state.settings.decisions_page_entries_max)?;
     let last_event_id = request
         .headers()

@@ -412,8 +412,8 @@ pub async fn list_transfers(
 }
 
 /// The transfers touching `user_id`'s wallets, newest first, older than
-/// `before` when given. Shared with the browser pages.
-pub async fn list_for_user(
+/// `before` when given.
+async fn list_for_user(
     db: &sqlx::PgPool,
     user_id: Uuid,
     before: Option<Uuid>,

@@ -173,6 +173,25 @@ async fn require_session(request: &HttpRequest, state: &AppState) -> Result<Sess
     }
 }
 
+/// The session behind a form that changes state, with the form's CSRF token
+/// checked against it.
+async fn session_for_form(
+    request: &HttpRequest,
+    state: &AppState,
+    csrf: &str,
+) -> Result<Session, HttpResponse> {
+    let session = require_session(request, state).await?;
+    if !state.tokens.verify_csrf(&session.token, csrf) {
+        return Err(error_page(
+            state,
+            StatusCode::FORBIDDEN,
+            "Form expired",
+            "This form expired. Go back, reload the page and try again.",
+        ));
+    }
+    Ok(session)
+}
+
 pub async fn home(request: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
     match site::session(&request, &state).await {
         Ok(Some(_)) => redirect("/wallet"),
@@ -308,18 +327,10 @@ pub async fn sign_out(
     form: web::Form<CsrfForm>,
     state: web::Data<AppState>,
 ) -> HttpResponse {
-    let session = match require_session(&request, &state).await {
+    let session = match session_for_form(&request, &state, &form.csrf).await {
         Ok(session) => session,
         Err(response) => return response,
     };
-    if !state.tokens.verify_csrf(&session.token, &form.csrf) {
-        return error_page(
-            &state,
-            StatusCode::FORBIDDEN,
-            "Form expired",
-            "This form expired. Go back, reload the page and try again.",
-        );
-    }
     if let Err(error) = crate::auth::revoke_token(&state.db, &session.token).await {
         return unavailable(&state, &error);
     }
@@ -408,19 +419,11 @@ pub async fn transfer(
     form: web::Form<TransferForm>,
     state: web::Data<AppState>,
 ) -> HttpResponse {
-    let session = match require_session(&request, &state).await {
+    let form = form.into_inner();
+    let session = match session_for_form(&request, &state, &form.csrf).await {
         Ok(session) => session,
         Err(response) => return response,
     };
-    let form = form.into_inner();
-    if !state.tokens.verify_csrf(&session.token, &form.csrf) {
-        return error_page(
-            &state,
-            StatusCode::FORBIDDEN,
-            "Form expired",
-            "This form expired. Go back, reload the page and try again.",
-        );
-    }
     let refusal = |text: String| Notice {
         kind: "refused",
         layer: None,
