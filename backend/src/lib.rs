@@ -14,6 +14,7 @@ pub mod routes;
 pub mod settings;
 pub mod startup;
 pub mod state;
+pub mod sweep;
 pub mod telemetry;
 pub mod transfer;
 pub mod web;

@@ -16,7 +16,6 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use crate::auth::TokenSigner;
 use crate::decision::feed::{DecisionFeed, FeedSettings};
 use crate::defense::cooldown::CooldownLock;
-use crate::defense::idempotency;
 use crate::metrics::Metrics;
 use crate::openapi;
 use crate::redis_store::{RedisPool, StreamClient};
@@ -105,7 +104,7 @@ impl Application {
             instance_id,
             settings: Arc::new(settings),
         };
-        let sweeper = spawn_sweeper(
+        let sweeper = crate::sweep::spawn_sweeper(
             db,
             Duration::from_secs(state.settings.idempotency_sweep_interval_s),
             state.settings.idempotency_sweep_batch_rows_max,
@@ -185,37 +184,6 @@ pub fn db_pool(settings: &Settings) -> anyhow::Result<PgPool> {
         .min_connections(settings.db_pool_connections_min)
         .acquire_timeout(Duration::from_millis(settings.db_acquire_wait_ms_max))
         .connect_lazy_with(options))
-}
-
-/// Deletes expired idempotency keys and token hashes every `interval`, in
-/// batches, until the returned handle is aborted (at shutdown). Several
-/// instances may sweep at once: `SKIP LOCKED` keeps them off each other's
-/// rows.
-fn spawn_sweeper(pool: PgPool, interval: Duration, batch_rows_max: i64) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        // The first sweep is one interval after start-up, not at once: a
-        // fleet restarting together should not all sweep at the same moment.
-        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            ticker.tick().await;
-            match idempotency::sweep_expired(&pool, batch_rows_max).await {
-                Ok(0) => {}
-                Ok(deleted) => tracing::info!(
-                    idempotency.keys_deleted = deleted,
-                    "swept expired idempotency keys"
-                ),
-                Err(error) => {
-                    tracing::warn!(error = %error, "idempotency sweep failed; will retry next interval")
-                }
-            }
-            match crate::auth::sweep_expired_tokens(&pool, batch_rows_max).await {
-                Ok(0) => {}
-                Ok(deleted) => tracing::info!(tokens.deleted = deleted, "swept expired tokens"),
-                Err(error) => tracing::warn!(error = %error, "token sweep failed; will retry next interval"),
-            }
-        }
-    })
 }
 
 /// The host name and a short random suffix: unique per process.

@@ -290,24 +290,16 @@ pub async fn naive_record(
 /// are left; returns how many it deleted. Several instances may sweep at
 /// once: `SKIP LOCKED` keeps them off each other's rows.
 pub async fn sweep_expired(pool: &PgPool, batch_rows_max: i64) -> Result<u64, sqlx::Error> {
-    let mut deleted_total = 0;
-    loop {
-        let deleted = sqlx::query(
-            "DELETE FROM idempotency_keys WHERE ctid IN (
-                 SELECT ctid FROM idempotency_keys
-                 WHERE expires_at <= now()
-                 LIMIT $1
-                 FOR UPDATE SKIP LOCKED)",
-        )
-        .bind(batch_rows_max)
-        .execute(pool)
-        .await?
-        .rows_affected();
-        deleted_total += deleted;
-        if deleted < u64::try_from(batch_rows_max).unwrap_or(u64::MAX) {
-            return Ok(deleted_total);
-        }
-    }
+    crate::sweep::delete_in_batches(
+        pool,
+        "DELETE FROM idempotency_keys WHERE ctid IN (
+             SELECT ctid FROM idempotency_keys
+             WHERE expires_at <= now()
+             LIMIT $1
+             FOR UPDATE SKIP LOCKED)",
+        batch_rows_max,
+    )
+    .await
 }
 
 #[cfg(test)]

@@ -1,0 +1,62 @@
+//! Deleting what has expired: idempotency keys past their retention and
+//! token hashes past their expiry, in bounded batches, on a timer.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use crate::auth;
+use crate::defense::idempotency;
+
+/// Runs `statement` (a `DELETE` whose `$1` is the batch size) until a batch
+/// deletes fewer rows than `batch_rows_max`; returns how many it deleted.
+/// Each batch is its own statement, so no sweep holds many row locks or
+/// one long transaction.
+pub async fn delete_in_batches(
+    pool: &PgPool,
+    statement: &'static str,
+    batch_rows_max: i64,
+) -> Result<u64, sqlx::Error> {
+    let mut deleted_total = 0;
+    loop {
+        let deleted = sqlx::query(statement)
+            .bind(batch_rows_max)
+            .execute(pool)
+            .await?
+            .rows_affected();
+        deleted_total += deleted;
+        if deleted < u64::try_from(batch_rows_max).unwrap_or(u64::MAX) {
+            return Ok(deleted_total);
+        }
+    }
+}
+
+/// Deletes expired idempotency keys and token hashes every `interval`
+/// until the returned handle is aborted (at shutdown). Several instances
+/// may sweep at once: `SKIP LOCKED` keeps them off each other's rows.
+pub fn spawn_sweeper(pool: PgPool, interval: Duration, batch_rows_max: i64) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        // The first sweep is one interval after start-up, not at once: a
+        // fleet restarting together should not all sweep at the same moment.
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            match idempotency::sweep_expired(&pool, batch_rows_max).await {
+                Ok(0) => {}
+                Ok(deleted) => tracing::info!(
+                    idempotency.keys_deleted = deleted,
+                    "swept expired idempotency keys"
+                ),
+                Err(error) => {
+                    tracing::warn!(error = %error, "idempotency sweep failed; will retry next interval")
+                }
+            }
+            match auth::sweep_expired_tokens(&pool, batch_rows_max).await {
+                Ok(0) => {}
+                Ok(deleted) => tracing::info!(tokens.deleted = deleted, "swept expired tokens"),
+                Err(error) => tracing::warn!(error = %error, "token sweep failed; will retry next interval"),
+            }
+        }
+    })
+}
