@@ -58,13 +58,6 @@ impl Layer {
             Layer::NoLayer => "none",
         }
     }
-
-    pub const ALL: [Layer; 4] = [
-        Layer::Cooldown,
-        Layer::Idempotency,
-        Layer::RowGuard,
-        Layer::NoLayer,
-    ];
 }
 
 impl Outcome {

@@ -104,9 +104,6 @@ impl CooldownLock {
         }
     }
 
-    pub fn pool(&self) -> Option<&RedisPool> {
-        self.pool.as_ref()
-    }
 
     pub fn fail_open_passes(&self) -> u64 {
         self.fail_open_passes.get()
