@@ -104,7 +104,6 @@ impl CooldownLock {
         }
     }
 
-
     pub fn fail_open_passes(&self) -> u64 {
         self.fail_open_passes.get()
     }

@@ -149,8 +149,13 @@ async fn decide(
         Ok(key) => key,
         Err(problem) => return Decided::refused(problem, Layer::Idempotency, Outcome::Invalid, user, None),
     };
-    let fingerprint = transfer_request.fingerprint(request.method().as_str(), request.path());
-    through_the_layers(state, context, &caller, &transfer_request, key, &fingerprint).await
+    through_the_layers(state, context, &caller, &transfer_request, key).await
+}
+
+/// The idempotency fingerprint of a transfer: the same operation whether it
+/// came from a script or the browser's form.
+pub fn fingerprint_of(transfer_request: &TransferRequest) -> [u8; 32] {
+    transfer_request.fingerprint("POST", "/api/v1/transfers")
 }
 
 /// The three layers in order, for a request that passed the cheap checks.
@@ -161,7 +166,6 @@ pub async fn through_the_layers(
     caller: &VerifiedToken,
     transfer_request: &TransferRequest,
     key: Option<IdempotencyKey>,
-    fingerprint: &[u8; 32],
 ) -> Decided {
     let user = Some(caller.user_id);
 
@@ -196,12 +200,13 @@ pub async fn through_the_layers(
 
     // Layers 2 and 3: the idempotency claim and the row guard, in one
     // transaction.
+    let fingerprint = fingerprint_of(transfer_request);
     let outcome = transfer::execute(
         state,
         caller,
         transfer_request,
         key,
-        fingerprint,
+        &fingerprint,
         &context.trace_id,
     )
     .await;

@@ -454,13 +454,8 @@ pub async fn transfer(
         }
     };
     let key = IdempotencyKey::parse(&form.idempotency_key).ok();
-    // The API's method and path: a transfer is the same operation whether
-    // it came from a script or this form.
-    let fingerprint = request_body.fingerprint("POST", "/api/v1/transfers");
     let context = RequestContext::of(&request);
-    let decided =
-        transfers::through_the_layers(&state, &context, &session.token, &request_body, key, &fingerprint)
-            .await;
+    let decided = transfers::through_the_layers(&state, &context, &session.token, &request_body, key).await;
     transfers::report(&state, &context, &decided);
     let header = decided.decision.header_value();
 
@@ -470,6 +465,7 @@ pub async fn transfer(
     if let (Some(key), Layer::Cooldown, Outcome::Rejected) =
         (key, decided.decision.layer, decided.decision.outcome)
     {
+        let fingerprint = transfers::fingerprint_of(&request_body);
         if let Some(original) = wait_for_original(&state, &session, key, &fingerprint).await {
             notice = replay_notice(&original, &recipient.1, &session.currency);
         }
