@@ -1,0 +1,179 @@
+//! Names people choose, and how two of them are compared.
+//!
+//! Money can be sent by name, so a name must mean one account to a person
+//! reading it. Three rules:
+//!
+//! - **Refused characters:** control and format characters (zero-width
+//!   spaces, bidirectional overrides), unassigned and private-use code
+//!   points, and line or paragraph separators: they are invisible, or render
+//!   differently from one screen to the next.
+//! - **One key per name:** Unicode NFKC normalisation plus case folding, so
+//!   `bob`, `BOB` and `ｂｏｂ` are the same name. Lookups and sign-ins match on
+//!   the key (an exact match of the stored name wins, for accounts created
+//!   before keys existed).
+//! - **No look-alikes:** a name whose UTS #39 confusable skeleton equals an
+//!   existing name's is refused (`paypal` with a Cyrillic `а`, `bob1` next to
+//!   `bobl`).
+//!
+//! Both the key and the skeleton are unique in the schema
+//! (migrations/20261201000006_user_name_keys.sql), so two sign-ups racing for
+//! look-alike names cannot both win.
+
+use unicode_normalization::UnicodeNormalization;
+use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
+
+use crate::problem::Problem;
+
+/// A name that passed the rules, with what it is compared by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ComparableName {
+    /// As the person typed it: what pages show.
+    pub display: String,
+    /// NFKC + case folding: what lookups match on.
+    pub key: String,
+    /// The confusable skeleton of the key: what look-alikes share.
+    pub skeleton: String,
+}
+
+/// The lookup key of any text: NFKC, case folded, NFKC again (case folding
+/// can undo a normalisation).
+pub fn key_of(name: &str) -> String {
+    let normalised: String = name.nfkc().collect();
+    caseless::default_case_fold_str(&normalised).nfkc().collect()
+}
+
+fn skeleton_of(key: &str) -> String {
+    unicode_security::confusable_detection::skeleton(key).collect()
+}
+
+impl ComparableName {
+    /// Applies the rules to a name someone chose. `chars_max` is the
+    /// `user_name_chars_max` setting.
+    pub fn parse(name: &str, chars_max: usize) -> Result<Self, Problem> {
+        let chars = name.chars().count();
+        if chars == 0 || chars > chars_max {
+            return Err(Problem::validation(format!(
+                "A name has 1 to {chars_max} characters."
+            )));
+        }
+        if name.trim() != name {
+            return Err(Problem::validation("A name cannot start or end with a space."));
+        }
+        if let Some(refused) = name.chars().find(|c| is_refused(*c)) {
+            return Err(Problem::validation(format!(
+                "A name cannot contain invisible or unassigned characters (found U+{:04X}).",
+                u32::from(refused)
+            )));
+        }
+        let key = key_of(name);
+        let skeleton = skeleton_of(&key);
+        Ok(Self {
+            display: name.to_owned(),
+            key,
+            skeleton,
+        })
+    }
+}
+
+fn is_refused(c: char) -> bool {
+    matches!(
+        c.general_category(),
+        GeneralCategory::Control
+            | GeneralCategory::Format
+            | GeneralCategory::Unassigned
+            | GeneralCategory::PrivateUse
+            | GeneralCategory::Surrogate
+            | GeneralCategory::LineSeparator
+            | GeneralCategory::ParagraphSeparator
+    )
+}
+
+/// The `WHERE` condition that finds a user by a typed name, on `users u`:
+/// `$1` is the name as typed, `$2` its key (`key_of`). Pair it with
+/// `ORDER BY u.name = $1 DESC` so that an exact match wins.
+pub const MATCHES_NAME: &str = "(u.name = $1 OR u.name_key = $2)";
+
+/// Fills in the key and skeleton of accounts created before they existed,
+/// oldest first. An account whose key or skeleton is already taken by an
+/// older one keeps NULLs (and its exact name) and is logged. Runs at start-up
+/// after the migrations; cheap when there is nothing to do.
+pub async fn backfill(db: &sqlx::PgPool) -> Result<(), sqlx::Error> {
+    let legacy = sqlx::query_as::<_, (uuid::Uuid, String)>(
+        "SELECT id, name FROM users WHERE name_skeleton IS NULL ORDER BY created_at, id",
+    )
+    .fetch_all(db)
+    .await?;
+    for (id, name) in legacy {
+        let key = key_of(&name);
+        let skeleton = skeleton_of(&key);
+        let updated = sqlx::query("UPDATE users SET name_key = $2, name_skeleton = $3 WHERE id = $1")
+            .bind(id)
+            .bind(&key)
+            .bind(&skeleton)
+            .execute(db)
+            .await;
+        match updated {
+            Ok(_) => {}
+            Err(sqlx::Error::Database(error)) if error.is_unique_violation() => {
+                tracing::warn!(
+                    user.id = %id,
+                    "an account created before look-alike checks reads like an older one; \
+                     it keeps working under its exact name only"
+                );
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(name: &str) -> Result<ComparableName, Problem> {
+        ComparableName::parse(name, 64)
+    }
+
+    #[test]
+    fn case_and_width_do_not_make_a_new_name() {
+        let bob = parse("bob").expect("valid");
+        assert_eq!(parse("BOB").expect("valid").key, bob.key);
+        assert_eq!(parse("ｂｏｂ").expect("valid").key, bob.key);
+        assert_eq!(
+            parse("Straße").expect("valid").key,
+            parse("STRASSE").expect("valid").key
+        );
+    }
+
+    #[test]
+    fn look_alikes_share_a_skeleton() {
+        let paypal = parse("paypal").expect("valid");
+        let cyrillic_a = parse("p\u{0430}ypal").expect("valid");
+        assert_ne!(paypal.key, cyrillic_a.key);
+        assert_eq!(paypal.skeleton, cyrillic_a.skeleton);
+        assert_eq!(
+            parse("bob1").expect("valid").skeleton,
+            parse("bobl").expect("valid").skeleton
+        );
+        assert_ne!(parse("alice").expect("valid").skeleton, paypal.skeleton);
+    }
+
+    #[test]
+    fn invisible_and_unassigned_characters_are_refused() {
+        for name in [
+            "bob\u{200B}",
+            "\u{202E}bob",
+            "bo\u{0007}b",
+            "bob\u{E000}",
+            "bob\u{0378}",
+            "bob\u{2028}",
+            " bob",
+            "",
+        ] {
+            assert!(parse(name).is_err(), "{name:?}");
+        }
+        assert!(parse("Zoë Ångström").is_ok());
+        assert!(parse(&"a".repeat(65)).is_err());
+    }
+}
