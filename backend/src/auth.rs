@@ -26,7 +26,7 @@ use sqlx::PgExecutor;
 use uuid::Uuid;
 
 use crate::domain::UserId;
-use crate::problem::Problem;
+use crate::problem::{Problem, ProblemType};
 
 const TOKEN_PREFIX: &str = "lw1";
 const PAYLOAD_BYTES: usize = 16 + 8 + 32;
@@ -51,6 +51,8 @@ pub struct IssuedToken {
 pub struct VerifiedToken {
     pub user_id: UserId,
     pub hash: [u8; 32],
+    /// When the token stops being valid (its revocation entry expires then).
+    pub expires_at: DateTime<Utc>,
     /// Came from the browser's session cookie rather than an
     /// `Authorization` header: a state-changing API call must then also
     /// carry the CSRF token.
@@ -138,6 +140,7 @@ impl TokenSigner {
         Ok(VerifiedToken {
             user_id: UserId(user_id),
             hash: token_hash(token),
+            expires_at,
             via_session: false,
         })
     }
@@ -202,9 +205,7 @@ impl TokenSigner {
             Ok(())
         } else {
             Err(Problem::new(
-                actix_web::http::StatusCode::FORBIDDEN,
-                "csrf-token-invalid",
-                "CSRF token missing or invalid",
+                ProblemType::CsrfTokenInvalid,
                 "A request authenticated by the session cookie must carry the page's X-CSRF-Token.",
             ))
         }

@@ -7,6 +7,7 @@ pub mod decision;
 pub mod defense;
 pub mod domain;
 pub mod metrics;
+pub mod names;
 pub mod openapi;
 pub mod problem;
 pub mod redis_store;

@@ -43,7 +43,7 @@ async fn main() -> anyhow::Result<()> {
 
     if command == "migrate" {
         let db = startup::db_pool(&settings)?;
-        startup::MIGRATOR.run(&db).await?;
+        startup::migrate(&db).await?;
         tracing::info!("migrations applied");
         return Ok(());
     }

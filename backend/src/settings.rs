@@ -15,6 +15,10 @@ use std::path::Path;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
+/// What a transfer statement's timeout must leave beyond the waits it
+/// encloses: time for the work itself once the locks are held.
+pub const STATEMENT_TIMEOUT_MARGIN_MS: u64 = 500;
+
 /// What the cooldown lock is keyed on besides the user.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -81,6 +85,12 @@ pub struct Settings {
     /// actix worker threads; one per core is enough for an I/O-bound service.
     pub http_workers: usize,
     pub request_body_bytes_max: usize,
+    /// An oversized body is read and thrown away up to this many bytes
+    /// before the 413 is sent and the connection closed, so that a client
+    /// still sending its body reads the answer instead of a reset.
+    pub oversized_body_drain_bytes_max: usize,
+    /// ...and for at most this long.
+    pub oversized_body_drain_ms_max: u64,
     /// How long in-flight requests get to finish after SIGTERM.
     pub shutdown_grace_s: u64,
     pub log_format: LogFormat,
@@ -94,6 +104,10 @@ pub struct Settings {
     pub db_pool_connections_min: u32,
     /// How long a request waits for a free connection before answering 503.
     pub db_acquire_wait_ms_max: u64,
+    /// PostgreSQL `statement_timeout`. It must exceed the waits a transfer
+    /// statement encloses (`idempotency_wait_ms_max` +
+    /// `wallet_lock_wait_ms_max` + `STATEMENT_TIMEOUT_MARGIN_MS`), so that
+    /// each wait ends in its own answer (409, 503) rather than the timeout.
     pub db_statement_timeout_ms: u64,
     /// Longest wait for a wallet row lock held by another transfer.
     pub wallet_lock_wait_ms_max: u64,
@@ -195,6 +209,8 @@ impl Default for Settings {
             http_port: 8080,
             http_workers: 2,
             request_body_bytes_max: 16 * 1024,
+            oversized_body_drain_bytes_max: 8 * 1024 * 1024,
+            oversized_body_drain_ms_max: 2_000,
             shutdown_grace_s: 10,
             log_format: LogFormat::Text,
             instance_id: String::new(),
@@ -203,7 +219,7 @@ impl Default for Settings {
             db_pool_connections_max: 16,
             db_pool_connections_min: 2,
             db_acquire_wait_ms_max: 2_000,
-            db_statement_timeout_ms: 5_000,
+            db_statement_timeout_ms: 6_000,
             wallet_lock_wait_ms_max: 3_000,
             transfer_retries_max: 3,
             migrate_on_start: true,
@@ -316,8 +332,26 @@ impl Settings {
             "db_statement_timeout_ms must be positive",
         );
         require(
-            self.wallet_lock_wait_ms_max >= 1,
-            "wallet_lock_wait_ms_max must be positive",
+            (1..=60_000).contains(&self.wallet_lock_wait_ms_max),
+            "wallet_lock_wait_ms_max must be between 1 and 60000",
+        );
+        let enclosed_ms =
+            self.idempotency_wait_ms_max + self.wallet_lock_wait_ms_max + STATEMENT_TIMEOUT_MARGIN_MS;
+        require(
+            self.db_statement_timeout_ms >= enclosed_ms,
+            &format!(
+                "db_statement_timeout_ms ({}) must be at least idempotency_wait_ms_max + wallet_lock_wait_ms_max + \
+                 {STATEMENT_TIMEOUT_MARGIN_MS} ms = {enclosed_ms}, so that each wait ends in its own answer",
+                self.db_statement_timeout_ms
+            ),
+        );
+        require(
+            self.oversized_body_drain_bytes_max <= 256 * 1024 * 1024,
+            "oversized_body_drain_bytes_max must be at most 268435456",
+        );
+        require(
+            self.oversized_body_drain_ms_max <= 60_000,
+            "oversized_body_drain_ms_max must be at most 60000",
         );
         require(
             self.transfer_retries_max <= 10,
@@ -453,6 +487,24 @@ mod tests {
         };
         allowed.validate().expect("allowed explicitly");
         assert_eq!(allowed.unsafe_modes(), vec!["row guard off (read-decide-write)"]);
+    }
+
+    #[test]
+    fn the_statement_timeout_must_outlast_the_waits_it_encloses() {
+        let settings = Settings {
+            idempotency_wait_ms_max: 2_000,
+            wallet_lock_wait_ms_max: 3_000,
+            db_statement_timeout_ms: 5_000,
+            ..Settings::default()
+        };
+        let error = settings.validate().expect_err("no margin left");
+        assert!(error.to_string().contains("db_statement_timeout_ms"), "{error}");
+        Settings {
+            db_statement_timeout_ms: 5_500,
+            ..settings
+        }
+        .validate()
+        .expect("waits plus the margin fit");
     }
 
     #[test]

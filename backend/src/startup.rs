@@ -47,12 +47,7 @@ impl Application {
         }
         let db = db_pool(&settings)?;
         if settings.migrate_on_start {
-            // sqlx takes an advisory lock, so instances starting together
-            // do not race on the schema.
-            MIGRATOR
-                .run(&db)
-                .await
-                .map_err(|error| anyhow::anyhow!("failed to apply migrations: {error}"))?;
+            migrate(&db).await?;
         }
         let listener =
             TcpListener::bind((settings.http_host.as_str(), settings.http_port)).map_err(|error| {
@@ -168,6 +163,19 @@ pub fn configure(config: &mut web::ServiceConfig) {
         )
         .configure(crate::web::configure)
         .default_service(web::to(routes::not_found));
+}
+
+/// Applies pending migrations, then fills in what a migration cannot
+/// compute in SQL (the comparable names of older accounts). sqlx takes an
+/// advisory lock, so instances starting together do not race on the schema.
+pub async fn migrate(db: &PgPool) -> anyhow::Result<()> {
+    MIGRATOR
+        .run(db)
+        .await
+        .map_err(|error| anyhow::anyhow!("failed to apply migrations: {error}"))?;
+    crate::names::backfill(db)
+        .await
+        .map_err(|error| anyhow::anyhow!("failed to fill in the comparable names: {error}"))
 }
 
 /// A PostgreSQL pool with every limit explicit. Connects lazily.

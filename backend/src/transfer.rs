@@ -24,7 +24,7 @@ use crate::decision::{Decision, Layer, Outcome};
 use crate::defense::idempotency::{self, Claim, IdempotencyKey, StoredResponse};
 use crate::defense::row_guard::{self, Guarded};
 use crate::domain::TransferRequest;
-use crate::problem::{self, Problem};
+use crate::problem::{self, DatabaseFailure, Problem, ProblemType};
 use crate::settings::{IdempotencyMode, RowGuardMode};
 use crate::state::AppState;
 
@@ -97,13 +97,13 @@ pub async fn execute(
     let mut attempt = 0;
     loop {
         match execute_once(&call).await {
-            Err(Failure::Database(error))
+            Err(Failure::Database { error, .. })
                 if is_retryable(&error) && attempt < state.settings.transfer_retries_max =>
             {
                 attempt += 1;
                 tracing::info!(attempt, error = %error, "retrying a transfer transaction");
             }
-            Err(Failure::Database(error)) if is_lock_timeout(&error) => {
+            Err(Failure::Database { error, .. }) if is_lock_timeout(&error) => {
                 tracing::warn!("gave up waiting for a wallet row lock");
                 return Err(Refusal::new(
                     Problem::unavailable(
@@ -113,12 +113,23 @@ pub async fn execute(
                     Outcome::Error,
                 ));
             }
-            Err(Failure::Database(error)) => {
-                return Err(Refusal::new(
-                    problem::from_database_error(&error, "running a transfer"),
-                    Layer::NoLayer,
-                    Outcome::Error,
-                ));
+            Err(Failure::Database {
+                error,
+                may_have_committed,
+            }) => {
+                let failure = match DatabaseFailure::of(&error) {
+                    // The connection broke inside a transaction that was
+                    // never asked to commit: PostgreSQL rolls it back.
+                    DatabaseFailure::Unknown if !may_have_committed => DatabaseFailure::NotSent,
+                    failure => failure,
+                };
+                let problem = if failure == DatabaseFailure::Unknown {
+                    tracing::error!(error = %error, "lost the database connection after sending a transfer");
+                    Problem::outcome_unknown()
+                } else {
+                    problem::from_database_failure(failure, &error, "running a transfer")
+                };
+                return Err(Refusal::new(problem, Layer::NoLayer, Outcome::Error));
             }
             Err(Failure::Refused(refusal)) => return Err(refusal),
             Ok(outcome) => return Ok(outcome),
@@ -127,14 +138,33 @@ pub async fn execute(
 }
 
 enum Failure {
-    Database(sqlx::Error),
+    Database {
+        error: sqlx::Error,
+        /// The error came from the call that commits (the one-call
+        /// statement, or `COMMIT`): if the connection broke, the transfer
+        /// may have been made.
+        may_have_committed: bool,
+    },
     /// Refused without storing anything; the transaction rolls back.
     Refused(Refusal),
 }
 
+impl Failure {
+    fn at_commit(error: sqlx::Error) -> Self {
+        Failure::Database {
+            error,
+            may_have_committed: true,
+        }
+    }
+}
+
+/// Any statement before the commit: a broken connection there rolls back.
 impl From<sqlx::Error> for Failure {
     fn from(error: sqlx::Error) -> Self {
-        Failure::Database(error)
+        Failure::Database {
+            error,
+            may_have_committed: false,
+        }
     }
 }
 
@@ -162,9 +192,7 @@ async fn execute_once(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
 fn not_your_wallet() -> Refusal {
     Refusal::new(
         Problem::new(
-            StatusCode::FORBIDDEN,
-            "not-your-wallet",
-            "Not your wallet",
+            ProblemType::NotYourWallet,
             "You can only send money from a wallet you own.",
         ),
         Layer::NoLayer,
@@ -196,10 +224,13 @@ async fn in_one_call(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
     } = *call;
     let settings = &state.settings;
     let transfer_id = Uuid::now_v7();
+    // Acquired apart from the statement, so that an error here is known to
+    // have sent nothing.
+    let mut connection = state.db.acquire().await?;
     let row: OneCallRow = sqlx::query_as(
         "SELECT outcome, response_status, response_body, claim_outcome, claim_ms, guard_outcome, guard_ms,
                 balance_minor_after, created_at
-         FROM transfer($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+         FROM transfer($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
     )
     .bind(caller.user_id.0)
     .bind(&caller.hash[..])
@@ -214,8 +245,10 @@ async fn in_one_call(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
     .bind(request.amount.get())
     .bind(insufficient_funds().with_trace_id(trace_id).body())
     .bind(unknown_target().with_trace_id(trace_id).body())
-    .fetch_one(&state.db)
-    .await?;
+    .bind(currency_mismatch().with_trace_id(trace_id).body())
+    .fetch_one(&mut *connection)
+    .await
+    .map_err(Failure::at_commit)?;
     let (
         outcome,
         status,
@@ -260,7 +293,14 @@ async fn in_one_call(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
             Outcome::Error,
         )));
     };
-    let guarded = Guarded::from_outcome(guarded, balance_minor_after, created_at);
+    let Some(guarded) = Guarded::from_outcome(guarded, balance_minor_after, created_at) else {
+        tracing::error!(guarded, "transfer() answered with an unknown row guard outcome");
+        return Err(Failure::Refused(Refusal::new(
+            Problem::internal(),
+            Layer::NoLayer,
+            Outcome::Error,
+        )));
+    };
     layer_span(state, Layer::RowGuard, guarded.outcome(), guard_ms, None);
     let decision = decision_of(guarded).ok_or_else(|| Failure::Refused(not_your_wallet()))?;
     Ok(TransferOutcome::Decided { response, decision })
@@ -283,7 +323,7 @@ fn decision_of(guarded: Guarded) -> Option<Decision> {
     let outcome = match guarded {
         Guarded::Applied { .. } => Outcome::Accepted,
         Guarded::InsufficientFunds => Outcome::InsufficientFunds,
-        Guarded::UnknownTarget => Outcome::Rejected,
+        Guarded::UnknownTarget | Guarded::CurrencyMismatch => Outcome::Rejected,
         Guarded::NotOwner => return None,
     };
     Some(Decision::new(Layer::RowGuard, outcome))
@@ -436,13 +476,14 @@ async fn step_by_step(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
             }
         }
         Guarded::UnknownTarget => refusal(unknown_target().with_trace_id(trace_id)),
+        Guarded::CurrencyMismatch => refusal(currency_mismatch().with_trace_id(trace_id)),
         _ => refusal(insufficient_funds().with_trace_id(trace_id)),
     };
     let transfer_id = (decision.outcome == Outcome::Accepted).then_some(transfer_id);
 
     match (key, settings.idempotency_mode) {
         (Some(key), IdempotencyMode::CheckThenInsert) => {
-            tx.commit().await?;
+            tx.commit().await.map_err(Failure::at_commit)?;
             idempotency::naive_record(
                 &state.db,
                 caller.user_id,
@@ -452,13 +493,15 @@ async fn step_by_step(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
                 transfer_id,
                 settings.idempotency_retention_hours,
             )
-            .await?;
+            .await
+            // The transfer is committed; only its key's record failed.
+            .map_err(Failure::at_commit)?;
         }
         (Some(key), _) => {
             idempotency::complete(&mut tx, caller.user_id, key, &response, transfer_id).await?;
-            tx.commit().await?;
+            tx.commit().await.map_err(Failure::at_commit)?;
         }
-        (None, _) => tx.commit().await?,
+        (None, _) => tx.commit().await.map_err(Failure::at_commit)?,
     }
     Ok(TransferOutcome::Decided { response, decision })
 }
@@ -473,9 +516,7 @@ fn refusal(problem: Problem) -> StoredResponse {
 
 pub fn insufficient_funds() -> Problem {
     Problem::new(
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "insufficient-funds",
-        "Insufficient funds",
+        ProblemType::InsufficientFunds,
         "The source wallet's balance is lower than the amount.",
     )
     .with_layer(Layer::RowGuard)
@@ -483,10 +524,16 @@ pub fn insufficient_funds() -> Problem {
 
 pub fn unknown_target() -> Problem {
     Problem::new(
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "unknown-target-wallet",
-        "Unknown target wallet",
+        ProblemType::UnknownTargetWallet,
         "No wallet has the id given as to_wallet_id.",
+    )
+    .with_layer(Layer::RowGuard)
+}
+
+pub fn currency_mismatch() -> Problem {
+    Problem::new(
+        ProblemType::CurrencyMismatch,
+        "The source and target wallets hold different currencies; money is never converted.",
     )
     .with_layer(Layer::RowGuard)
 }

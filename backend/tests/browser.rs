@@ -139,14 +139,6 @@ async fn user_id(app: &TestApp, name: &str) -> uuid::Uuid {
         .expect("user")
 }
 
-async fn wallet_of(app: &TestApp, name: &str) -> uuid::Uuid {
-    sqlx::query_scalar("SELECT w.id FROM wallets w JOIN users u ON u.id = w.user_id WHERE u.name = $1")
-        .bind(name)
-        .fetch_one(&app.db)
-        .await
-        .expect("wallet")
-}
-
 /// Sign up, send money, then double-click the submit button: exactly one
 /// transfer in the database, and a resubmitted form shows the original.
 #[tokio::test]
@@ -159,8 +151,11 @@ async fn sign_up_transfer_and_a_double_click_pays_once() {
 
     fill(client, "#recipient", "bob").await;
     fill(client, "#amount", "12.50").await;
+    click(client, "#review").await;
+    let heading = text_of(client, "#review-heading").await;
+    assert_eq!(heading, "Send $12.50 to bob?");
     // Two clicks as fast as WebDriver sends them: the browser submits the
-    // form twice with the same hidden idempotency key.
+    // confirmation twice with the same hidden idempotency key.
     client
         .execute(
             "const b = document.getElementById('send'); b.click(); b.click(); return true;",
@@ -174,7 +169,7 @@ async fn sign_up_transfer_and_a_double_click_pays_once() {
         "unexpected notice: {notice}"
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let alice = wallet_of(&app, "alice").await;
+    let alice = app.wallet_of("alice").await;
     assert_eq!(app.transfer_count().await, 1, "a double click paid twice");
     assert_eq!(app.balance(alice).await, 100_000 - 1_250);
     assert_eq!(text_of(client, "#balance").await, "$987.50");
@@ -185,6 +180,40 @@ async fn sign_up_transfer_and_a_double_click_pays_once() {
         history.contains("Sent to bob") && history.contains("-$12.50"),
         "{history}"
     );
+
+    // A second, different transfer inside the cooldown window: the page
+    // says why, keeps the confirmation, and counts down until Send works.
+    fill(client, "#recipient", "bob").await;
+    fill(client, "#amount", "5").await;
+    click(client, "#review").await;
+    click(client, "#send").await;
+    let notice = text_of(client, "#notice").await;
+    assert!(
+        notice.contains("You sent a transfer") && notice.contains("Try again in"),
+        "{notice}"
+    );
+    let send = client.find(Locator::Css("#send")).await.expect("send button");
+    assert!(
+        send.attr("disabled").await.expect("attr").is_some(),
+        "Send works inside the window"
+    );
+    client
+        .wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(Locator::Css("#send:not([disabled])"))
+        .await
+        .expect("Send works again after the window");
+    click(client, "#send").await;
+    client
+        .wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(Locator::XPath(
+            "//p[@id='notice' and contains(., 'Sent $5.00 to bob')]",
+        ))
+        .await
+        .expect("the transfer went through once the window had passed");
+    assert_eq!(app.balance(alice).await, 100_000 - 1_250 - 500);
+    assert_eq!(app.transfer_count().await, 2);
     app.assert_invariants().await;
     browser.quit().await;
 }
@@ -222,7 +251,7 @@ async fn the_race_lab_shows_one_accepted_out_of_twenty_same_key_requests() {
         .expect("rows");
     assert_eq!(rows.len(), 20);
 
-    let alice = wallet_of(&app, "alice").await;
+    let alice = app.wallet_of("alice").await;
     assert_eq!(app.transfer_count().await, 1);
     assert_eq!(app.balance(alice).await, 100_000 - 500);
     let decisions: i64 = sqlx::query_scalar("SELECT count(*) FROM transfers WHERE initiated_by = $1")
@@ -278,7 +307,7 @@ async fn a_form_without_its_csrf_token_is_refused() {
         )
         .await
         .expect("js");
-    click(client, "#send").await;
+    click(client, "#review").await;
     // Wait for the refusal page itself, not the wallet page it replaces.
     client
         .wait()

@@ -80,8 +80,10 @@ async fn two_instances_on_a_cluster_move_money_once() {
         prometheus::IntCounter::new("t", "t").expect("counter"),
     );
     let user = layered_wallet::domain::UserId(uuid::Uuid::new_v4());
-    let layered_wallet::defense::cooldown::Cooldown::Acquired(permit) =
-        lock.try_acquire(user, "transfer", "{}").await.expect("cluster")
+    let layered_wallet::defense::cooldown::Cooldown::Acquired(permit) = lock
+        .try_acquire(&verified_token_for(user), "transfer", "{}")
+        .await
+        .expect("cluster")
     else {
         panic!("the first attempt must acquire");
     };

@@ -53,6 +53,7 @@ async fn without_the_cooldown_the_key_alone_still_moves_money_once() {
     let app = spawn_app(|settings| {
         without_cooldown(settings);
         settings.idempotency_wait_ms_max = 5_000;
+        settings.db_statement_timeout_ms = 10_000;
     })
     .await;
     let (alice, bob) = app.alice_and_bob().await;
@@ -149,6 +150,7 @@ async fn two_instances_without_cooldown_never_overdraw() {
         without_cooldown(settings);
         settings.signup_grant_minor = 1_000;
         settings.idempotency_wait_ms_max = 5_000;
+        settings.db_statement_timeout_ms = 10_000;
     })
     .await;
     let second = spawn_second_instance(&first).await;

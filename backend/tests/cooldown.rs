@@ -133,7 +133,11 @@ async fn only_the_owner_can_release_a_window() {
     );
     let user = UserId(Uuid::new_v4());
 
-    let Cooldown::Acquired(permit) = lock.try_acquire(user, "transfer", "{}").await.expect("redis") else {
+    let Cooldown::Acquired(permit) = lock
+        .try_acquire(&verified_token_for(user), "transfer", "{}")
+        .await
+        .expect("redis")
+    else {
         panic!("the first attempt must acquire");
     };
     let impostor = CooldownPermit::for_key(permit.key().to_owned(), "not-the-token".into());
@@ -142,12 +146,14 @@ async fn only_the_owner_can_release_a_window() {
         "a wrong token released the window"
     );
     assert!(matches!(
-        lock.try_acquire(user, "transfer", "{}").await,
+        lock.try_acquire(&verified_token_for(user), "transfer", "{}")
+            .await,
         Ok(Cooldown::Active { .. })
     ));
     assert!(lock.release(&permit).await, "the owner could not release");
     assert!(matches!(
-        lock.try_acquire(user, "transfer", "{}").await,
+        lock.try_acquire(&verified_token_for(user), "transfer", "{}")
+            .await,
         Ok(Cooldown::Acquired(_))
     ));
 }

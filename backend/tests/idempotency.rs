@@ -184,6 +184,7 @@ async fn a_key_that_completes_during_the_wait_is_replayed() {
     let app = spawn_app(|settings| {
         without_cooldown(settings);
         settings.idempotency_wait_ms_max = 5_000;
+        settings.db_statement_timeout_ms = 10_000;
     })
     .await;
     let (alice, bob) = app.alice_and_bob().await;

@@ -1,117 +1,8 @@
 //! The browser demo's pages and forms, over plain HTTP: rendering, sessions,
 //! CSRF, and the transfer form going through the same three layers.
 
-use std::collections::HashMap;
-
-use reqwest::redirect::Policy;
+use wallet_testkit::visitor::{Visitor, hidden, signed_up};
 use wallet_testkit::*;
-
-/// A cookie-keeping client that does not follow redirects.
-struct Visitor {
-    http: reqwest::Client,
-    cookies: HashMap<String, String>,
-    base: String,
-}
-
-impl Visitor {
-    fn new(app: &TestApp) -> Self {
-        let http = reqwest::Client::builder()
-            .redirect(Policy::none())
-            .build()
-            .expect("client");
-        Self {
-            http,
-            cookies: HashMap::new(),
-            base: app.address.clone(),
-        }
-    }
-
-    fn cookie_header(&self) -> String {
-        self.cookies
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join("; ")
-    }
-
-    fn keep_cookies(&mut self, response: &reqwest::Response) {
-        for value in response.headers().get_all("set-cookie") {
-            let text = value.to_str().expect("ascii");
-            let (pair, _) = text.split_once(';').unwrap_or((text, ""));
-            let (name, value) = pair.split_once('=').expect("a cookie");
-            if value.is_empty() {
-                self.cookies.remove(name);
-            } else {
-                self.cookies.insert(name.to_owned(), value.to_owned());
-            }
-        }
-    }
-
-    async fn get(&mut self, path: &str) -> (u16, String) {
-        let response = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .header("cookie", self.cookie_header())
-            .header("accept", "text/html")
-            .send()
-            .await
-            .expect("send");
-        self.keep_cookies(&response);
-        let status = response.status().as_u16();
-        (status, response.text().await.expect("body"))
-    }
-
-    async fn post(&mut self, path: &str, form: &[(&str, &str)]) -> reqwest::Response {
-        let response = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .header("cookie", self.cookie_header())
-            .form(form)
-            .send()
-            .await
-            .expect("send");
-        self.keep_cookies(&response);
-        response
-    }
-}
-
-/// The value of the first hidden input called `name`.
-fn hidden(html: &str, name: &str) -> String {
-    let marker = format!("name=\"{name}\" value=\"");
-    let start = html.find(&marker).unwrap_or_else(|| panic!("no {name} field")) + marker.len();
-    html[start..].split('"').next().expect("value").to_owned()
-}
-
-async fn signed_up(app: &TestApp, name: &str) -> Visitor {
-    let mut visitor = Visitor::new(app);
-    let (status, page) = visitor.get("/signup").await;
-    assert_eq!(status, 200);
-    let csrf = hidden(&page, "csrf");
-    let response = visitor
-        .post(
-            "/signup",
-            &[
-                ("name", name),
-                ("password", "correct horse battery"),
-                ("csrf", &csrf),
-            ],
-        )
-        .await;
-    assert_eq!(response.status(), 303);
-    assert_eq!(response.headers()["location"], "/wallet");
-    let cookie = response
-        .headers()
-        .get_all("set-cookie")
-        .iter()
-        .map(|v| v.to_str().expect("ascii").to_owned())
-        .find(|c| c.starts_with("lw_session="))
-        .expect("a session cookie");
-    assert!(
-        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
-        "{cookie}"
-    );
-    visitor
-}
 
 #[tokio::test]
 async fn pages_need_a_session_and_render_money_formatted() {
@@ -142,18 +33,20 @@ async fn pages_need_a_session_and_render_money_formatted() {
 #[tokio::test]
 async fn the_transfer_form_goes_through_the_layers_and_a_resubmit_replays() {
     let app = spawn_app(|_| {}).await;
-    app.sign_up("bob").await;
+    let bob = app.sign_up("bob").await;
     let mut alice = signed_up(&app, "alice").await;
-    let (_, wallet) = alice.get("/wallet").await;
-    let form = [
-        ("recipient", "bob".to_owned()),
-        ("amount", "12.50".to_owned()),
-        ("idempotency_key", hidden(&wallet, "idempotency_key")),
-        ("csrf", hidden(&wallet, "csrf")),
-    ];
-    let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
 
-    let first = alice.post("/wallet/transfer", &form).await;
+    // The review names the exact recipient and moves nothing.
+    let (status, review) = alice.review("bob", "12.50").await;
+    assert_eq!(status, 200);
+    let short_wallet = &bob.wallet_id.simple().to_string()[..8];
+    assert!(
+        review.contains("Send $12.50 to bob?") && review.contains(short_wallet),
+        "{review}"
+    );
+    assert_eq!(app.transfer_count().await, 0, "a review moved money");
+
+    let first = alice.confirm(&review).await;
     assert_eq!(
         first.headers()["defense-decision"],
         "layer=row_guard, outcome=accepted"
@@ -162,8 +55,8 @@ async fn the_transfer_form_goes_through_the_layers_and_a_resubmit_replays() {
     assert!(page.contains("Sent $12.50 to bob"), "{page}");
     assert!(page.contains("$987.50"));
 
-    // The browser resubmits the same form (same hidden key).
-    let again = alice.post("/wallet/transfer", &form).await;
+    // The browser resubmits the same confirmation (same hidden key).
+    let again = alice.confirm(&review).await;
     let page = again.text().await.expect("page");
     assert!(
         page.contains("Already processed — showing the original result"),
@@ -172,24 +65,15 @@ async fn the_transfer_form_goes_through_the_layers_and_a_resubmit_replays() {
     assert_eq!(app.transfer_count().await, 1);
 
     // A bad amount and an unknown recipient are explained, not attempted.
-    let mut bad = form.clone();
-    bad[1] = ("amount", "12.345");
-    let page = alice
-        .post("/wallet/transfer", &bad)
-        .await
-        .text()
-        .await
-        .expect("page");
-    assert!(page.contains("at most two decimals"), "{page}");
-    let mut nobody = form.clone();
-    nobody[0] = ("recipient", "nobody");
-    let page = alice
-        .post("/wallet/transfer", &nobody)
-        .await
-        .text()
-        .await
-        .expect("page");
-    assert!(page.contains("No user or wallet called"), "{page}");
+    let (_, page) = alice.review("bob", "12.345").await;
+    assert!(page.contains("more than two decimals"), "{page}");
+    let (_, page) = alice.review("nobody", "1.00").await;
+    assert!(
+        page.contains("We found no user or wallet called “nobody”"),
+        "{page}"
+    );
+    let (_, page) = alice.review("alice", "1.00").await;
+    assert!(page.contains("That is your own wallet"), "{page}");
     assert_eq!(app.transfer_count().await, 1);
     app.assert_invariants().await;
 }
@@ -200,19 +84,21 @@ async fn forms_and_session_api_calls_need_their_csrf_token() {
     let bob = app.sign_up("bob").await;
     let mut alice = signed_up(&app, "alice").await;
     let (_, wallet) = alice.get("/wallet").await;
-    let key = hidden(&wallet, "idempotency_key");
     let response = alice
         .post(
-            "/wallet/transfer",
+            "/wallet/review",
             &[
                 ("recipient", "bob"),
                 ("amount", "1"),
-                ("idempotency_key", &key),
+                ("form_key", &hidden(&wallet, "form_key")),
                 ("csrf", "forged"),
             ],
         )
         .await;
     assert_eq!(response.status(), 403);
+    let (_, review) = alice.review("bob", "1").await;
+    let forged = review.replace(&hidden(&review, "csrf"), "forged");
+    assert_eq!(alice.confirm(&forged).await.status(), 403);
     assert_eq!(app.transfer_count().await, 0);
 
     // The REST endpoint with the session cookie: refused without the CSRF

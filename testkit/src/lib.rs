@@ -7,6 +7,7 @@
 
 pub mod nginx;
 pub mod proxy;
+pub mod visitor;
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -421,6 +422,15 @@ impl TestApp {
             .expect("a JSON body")
     }
 
+    /// The wallet of the user called `name`.
+    pub async fn wallet_of(&self, name: &str) -> Uuid {
+        sqlx::query_scalar("SELECT w.id FROM wallets w JOIN users u ON u.id = w.user_id WHERE u.name = $1")
+            .bind(name)
+            .fetch_one(&self.db)
+            .await
+            .expect("the user's wallet")
+    }
+
     pub async fn balance(&self, wallet: Uuid) -> i64 {
         sqlx::query_scalar("SELECT balance_minor FROM wallets WHERE id = $1")
             .bind(wallet)
@@ -564,4 +574,14 @@ pub fn new_key() -> String {
 
 pub fn expose(secret: &SecretString) -> &str {
     secret.expose_secret()
+}
+
+/// A verified token for `user`, signed with the tests' key: what the
+/// cooldown lock is given for a request, for tests that call it directly.
+pub fn verified_token_for(user: layered_wallet::domain::UserId) -> layered_wallet::auth::VerifiedToken {
+    let signer = layered_wallet::auth::TokenSigner::new(&SecretString::from(SIGNING_KEY));
+    let issued = signer.issue(user, chrono::Duration::hours(1));
+    signer
+        .verify(issued.token.expose_secret())
+        .expect("a fresh token verifies")
 }

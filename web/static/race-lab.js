@@ -25,10 +25,14 @@
     return sign + symbol + whole + "." + String(abs % 100).padStart(2, "0");
   }
 
+  // The server's amount grammar, word for word (data-amount-pattern): a
+  // comma only between thousands, a dot and at most two decimals.
+  const amountGrammar = new RegExp("^(?:" + form.dataset.amountPattern + ")$");
+
   function parseMajor(text) {
-    const m = /^\s*\$?([0-9,]*)(?:\.([0-9]{1,2}))?\s*$/.exec(text);
-    if (!m || (m[1] === "" && m[2] === undefined)) return null;
-    const minor = parseInt(m[1].replace(/,/g, "") || "0", 10) * 100 + parseInt((m[2] || "0").padEnd(2, "0"), 10);
+    if (!amountGrammar.test(text)) return null;
+    const [whole, cents] = text.trim().replace(/,/g, "").split(".");
+    const minor = parseInt(whole, 10) * 100 + parseInt((cents || "0").padEnd(2, "0"), 10);
     return minor > 0 ? minor : null;
   }
 
@@ -87,7 +91,11 @@
     let to = recipientWallet(document.getElementById("lab-recipient").value);
     const results = document.getElementById("results");
     const damage = document.getElementById("damage");
-    if (!amount) { alert("Enter an amount such as 1.00"); return; }
+    if (!amount) {
+      alert("We read “" + document.getElementById("lab-amount").value.trim() + "”, which is not an amount. " +
+            "Type digits with a dot for the cents, such as 9.50 or 1,234.50.");
+      return;
+    }
     button.disabled = true;
     try {
       if (!to) {

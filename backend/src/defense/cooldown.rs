@@ -22,6 +22,13 @@
 //! request whose window already expired can never delete a newer holder's
 //! key.
 //!
+//! **Revoked tokens:** a token's MAC is checked without I/O, so a revoked
+//! token still looks valid at the edge. Revoking one writes a revocation
+//! entry to Redis that expires with the token, and the same script that
+//! takes the window checks it first: a revoked token never takes its
+//! owner's window, still in one round trip and with no PostgreSQL query.
+//! The check inside the transfer's transaction stays the authority.
+//!
 //! **When Redis fails:** `fail_open` (default) logs a warning, counts the
 //! pass and lets the request through; `fail_closed` answers 503. An
 //! infrastructure error is never reported as 429.
@@ -34,9 +41,24 @@ use rand::RngCore;
 use redis::Script;
 use sha2::{Digest, Sha256};
 
+use crate::auth::VerifiedToken;
 use crate::domain::UserId;
 use crate::redis_store::RedisPool;
 use crate::settings::{CooldownScope, Settings, StoreErrorPolicy};
+
+/// The window, in one atomic script: refuse a revoked token (KEYS[2]
+/// exists), else `SET KEYS[1] ARGV[1] NX PX ARGV[2]`; on refusal, the
+/// window's remaining time. Both keys carry the user as a hash tag, so a
+/// Redis Cluster keeps them in one slot.
+const ACQUIRE: &str = r"
+if redis.call('EXISTS', KEYS[2]) == 1 then
+    return {2, 0}
+end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    return {1, 0}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+";
 
 /// Compare-and-delete: only the holder of `token` may remove the key.
 const RELEASE_IF_OWNER: &str = r"
@@ -52,7 +74,14 @@ pub enum Cooldown {
     /// This request holds the window.
     Acquired(CooldownPermit),
     /// Another request holds it; refuse with 429.
-    Active { retry_after_ms: u64 },
+    Active {
+        /// Until the window ends.
+        retry_after_ms: u64,
+        /// Since the window began: since the transfer that holds it.
+        elapsed_ms: u64,
+    },
+    /// The token was revoked: refused before it could take the window.
+    TokenRevoked,
     /// Redis could not be asked and the policy is fail-open: the lower
     /// layers decide alone.
     PassedWithoutStore,
@@ -82,6 +111,7 @@ pub struct CooldownLock {
     on_store_error: StoreErrorPolicy,
     key_prefix: String,
     command_timeout: Duration,
+    acquire_script: Arc<Script>,
     release_script: Arc<Script>,
     /// Requests let through because Redis could not be asked.
     fail_open_passes: IntCounter,
@@ -99,6 +129,7 @@ impl CooldownLock {
             on_store_error: settings.cooldown_on_store_error,
             key_prefix: settings.redis_key_prefix.clone(),
             command_timeout: Duration::from_millis(settings.redis_command_timeout_ms),
+            acquire_script: Arc::new(Script::new(ACQUIRE)),
             release_script: Arc::new(Script::new(RELEASE_IF_OWNER)),
             fail_open_passes,
         }
@@ -108,15 +139,24 @@ impl CooldownLock {
         self.fail_open_passes.get()
     }
 
+    pub fn ttl_ms(&self) -> u64 {
+        self.ttl_ms
+    }
+
+    pub fn scope(&self) -> CooldownScope {
+        self.scope
+    }
+
     /// The Redis key for `user` doing `action`; with the body scope, a
-    /// digest of the canonical body narrows it to identical requests.
+    /// digest of the canonical body narrows it to identical requests. The
+    /// user is a hash tag (`{…}`), shared with the revocation entries.
     pub fn key(&self, user: UserId, action: &str, canonical_body: &str) -> String {
         match self.scope {
-            CooldownScope::UserAction => format!("{}cooldown:{user}:{action}", self.key_prefix),
+            CooldownScope::UserAction => format!("{}cooldown:{{{user}}}:{action}", self.key_prefix),
             CooldownScope::UserActionBody => {
                 let digest = Sha256::digest(canonical_body.as_bytes());
                 format!(
-                    "{}cooldown:{user}:{action}:{}",
+                    "{}cooldown:{{{user}}}:{action}:{}",
                     self.key_prefix,
                     hex::encode(&digest[..16])
                 )
@@ -124,26 +164,38 @@ impl CooldownLock {
         }
     }
 
-    /// One atomic `SET key token NX PX ttl`, pipelined with a `PTTL` whose
-    /// answer gives a refusal its `Retry-After`: one round trip either way.
+    /// The revocation entry of one token.
+    pub fn revocation_key(&self, token: &VerifiedToken) -> String {
+        format!(
+            "{}revoked:{{{}}}:{}",
+            self.key_prefix,
+            token.user_id,
+            hex::encode(token.hash)
+        )
+    }
+
+    /// One script, one round trip: refuse a revoked token, else the atomic
+    /// `SET key token NX PX ttl`, and on refusal the window's `PTTL` for the
+    /// `Retry-After`.
     #[tracing::instrument(
         name = "defense.cooldown",
         skip_all,
-        fields(defense.layer = "cooldown", defense.outcome = tracing::field::Empty, user.id = %user)
+        fields(defense.layer = "cooldown", defense.outcome = tracing::field::Empty, user.id = %caller.user_id)
     )]
     pub async fn try_acquire(
         &self,
-        user: UserId,
+        caller: &VerifiedToken,
         action: &str,
         canonical_body: &str,
     ) -> Result<Cooldown, CooldownUnavailable> {
         let Some(pool) = &self.pool else {
             return Ok(Cooldown::Disabled);
         };
-        let decided = self.ask_redis(pool, user, action, canonical_body).await;
+        let decided = self.ask_redis(pool, caller, action, canonical_body).await;
         let outcome = match &decided {
             Ok(Cooldown::Acquired(_)) => "accepted",
             Ok(Cooldown::Active { .. }) => "rejected",
+            Ok(Cooldown::TokenRevoked) => "unauthorized",
             Ok(Cooldown::PassedWithoutStore) => "degraded",
             Ok(Cooldown::Disabled) => "disabled",
             Err(CooldownUnavailable) => "error",
@@ -155,37 +207,35 @@ impl CooldownLock {
     async fn ask_redis(
         &self,
         pool: &RedisPool,
-        user: UserId,
+        caller: &VerifiedToken,
         action: &str,
         canonical_body: &str,
     ) -> Result<Cooldown, CooldownUnavailable> {
-        let key = self.key(user, action, canonical_body);
+        let key = self.key(caller.user_id, action, canonical_body);
         let token = random_token();
-        // SET and PTTL in one round trip: the SET is the atomic decision;
-        // the PTTL, read right after it, is only used when the SET lost.
         let attempt = async {
             let mut conn = pool.get().await?;
-            let (set, remaining_ms): (Option<String>, i64) = redis::pipe()
-                .cmd("SET")
-                .arg(&key)
+            self.acquire_script
+                .key(&key)
+                .key(self.revocation_key(caller))
                 .arg(&token)
-                .arg("NX")
-                .arg("PX")
                 .arg(self.ttl_ms)
-                .cmd("PTTL")
-                .arg(&key)
-                .query_async(&mut conn)
+                .invoke_async::<(i64, i64)>(&mut conn)
                 .await
-                .map_err(|e| e.to_string())?;
-            Ok::<_, String>(if set.is_some() { None } else { Some(remaining_ms) })
+                .map_err(|e| e.to_string())
         };
         match tokio::time::timeout(self.command_timeout, attempt).await {
-            Ok(Ok(None)) => Ok(Cooldown::Acquired(CooldownPermit { key, token })),
+            Ok(Ok((1, _))) => Ok(Cooldown::Acquired(CooldownPermit { key, token })),
+            Ok(Ok((2, _))) => Ok(Cooldown::TokenRevoked),
             // The key may have expired between SET and PTTL (-2), or have no
             // TTL at all (-1, which we never write): either way, retry soon.
-            Ok(Ok(Some(remaining_ms))) => Ok(Cooldown::Active {
-                retry_after_ms: u64::try_from(remaining_ms).unwrap_or(0),
-            }),
+            Ok(Ok((_, remaining_ms))) => {
+                let retry_after_ms = u64::try_from(remaining_ms).unwrap_or(0).min(self.ttl_ms);
+                Ok(Cooldown::Active {
+                    retry_after_ms,
+                    elapsed_ms: self.ttl_ms - retry_after_ms,
+                })
+            }
             Ok(Err(error)) => self.store_failed(&error),
             Err(_elapsed) => self.store_failed("timed out"),
         }
@@ -235,6 +285,36 @@ impl CooldownLock {
                 tracing::warn!("releasing the cooldown window timed out");
                 false
             }
+        }
+    }
+}
+
+impl CooldownLock {
+    /// Writes the revocation entry of a token that was just revoked, to
+    /// expire when the token would have. Best effort: if Redis is down, the
+    /// transaction's own check still refuses the token, and the window it
+    /// takes then is given back.
+    pub async fn note_revoked(&self, token: &VerifiedToken) {
+        let Some(pool) = &self.pool else {
+            return;
+        };
+        let key = self.revocation_key(token);
+        let expires_at_ms = token.expires_at.timestamp_millis();
+        let attempt = async {
+            let mut conn = pool.get().await?;
+            redis::cmd("SET")
+                .arg(&key)
+                .arg(1)
+                .arg("PXAT")
+                .arg(expires_at_ms)
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(self.command_timeout, attempt).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::warn!(error, "could not record a token's revocation in Redis"),
+            Err(_elapsed) => tracing::warn!("recording a token's revocation in Redis timed out"),
         }
     }
 }

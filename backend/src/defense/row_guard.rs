@@ -46,6 +46,9 @@ pub enum Guarded {
     },
     InsufficientFunds,
     UnknownTarget,
+    /// The wallets hold different currencies: minor units never move 1:1
+    /// across currencies.
+    CurrencyMismatch,
     /// The caller does not own the source wallet (or it does not exist).
     NotOwner,
 }
@@ -56,7 +59,7 @@ impl Guarded {
         match self {
             Guarded::Applied { .. } => "accepted",
             Guarded::InsufficientFunds => "insufficient_funds",
-            Guarded::UnknownTarget => "rejected",
+            Guarded::UnknownTarget | Guarded::CurrencyMismatch => "rejected",
             Guarded::NotOwner => "unauthorized",
         }
     }
@@ -100,27 +103,34 @@ pub async fn apply(
     .bind(i32::try_from(wait_ms).unwrap_or(i32::MAX))
     .fetch_one(&mut *tx)
     .await?;
-    let guarded = Guarded::from_outcome(&outcome, balance_minor_after, created_at);
+    let guarded = Guarded::from_outcome(&outcome, balance_minor_after, created_at).ok_or_else(|| {
+        sqlx::Error::Protocol(format!(
+            "row_guard_transfer() answered an unknown outcome {outcome:?}"
+        ))
+    })?;
     tracing::Span::current().record("defense.outcome", guarded.outcome());
     Ok(guarded)
 }
 
 impl Guarded {
-    /// Reads `row_guard_transfer()`'s answer.
+    /// Reads `row_guard_transfer()`'s answer; `None` for an answer the
+    /// function never gives (a bug, never guessed at).
     pub fn from_outcome(
         outcome: &str,
         balance_minor_after: Option<i64>,
         created_at: Option<DateTime<Utc>>,
-    ) -> Self {
-        match (outcome, balance_minor_after, created_at) {
+    ) -> Option<Self> {
+        Some(match (outcome, balance_minor_after, created_at) {
             ("applied", Some(balance_minor_after), Some(created_at)) => Guarded::Applied {
                 balance_minor_after,
                 created_at,
             },
             ("insufficient_funds", _, _) => Guarded::InsufficientFunds,
             ("unknown_target", _, _) => Guarded::UnknownTarget,
-            _ => Guarded::NotOwner,
-        }
+            ("currency_mismatch", _, _) => Guarded::CurrencyMismatch,
+            ("not_owner", _, _) => Guarded::NotOwner,
+            _ => return None,
+        })
     }
 }
 
@@ -154,20 +164,27 @@ pub async fn apply_read_decide_write(
     idempotency_key: Option<Uuid>,
     race_window: std::time::Duration,
 ) -> Result<Guarded, sqlx::Error> {
-    let source = sqlx::query_as::<_, (Uuid, i64)>("SELECT user_id, balance_minor FROM wallets WHERE id = $1")
-        .bind(request.from.0)
+    let source = sqlx::query_as::<_, (Uuid, i64, String)>(
+        "SELECT user_id, balance_minor, currency FROM wallets WHERE id = $1",
+    )
+    .bind(request.from.0)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let target_currency = sqlx::query_scalar::<_, String>("SELECT currency FROM wallets WHERE id = $1")
+        .bind(request.to.0)
         .fetch_optional(&mut *tx)
         .await?;
-    let target_exists = sqlx::query_scalar::<_, bool>("SELECT EXISTS (SELECT 1 FROM wallets WHERE id = $1)")
-        .bind(request.to.0)
-        .fetch_one(&mut *tx)
-        .await?;
-    let guarded = match source {
-        Some((owner, _)) if owner != caller.0 => Guarded::NotOwner,
-        None => Guarded::NotOwner,
-        Some(_) if !target_exists => Guarded::UnknownTarget,
-        Some((_, balance)) if balance < request.amount.get() => Guarded::InsufficientFunds,
-        Some((_, balance)) => {
+    // Naive about races, not about currencies: the demonstration shows
+    // double charges and overdrafts, never a conversion at 1:1.
+    let guarded = match (source, target_currency) {
+        (Some((owner, _, _)), _) if owner != caller.0 => Guarded::NotOwner,
+        (None, _) => Guarded::NotOwner,
+        (Some(_), None) => Guarded::UnknownTarget,
+        (Some((_, _, source_currency)), Some(target_currency)) if source_currency != target_currency => {
+            Guarded::CurrencyMismatch
+        }
+        (Some((_, balance, _)), _) if balance < request.amount.get() => Guarded::InsufficientFunds,
+        (Some((_, balance, _)), _) => {
             tokio::time::sleep(race_window).await;
             let computed = balance - request.amount.get();
             sqlx::query("UPDATE wallets SET balance_minor = $2 WHERE id = $1")

@@ -16,11 +16,12 @@ use uuid::Uuid;
 use crate::auth::VerifiedToken;
 use crate::decision::feed::FeedEntry;
 use crate::decision::{Decision, Layer, Outcome};
-use crate::defense::cooldown::{self, Cooldown, CooldownUnavailable};
+use crate::defense::cooldown::{self, Cooldown, CooldownLock, CooldownUnavailable};
 use crate::defense::idempotency::{IdempotencyKey, StoredResponse};
 use crate::domain::{TransferRequest, UserId};
-use crate::problem::{self, PROBLEM_CONTENT_TYPE, Problem};
+use crate::problem::{self, PROBLEM_CONTENT_TYPE, Problem, ProblemType};
 use crate::routes::{authenticate, read_json_body};
+use crate::settings::CooldownScope;
 use crate::state::AppState;
 use crate::telemetry::RequestContext;
 use crate::transfer::{self, TransferOutcome};
@@ -42,9 +43,9 @@ const COOLDOWN_ACTION: &str = "transfer";
         (status = 409, description = "A request with this key is still in flight", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Body not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid amount or wallets, malformed or reused key, insufficient funds, unknown target", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid amount or wallets, malformed or reused key, insufficient funds, unknown target, wallets of different currencies", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Cooldown window active", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "PostgreSQL (or, failing closed, Redis) unavailable", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "PostgreSQL (or, failing closed, Redis) unavailable and nothing changed (/problems/service-unavailable); or the connection broke after the transfer was sent, so it may have been made (/problems/outcome-unknown: retry with the same Idempotency-Key)", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -95,6 +96,12 @@ impl Decided {
         }
     }
 
+    /// The transfer may or may not have been made (the connection to
+    /// PostgreSQL broke after it was sent).
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(&self.answer, Answer::Refused(problem) if problem.kind == ProblemType::OutcomeUnknown)
+    }
+
     pub fn status(&self) -> u16 {
         match &self.answer {
             Answer::Stored { response, .. } => response.status,
@@ -137,7 +144,7 @@ async fn decide(
     if let Err(problem) = state.tokens.require_csrf_header(request, &caller) {
         return Decided::refused(problem, Layer::NoLayer, Outcome::Unauthorized, user, None);
     }
-    let body = match read_json_body(request, payload, state.settings.request_body_bytes_max).await {
+    let body = match read_json_body(request, payload, &state.settings).await {
         Ok(body) => body,
         Err(problem) => return Decided::refused(problem, Layer::NoLayer, Outcome::Invalid, user, None),
     };
@@ -173,21 +180,23 @@ pub async fn through_the_layers(
     let started = Instant::now();
     let cooldown = state
         .cooldown
-        .try_acquire(
-            caller.user_id,
-            COOLDOWN_ACTION,
-            &transfer_request.canonical_json(),
-        )
+        .try_acquire(caller, COOLDOWN_ACTION, &transfer_request.canonical_json())
         .await;
     state
         .metrics
         .observe_layer(Layer::Cooldown.as_str(), started.elapsed());
     let (permit, degraded) = match cooldown {
         Ok(Cooldown::Acquired(permit)) => (Some(permit), false),
-        Ok(Cooldown::Active { retry_after_ms }) => {
-            let problem = cooldown_active(retry_after_ms);
+        Ok(Cooldown::Active {
+            retry_after_ms,
+            elapsed_ms,
+        }) => {
+            let problem = cooldown_active(&state.cooldown, retry_after_ms, elapsed_ms);
             return Decided::refused(problem, Layer::Cooldown, Outcome::Rejected, user, key);
         }
+        // A dead token speaks for nobody: no window, no entry in the
+        // owner's feed.
+        Ok(Cooldown::TokenRevoked) => return revoked_token_refused(),
         Ok(Cooldown::PassedWithoutStore) => (None, true),
         Ok(Cooldown::Disabled) => (None, false),
         Err(CooldownUnavailable) => {
@@ -210,7 +219,7 @@ pub async fn through_the_layers(
         &context.trace_id,
     )
     .await;
-    let decided = match outcome {
+    let mut decided = match outcome {
         Ok(TransferOutcome::Decided {
             response,
             mut decision,
@@ -252,14 +261,32 @@ pub async fn through_the_layers(
         ),
     };
 
-    // Our failure, not the client's: give the window back so an honest
-    // retry is not blocked for the rest of the TTL.
-    if decided.status() >= 500 {
+    // Give the window back when the transfer is known not to have
+    // happened and the request should not hold it: our failure that
+    // changed nothing (so an honest retry is not blocked for the rest of
+    // the TTL), or a token the transaction found revoked (whose owner it
+    // must not lock out). When the outcome is unknown the window stays: a
+    // keyless retry inside it could pay twice.
+    let token_was_dead = decided.decision.outcome == Outcome::Unauthorized && decided.status() == 401;
+    if (decided.status() >= 500 && !decided.outcome_unknown()) || token_was_dead {
         if let Some(permit) = &permit {
             state.cooldown.release(permit).await;
         }
     }
+    if token_was_dead {
+        decided.user = None;
+    }
     decided
+}
+
+fn revoked_token_refused() -> Decided {
+    Decided::refused(
+        Problem::invalid_token("The bearer token has been revoked or has expired."),
+        Layer::NoLayer,
+        Outcome::Unauthorized,
+        None,
+        None,
+    )
 }
 
 /// Reports the decision everywhere, the same way: the request's span, the
@@ -321,31 +348,49 @@ fn stored_response(stored: &StoredResponse, replayed: bool) -> HttpResponse {
     response.body(stored.body.clone())
 }
 
-fn cooldown_active(retry_after_ms: u64) -> Problem {
+/// The 429, saying what happened and when the next transfer is possible.
+fn cooldown_active(cooldown: &CooldownLock, retry_after_ms: u64, elapsed_ms: u64) -> Problem {
     let seconds = cooldown::retry_after_s(retry_after_ms);
-    Problem::new(
-        StatusCode::TOO_MANY_REQUESTS,
-        "cooldown-active",
-        "Cooldown: another transfer is in progress",
-        format!("A transfer by you started moments ago. Try again in {seconds} s."),
-    )
-    .with_retry_after_s(seconds)
+    let ago = if elapsed_ms < 1_000 {
+        "less than a second ago".to_owned()
+    } else {
+        format!("{} s ago", elapsed_ms / 1_000)
+    };
+    let spacing = human_duration(cooldown.ttl_ms());
+    let detail = match cooldown.scope() {
+        CooldownScope::UserAction => format!(
+            "You sent a transfer {ago}. Transfers are spaced at least {spacing} apart so that duplicates cannot \
+             slip through. Try again in {seconds} s."
+        ),
+        CooldownScope::UserActionBody => format!(
+            "You sent this same transfer {ago}. Identical transfers are spaced at least {spacing} apart so that \
+             duplicates cannot slip through. Try again in {seconds} s."
+        ),
+    };
+    Problem::new(ProblemType::CooldownActive, detail)
+        .detail_is_for_people()
+        .with_retry_after_s(seconds)
+}
+
+/// `5000` → `5 s`, `1500` → `1.5 s`, `300` → `300 ms`.
+fn human_duration(ms: u64) -> String {
+    match ms {
+        ms if ms < 1_000 => format!("{ms} ms"),
+        ms if ms % 1_000 == 0 => format!("{} s", ms / 1_000),
+        ms => format!("{:.1} s", ms as f64 / 1_000.0),
+    }
 }
 
 fn key_reused() -> Problem {
     Problem::new(
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "idempotency-key-reused",
-        "Idempotency key reused",
+        ProblemType::IdempotencyKeyReused,
         "This Idempotency-Key was already used for a different request. Use a new key for a new transfer.",
     )
 }
 
 fn key_in_flight() -> Problem {
     Problem::new(
-        StatusCode::CONFLICT,
-        "idempotency-key-in-flight",
-        "Request with this key still in progress",
+        ProblemType::IdempotencyKeyInFlight,
         "A request with this Idempotency-Key is still being processed. Retry shortly to get its result.",
     )
     .with_retry_after_s(1)

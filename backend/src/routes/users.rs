@@ -1,15 +1,16 @@
 //! Sign-up and sign-in: `POST /api/v1/users`, `POST /api/v1/tokens`,
 //! `DELETE /api/v1/tokens/current`.
 
-use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
+use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
 use crate::auth;
 use crate::domain::{UserId, WalletId};
-use crate::problem::{self, Problem};
+use crate::names::{self, ComparableName, MATCHES_NAME};
+use crate::problem::{self, Problem, ProblemType};
 use crate::routes::{authenticate, read_json_body};
 use crate::settings::Settings;
 use crate::state::AppState;
@@ -40,7 +41,7 @@ pub struct IssuedTokenBody {
 }
 
 impl Credentials {
-    fn parse(body: &[u8], settings: &Settings) -> Result<Self, Problem> {
+    fn parse(body: &[u8], settings: &Settings) -> Result<(Self, ComparableName), Problem> {
         let credentials: Credentials = serde_json::from_slice(body).map_err(|error| {
             if error.is_data() {
                 Problem::validation(format!("Send {{\"name\": …, \"password\": …}}: {error}."))
@@ -48,33 +49,23 @@ impl Credentials {
                 Problem::bad_request(format!("The body is not valid JSON: {error}."))
             }
         })?;
-        credentials.validate(settings)?;
-        Ok(credentials)
+        let name = credentials.validate(settings)?;
+        Ok((credentials, name))
     }
 
-    /// The account rules, for the API and the browser form alike.
-    pub fn validate(&self, settings: &Settings) -> Result<(), Problem> {
-        let credentials = self;
-        let name_chars = credentials.name.chars().count();
-        if name_chars == 0
-            || name_chars > settings.user_name_chars_max
-            || credentials.name.trim() != credentials.name
-            || credentials.name.chars().any(char::is_control)
-        {
-            return Err(Problem::validation(format!(
-                "name must be 1 to {} characters, without leading or trailing spaces or control characters.",
-                settings.user_name_chars_max
-            )));
-        }
+    /// The account rules, for the API and the browser form alike: the
+    /// name's (`names`) and the password's length.
+    pub fn validate(&self, settings: &Settings) -> Result<ComparableName, Problem> {
+        let name = ComparableName::parse(&self.name, settings.user_name_chars_max)?;
         use secrecy::ExposeSecret;
-        let password_chars = credentials.password.expose_secret().chars().count();
+        let password_chars = self.password.expose_secret().chars().count();
         if password_chars < settings.password_chars_min || password_chars > settings.password_chars_max {
             return Err(Problem::validation(format!(
-                "password must be {} to {} characters.",
+                "A password has {} to {} characters.",
                 settings.password_chars_min, settings.password_chars_max
             )));
         }
-        Ok(())
+        Ok(name)
     }
 }
 
@@ -93,18 +84,22 @@ pub async fn sign_up(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, Problem> {
-    let body = read_json_body(&request, payload, state.settings.request_body_bytes_max).await?;
-    let credentials = Credentials::parse(&body, &state.settings)?;
-    let signed_up = create_user(&state, credentials).await?;
+    let body = read_json_body(&request, payload, &state.settings).await?;
+    let (credentials, name) = Credentials::parse(&body, &state.settings)?;
+    let signed_up = create_user(&state, &name, credentials.password).await?;
     Ok(HttpResponse::Created().json(signed_up))
 }
 
 /// Creates the user, the wallet and the first token in one transaction.
 /// Shared by the API and the browser sign-up form.
-pub async fn create_user(state: &AppState, credentials: Credentials) -> Result<SignedUp, Problem> {
+pub async fn create_user(
+    state: &AppState,
+    name: &ComparableName,
+    password: SecretString,
+) -> Result<SignedUp, Problem> {
     let password_hash = state
         .passwords
-        .hash(credentials.password)
+        .hash(password)
         .await
         .map_err(|_| busy())?
         .map_err(|error| {
@@ -121,10 +116,14 @@ pub async fn create_user(state: &AppState, credentials: Credentials) -> Result<S
 
     let result: Result<(), sqlx::Error> = async {
         let mut tx = state.db.begin().await?;
-        sqlx::query("INSERT INTO users (id, name, password_hash) VALUES ($1, $2, $3)")
-            .bind(user_id.0)
-            .bind(&credentials.name)
-            .bind(&password_hash)
+        sqlx::query(
+            "INSERT INTO users (id, name, name_key, name_skeleton, password_hash) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(user_id.0)
+        .bind(&name.display)
+        .bind(&name.key)
+        .bind(&name.skeleton)
+        .bind(&password_hash)
             .execute(&mut *tx)
             .await?;
         sqlx::query(
@@ -144,12 +143,12 @@ pub async fn create_user(state: &AppState, credentials: Credentials) -> Result<S
     match result {
         Ok(()) => {}
         Err(sqlx::Error::Database(db)) if db.is_unique_violation() => {
-            return Err(Problem::new(
-                StatusCode::CONFLICT,
-                "name-taken",
-                "Name taken",
-                "Another user already has this name; pick another.",
-            ));
+            let detail = if db.constraint() == Some("users_name_skeleton_idx") {
+                "This name reads like another user's name (letters that look alike); pick another."
+            } else {
+                "Another user already has this name (compared ignoring case and width); pick another."
+            };
+            return Err(Problem::new(ProblemType::NameTaken, detail));
         }
         Err(error) => return Err(problem::from_database_error(&error, "signing up")),
     }
@@ -176,8 +175,8 @@ pub async fn sign_in(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, Problem> {
-    let body = read_json_body(&request, payload, state.settings.request_body_bytes_max).await?;
-    let credentials = Credentials::parse(&body, &state.settings)
+    let body = read_json_body(&request, payload, &state.settings).await?;
+    let (credentials, _) = Credentials::parse(&body, &state.settings)
         .map_err(|_| Problem::unauthorized("Wrong name or password."))?;
     let issued = issue_token_for(&state, credentials).await?;
     use secrecy::ExposeSecret;
@@ -193,11 +192,14 @@ pub async fn issue_token_for(
     state: &AppState,
     credentials: Credentials,
 ) -> Result<auth::IssuedToken, Problem> {
-    let row = sqlx::query_as::<_, (Uuid, String)>("SELECT id, password_hash FROM users WHERE name = $1")
-        .bind(&credentials.name)
-        .fetch_optional(&state.db)
-        .await
-        .map_err(|error| problem::from_database_error(&error, "signing in"))?;
+    let row = sqlx::query_as::<_, (Uuid, String)>(AssertSqlSafe(format!(
+        "SELECT u.id, u.password_hash FROM users u WHERE {MATCHES_NAME} ORDER BY u.name = $1 DESC LIMIT 1"
+    )))
+    .bind(&credentials.name)
+    .bind(names::key_of(&credentials.name))
+    .fetch_optional(&state.db)
+    .await
+    .map_err(|error| problem::from_database_error(&error, "signing in"))?;
     let (user_id, stored_hash) = match row {
         Some((id, hash)) => (Some(UserId(id)), Some(hash)),
         None => (None, None),
@@ -235,10 +237,19 @@ pub async fn revoke_current(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, Problem> {
     let token = authenticate(&request, &state).await?;
-    auth::revoke_token(&state.db, &token)
+    revoke(&state, &token)
         .await
         .map_err(|error| problem::from_database_error(&error, "revoking a token"))?;
     Ok(HttpResponse::NoContent().finish())
+}
+
+/// Revokes a token: deletes its hash (the authority), then records the
+/// revocation where the cooldown checks it, so the dead token cannot take
+/// its owner's cooldown window. Shared by the API and the browser's sign-out.
+pub async fn revoke(state: &AppState, token: &auth::VerifiedToken) -> Result<(), sqlx::Error> {
+    auth::revoke_token(&state.db, token).await?;
+    state.cooldown.note_revoked(token).await;
+    Ok(())
 }
 
 /// Every password worker is busy: shed the sign-in rather than queue it.

@@ -32,6 +32,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/signup", web::post().to(pages::sign_up))
         .route("/signout", web::post().to(pages::sign_out))
         .route("/wallet", web::get().to(pages::wallet))
+        .route("/wallet/review", web::post().to(pages::review))
         .route("/wallet/transfer", web::post().to(pages::transfer))
         .route("/race-lab", web::get().to(pages::race_lab))
         .route("/race-lab/recipient", web::get().to(pages::recipient))
@@ -136,6 +137,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 const APP_CSS: &str = include_str!("../../../web/static/app.css");
 const RACE_LAB_JS: &str = include_str!("../../../web/static/race-lab.js");
 const FEED_JS: &str = include_str!("../../../web/static/feed.js");
+const COUNTDOWN_JS: &str = include_str!("../../../web/static/countdown.js");
 
 /// The static assets, compiled in.
 async fn static_file(path: web::Path<String>) -> HttpResponse {
@@ -143,6 +145,7 @@ async fn static_file(path: web::Path<String>) -> HttpResponse {
         "app.css" => (APP_CSS, "text/css; charset=utf-8"),
         "race-lab.js" => (RACE_LAB_JS, "text/javascript; charset=utf-8"),
         "feed.js" => (FEED_JS, "text/javascript; charset=utf-8"),
+        "countdown.js" => (COUNTDOWN_JS, "text/javascript; charset=utf-8"),
         _ => {
             return HttpResponse::NotFound()
                 .content_type("text/plain")

@@ -8,11 +8,14 @@ use askama::Template;
 use askama_web::WebTemplate;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
+use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
 use crate::decision::{Layer, Outcome};
 use crate::defense::idempotency::{self, IdempotencyKey, StoredResponse};
 use crate::domain::{TransferRequest, WalletId};
+use crate::names::{self, MATCHES_NAME};
+use crate::problem::ProblemType;
 use crate::routes::transfers::{self, Answer, Decided};
 use crate::routes::users::{self, Credentials};
 use crate::state::AppState;
@@ -59,11 +62,32 @@ struct WalletPage {
     chrome: Chrome,
     balance: String,
     wallet_id: Uuid,
-    idempotency_key: Uuid,
+    form_key: Uuid,
     notice: Option<Notice>,
     history: Vec<HistoryRow>,
     recipient: String,
     amount: String,
+    amount_pattern: &'static str,
+    currency_name: String,
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "review.html")]
+struct ReviewPage {
+    chrome: Chrome,
+    notice: Option<Notice>,
+    amount_text: String,
+    recipient_name: String,
+    to_wallet_id: Uuid,
+    to_wallet_short: String,
+    typed_recipient: String,
+    typed_amount: String,
+    balance_text: String,
+    balance_after_text: String,
+    warning: Option<String>,
+    idempotency_key: Uuid,
+    amount_minor: i64,
+    wait_s: Option<u64>,
 }
 
 /// The result of a form submission, as the page states it.
@@ -91,6 +115,7 @@ struct RaceLabPage {
     currency: String,
     trace_ui_url: String,
     safe: bool,
+    amount_pattern: &'static str,
 }
 
 #[derive(Template, WebTemplate)]
@@ -113,8 +138,9 @@ struct ErrorPage {
 struct ProblemTypePage {
     chrome: Chrome,
     slug: String,
-    heading: &'static str,
+    heading: String,
     description: &'static str,
+    for_people: &'static str,
 }
 
 fn error_page(state: &AppState, status: StatusCode, heading: &str, message: &str) -> HttpResponse {
@@ -302,7 +328,7 @@ async fn account_form(
             .map(|issued| issued.token)
     } else {
         match credentials.validate(&state.settings) {
-            Ok(()) => users::create_user(state, credentials)
+            Ok(name) => users::create_user(state, &name, credentials.password)
                 .await
                 .map(|signed_up| SecretString::from(signed_up.token)),
             Err(problem) => Err(problem),
@@ -310,7 +336,17 @@ async fn account_form(
     };
     match token {
         Ok(token) => signed_in(request, state, &token),
-        Err(problem) => again(problem.detail.clone(), problem.status_code()),
+        Err(problem) => {
+            // The account rules' details are written for people; anything
+            // else gets its type's sentence.
+            let text = match problem.kind {
+                ProblemType::ValidationFailed | ProblemType::NameTaken | ProblemType::Unauthorized => {
+                    problem.detail.clone()
+                }
+                _ => problem.for_people().to_owned(),
+            };
+            again(text, problem.status_code())
+        }
     }
 }
 
@@ -331,7 +367,7 @@ pub async fn sign_out(
         Ok(session) => session,
         Err(response) => return response,
     };
-    if let Err(error) = crate::auth::revoke_token(&state.db, &session.token).await {
+    if let Err(error) = users::revoke(&state, &session.token).await {
         return unavailable(&state, &error);
     }
     let mut response = redirect("/signin");
@@ -383,37 +419,199 @@ async fn wallet_page(
             chrome: Chrome::new(state, "Wallet", Some(session)),
             balance: money::format(session.balance_minor, &session.currency),
             wallet_id: session.wallet_id,
-            // A new key per render: submitting this form twice, or the
-            // browser resubmitting it, is one transfer.
-            idempotency_key: Uuid::new_v4(),
+            // A new form key per render: the confirmation's idempotency key
+            // is derived from it and from what the form asks, so the same
+            // form sent twice is one transfer, and a changed form is a new
+            // one without anyone choosing a key.
+            form_key: Uuid::new_v4(),
             notice,
             history,
             recipient,
             amount,
+            amount_pattern: money::AMOUNT_PATTERN,
+            currency_name: money::currency_name(&session.currency),
         },
     )
 }
 
-pub async fn wallet(request: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
+/// What the wallet form may be pre-filled with (the review page's Change).
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub struct Prefill {
+    recipient: String,
+    amount: String,
+}
+
+pub async fn wallet(
+    request: HttpRequest,
+    prefill: web::Query<Prefill>,
+    state: web::Data<AppState>,
+) -> HttpResponse {
+    let Prefill { recipient, amount } = prefill.into_inner();
     match require_session(&request, &state).await {
-        Ok(session) => wallet_page(&state, &session, None, String::new(), String::new()).await,
+        Ok(session) => wallet_page(&state, &session, None, recipient, amount).await,
         Err(response) => response,
     }
 }
 
-/// Every field defaults to empty, so a tampered form gets a page that
-/// says what is wrong rather than a bare 400.
+/// The wallet form, as typed. Every field defaults to empty, so a tampered
+/// form gets a page that says what is wrong rather than a bare 400.
 #[derive(Deserialize, Default)]
 #[serde(default)]
-pub struct TransferForm {
+pub struct ReviewForm {
     recipient: String,
     amount: String,
-    idempotency_key: String,
+    form_key: String,
     csrf: String,
 }
 
-/// The transfer form: parsed like the API's body, then sent through the
-/// same three layers.
+fn refused_notice(text: impl Into<String>) -> Notice {
+    Notice {
+        kind: "refused",
+        layer: None,
+        text: text.into(),
+    }
+}
+
+/// A transfer read back to the person before any money moves.
+struct Draft {
+    to_wallet_id: Uuid,
+    recipient_name: String,
+    amount_minor: i64,
+    typed_recipient: String,
+    typed_amount: String,
+    idempotency_key: Uuid,
+}
+
+/// The first step of sending: read the typed amount with the one grammar,
+/// find the exact recipient, and show what will happen. Nothing moves here.
+pub async fn review(
+    request: HttpRequest,
+    form: web::Form<ReviewForm>,
+    state: web::Data<AppState>,
+) -> HttpResponse {
+    let form = form.into_inner();
+    let session = match session_for_form(&request, &state, &form.csrf).await {
+        Ok(session) => session,
+        Err(response) => return response,
+    };
+    let refused = |text: String| {
+        wallet_page(
+            &state,
+            &session,
+            Some(refused_notice(text)),
+            form.recipient.clone(),
+            form.amount.clone(),
+        )
+    };
+    let amount_minor = match money::parse_typed(
+        &form.amount,
+        state.settings.transfer_amount_minor_max,
+        &session.currency,
+    ) {
+        Ok(minor) => minor,
+        Err(refusal) => return refused(refusal.0).await,
+    };
+    let typed_recipient = form.recipient.trim();
+    let (to_wallet_id, recipient_name) = match resolve_recipient(&state, typed_recipient).await {
+        Ok(Some(recipient)) => recipient,
+        Ok(None) => return refused(format!("We found no user or wallet called “{typed_recipient}”.")).await,
+        Err(error) => return unavailable(&state, &error),
+    };
+    if to_wallet_id == session.wallet_id {
+        return refused("That is your own wallet. Choose someone else to send to.".to_owned()).await;
+    }
+    let form_key = Uuid::try_parse(&form.form_key).unwrap_or_else(|_| Uuid::new_v4());
+    let draft = Draft {
+        to_wallet_id,
+        recipient_name,
+        amount_minor,
+        typed_recipient: typed_recipient.to_owned(),
+        typed_amount: form.amount.trim().to_owned(),
+        idempotency_key: confirmation_key(form_key, to_wallet_id, amount_minor),
+    };
+    review_page(&state, &session, &draft, None, None)
+}
+
+/// The idempotency key of one confirmation: the same wallet form asking the
+/// same thing gives the same key (a double submit is one transfer), and any
+/// change gives another (never "key reused").
+fn confirmation_key(form_key: Uuid, to_wallet_id: Uuid, amount_minor: i64) -> Uuid {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::new()
+        .chain_update(b"wallet-form\n")
+        .chain_update(form_key.as_bytes())
+        .chain_update(to_wallet_id.as_bytes())
+        .chain_update(amount_minor.to_be_bytes())
+        .finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_random_bytes(bytes).into_uuid()
+}
+
+/// The confirmation page. `wait_s` is a cooldown still running: the Send
+/// button counts it down.
+fn review_page(
+    state: &AppState,
+    session: &Session,
+    draft: &Draft,
+    notice: Option<Notice>,
+    wait_s: Option<u64>,
+) -> HttpResponse {
+    let currency = &session.currency;
+    let after = session.balance_minor - draft.amount_minor;
+    let warning = if after < 0 {
+        Some(format!(
+            "This is more than your balance of {}: it will be refused.",
+            money::format(session.balance_minor, currency)
+        ))
+    } else if draft.amount_minor * 2 > session.balance_minor {
+        Some(format!(
+            "This is more than half of your balance. Check the amount: {} is what will leave your wallet.",
+            money::format(draft.amount_minor, currency)
+        ))
+    } else {
+        None
+    };
+    let amount_text = money::format(draft.amount_minor, currency);
+    with_page(
+        StatusCode::OK,
+        ReviewPage {
+            chrome: Chrome::new(state, &format!("Send {amount_text}?"), Some(session)),
+            notice,
+            amount_text,
+            recipient_name: draft.recipient_name.clone(),
+            to_wallet_id: draft.to_wallet_id,
+            to_wallet_short: draft.to_wallet_id.simple().to_string()[..8].to_owned(),
+            typed_recipient: draft.typed_recipient.clone(),
+            typed_amount: draft.typed_amount.clone(),
+            balance_text: money::format(session.balance_minor, currency),
+            balance_after_text: money::format(after, currency),
+            warning,
+            idempotency_key: draft.idempotency_key,
+            amount_minor: draft.amount_minor,
+            wait_s,
+        },
+    )
+}
+
+/// The confirmation, exactly as reviewed. Every field defaults to empty, so
+/// a tampered form gets a page that says what is wrong rather than a bare
+/// 400.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub struct TransferForm {
+    to_wallet_id: String,
+    amount_minor: String,
+    idempotency_key: String,
+    csrf: String,
+    /// What was typed, to fill the form in again after a refusal.
+    recipient: String,
+    amount: String,
+}
+
+/// The second step: send the reviewed transfer through the same three
+/// layers as the API, and say what happened.
 pub async fn transfer(
     request: HttpRequest,
     form: web::Form<TransferForm>,
@@ -424,51 +622,45 @@ pub async fn transfer(
         Ok(session) => session,
         Err(response) => return response,
     };
-    let refusal = |text: String| Notice {
-        kind: "refused",
-        layer: None,
-        text,
-    };
-    let Some(amount_minor) = money::parse_major(&form.amount) else {
-        let notice = refusal("Enter an amount such as 12.50: positive, at most two decimals.".into());
+    let (Ok(to_wallet_id), Ok(amount_minor), Ok(key)) = (
+        Uuid::try_parse(&form.to_wallet_id),
+        form.amount_minor.parse::<i64>(),
+        IdempotencyKey::parse(&form.idempotency_key),
+    ) else {
+        let notice = refused_notice(
+            "This confirmation was damaged, so nothing was sent. Please fill in the form again.",
+        );
         return wallet_page(&state, &session, Some(notice), form.recipient, form.amount).await;
-    };
-    let recipient = match resolve_recipient(&state, form.recipient.trim()).await {
-        Ok(Some(recipient)) => recipient,
-        Ok(None) => {
-            let notice = refusal(format!("No user or wallet called “{}”.", form.recipient.trim()));
-            return wallet_page(&state, &session, Some(notice), form.recipient, form.amount).await;
-        }
-        Err(error) => return unavailable(&state, &error),
     };
     let request_body = match TransferRequest::new(
         WalletId(session.wallet_id),
-        WalletId(recipient.0),
+        WalletId(to_wallet_id),
         amount_minor,
         state.settings.transfer_amount_minor_max,
     ) {
         Ok(parsed) => parsed,
         Err(problem) => {
-            let notice = refusal(problem.detail);
+            let notice = refused_notice(problem.for_people());
             return wallet_page(&state, &session, Some(notice), form.recipient, form.amount).await;
         }
     };
-    let key = IdempotencyKey::parse(&form.idempotency_key).ok();
+    let recipient_name = match resolve_recipient(&state, &to_wallet_id.to_string()).await {
+        Ok(found) => found.map_or_else(|| "that wallet".to_owned(), |(_, name)| name),
+        Err(error) => return unavailable(&state, &error),
+    };
     let context = RequestContext::of(&request);
-    let decided = transfers::through_the_layers(&state, &context, &session.token, &request_body, key).await;
+    let decided =
+        transfers::through_the_layers(&state, &context, &session.token, &request_body, Some(key)).await;
     transfers::report(&state, &context, &decided);
     let header = decided.decision.header_value();
+    let currency = session.currency.clone();
 
-    let mut notice = notice_for(&decided, &recipient.1, &session.currency);
     // A double submit: the cooldown refused this copy while the first one
     // ran. Show the first one's result rather than a refusal.
-    if let (Some(key), Layer::Cooldown, Outcome::Rejected) =
-        (key, decided.decision.layer, decided.decision.outcome)
-    {
+    let mut original = None;
+    if let (Layer::Cooldown, Outcome::Rejected) = (decided.decision.layer, decided.decision.outcome) {
         let fingerprint = transfers::fingerprint_of(&request_body);
-        if let Some(original) = wait_for_original(&state, &session, key, &fingerprint).await {
-            notice = replay_notice(&original, &recipient.1, &session.currency);
-        }
+        original = wait_for_original(&state, &session, key, &fingerprint).await;
     }
     // Show the balance after the transfer.
     let session = match site::session(&request, &state).await {
@@ -476,18 +668,55 @@ pub async fn transfer(
         Ok(None) => return redirect("/signin"),
         Err(error) => return unavailable(&state, &error),
     };
-    let (recipient_text, amount_text) = if notice.kind == "refused" {
-        (form.recipient, form.amount)
+    let mut response = if let Some(original) = original {
+        let notice = replay_notice(&original, &recipient_name, &currency);
+        wallet_page(&state, &session, Some(notice), String::new(), String::new()).await
+    } else if let Some(wait_s) = still_to_send(&decided) {
+        // Nothing was made yet, or nobody knows: the same confirmation, with
+        // the same key, so sending it again is safe.
+        let draft = Draft {
+            to_wallet_id,
+            recipient_name: recipient_name.clone(),
+            amount_minor,
+            typed_recipient: form.recipient,
+            typed_amount: form.amount,
+            idempotency_key: key.as_uuid(),
+        };
+        let notice = notice_for(&decided, &recipient_name, &currency);
+        review_page(&state, &session, &draft, Some(notice), wait_s)
     } else {
-        (String::new(), String::new())
+        let notice = notice_for(&decided, &recipient_name, &currency);
+        let (recipient_text, amount_text) = if notice.kind == "refused" {
+            (form.recipient, form.amount)
+        } else {
+            (String::new(), String::new())
+        };
+        wallet_page(&state, &session, Some(notice), recipient_text, amount_text).await
     };
-    let mut response = wallet_page(&state, &session, Some(notice), recipient_text, amount_text).await;
     if let Ok(value) = header::HeaderValue::from_str(&header) {
         response
             .headers_mut()
             .insert(header::HeaderName::from_static("defense-decision"), value);
     }
     response
+}
+
+/// For a confirmation that should be shown again as it is: `Some(wait)`
+/// with the seconds a cooldown still runs (or `None` to send at once).
+/// That is a cooldown refusal, a key still in flight, a store unavailable
+/// and an unknown outcome: nothing final happened that the person must
+/// change the form for.
+fn still_to_send(decided: &Decided) -> Option<Option<u64>> {
+    let Answer::Refused(problem) = &decided.answer else {
+        return None;
+    };
+    match problem.kind {
+        ProblemType::CooldownActive => Some(problem.retry_after_s()),
+        ProblemType::IdempotencyKeyInFlight
+        | ProblemType::ServiceUnavailable
+        | ProblemType::OutcomeUnknown => Some(None),
+        _ => None,
+    }
 }
 
 /// The stored result of the key's first request, waiting for it at most
@@ -519,13 +748,17 @@ async fn resolve_recipient(state: &AppState, recipient: &str) -> Result<Option<(
         .await?;
         return Ok(name.map(|name| (wallet_id, name)));
     }
-    let wallet = sqlx::query_scalar::<_, Uuid>(
-        "SELECT w.id FROM users u JOIN wallets w ON w.user_id = u.id WHERE u.name = $1 ORDER BY w.created_at LIMIT 1",
-    )
+    // By the name's key (case and width do not matter), an exact name
+    // first; the name shown is the account's own, never what was typed.
+    sqlx::query_as::<_, (Uuid, String)>(AssertSqlSafe(format!(
+        "SELECT w.id, u.name FROM users u JOIN wallets w ON w.user_id = u.id
+         WHERE {MATCHES_NAME}
+         ORDER BY u.name = $1 DESC, w.created_at LIMIT 1"
+    )))
     .bind(recipient)
+    .bind(names::key_of(recipient))
     .fetch_optional(&state.db)
-    .await?;
-    Ok(wallet.map(|wallet_id| (wallet_id, recipient.to_owned())))
+    .await
 }
 
 fn layer_label(layer: Layer) -> Option<&'static str> {
@@ -546,11 +779,12 @@ fn receipt_text(stored: &StoredResponse, recipient: &str, currency: &str) -> Opt
     ))
 }
 
+/// A stored refusal (a replay's body) in a sentence for people.
 fn problem_text(body: &str) -> String {
-    let problem: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
-    let title = problem["title"].as_str().unwrap_or("Refused");
-    let detail = problem["detail"].as_str().unwrap_or("");
-    format!("{title}. {detail}")
+    ProblemType::of_body(body)
+        .unwrap_or(ProblemType::InternalError)
+        .for_people()
+        .to_owned()
 }
 
 fn replay_notice(original: &StoredResponse, recipient: &str, currency: &str) -> Notice {
@@ -589,7 +823,7 @@ fn notice_for(decided: &Decided, recipient: &str, currency: &str) -> Notice {
         Answer::Refused(problem) => Notice {
             kind: "refused",
             layer: layer_label(decided.decision.layer),
-            text: format!("{}. {}", problem.title, problem.detail),
+            text: problem.for_people().to_owned(),
         },
     }
 }
@@ -608,6 +842,7 @@ pub async fn race_lab(request: HttpRequest, state: web::Data<AppState>) -> HttpR
             currency: session.currency.clone(),
             trace_ui_url: state.settings.trace_ui_url.clone(),
             safe: state.settings.unsafe_modes().is_empty(),
+            amount_pattern: money::AMOUNT_PATTERN,
         },
     )
 }
@@ -627,7 +862,7 @@ pub async fn feed(request: HttpRequest, state: web::Data<AppState>) -> HttpRespo
 /// `GET /problems/{slug}`: what each problem `type` means.
 pub async fn problem_type(path: web::Path<String>, state: web::Data<AppState>) -> impl Responder {
     let slug = path.into_inner();
-    let Some((heading, description)) = problem_description(&slug) else {
+    let Some(kind) = ProblemType::from_slug(&slug) else {
         return error_page(
             &state,
             StatusCode::NOT_FOUND,
@@ -635,81 +870,17 @@ pub async fn problem_type(path: web::Path<String>, state: web::Data<AppState>) -
             "There is no problem type by this name.",
         );
     };
+    let heading = format!("{} ({})", kind.title(), kind.status().as_u16());
     with_page(
         StatusCode::OK,
         ProblemTypePage {
-            chrome: Chrome::new(&state, heading, None),
+            chrome: Chrome::new(&state, &heading, None),
             slug,
             heading,
-            description,
+            description: kind.description(),
+            for_people: kind.for_people(),
         },
     )
-}
-
-fn problem_description(slug: &str) -> Option<(&'static str, &'static str)> {
-    Some(match slug {
-        "cooldown-active" => (
-            "Cooldown active (429)",
-            "Another transfer by you started within the cooldown window. The Redis cooldown lock refused this one before any database work. Retry after the Retry-After header's seconds.",
-        ),
-        "idempotency-key-reused" => (
-            "Idempotency key reused (422)",
-            "The Idempotency-Key was already used for a request with a different method, path or body. Use a new key for a new transfer.",
-        ),
-        "idempotency-key-in-flight" => (
-            "Request with this key in progress (409)",
-            "The first request with this Idempotency-Key had not finished within the wait bound. Retry shortly to get its result.",
-        ),
-        "insufficient-funds" => (
-            "Insufficient funds (422)",
-            "The guarded debit found the source balance lower than the amount. Nothing moved.",
-        ),
-        "unknown-target-wallet" => (
-            "Unknown target wallet (422)",
-            "No wallet has the id given as to_wallet_id. Nothing moved.",
-        ),
-        "not-your-wallet" => (
-            "Not your wallet (403)",
-            "Only the owner of a wallet can send money from it.",
-        ),
-        "validation-failed" => (
-            "The request is not valid (422)",
-            "A value broke a rule: amounts are positive integers of minor units up to the maximum, the wallets differ, the key is a UUID.",
-        ),
-        "malformed-request" => (
-            "Malformed request (400)",
-            "The body is not valid JSON, or a required header is missing.",
-        ),
-        "payload-too-large" => (
-            "Request body too large (413)",
-            "The body is larger than the server accepts.",
-        ),
-        "unsupported-media-type" => (
-            "Unsupported media type (415)",
-            "Send JSON with Content-Type: application/json.",
-        ),
-        "unauthorized" => (
-            "Authentication required (401)",
-            "Send a valid bearer token: from POST /api/v1/users or POST /api/v1/tokens.",
-        ),
-        "csrf-token-invalid" => (
-            "CSRF token missing or invalid (403)",
-            "A browser request authenticated by the session cookie must carry the page's CSRF token.",
-        ),
-        "not-found" => (
-            "Not found (404)",
-            "There is nothing at this address, or it is not yours.",
-        ),
-        "service-unavailable" => (
-            "Service unavailable (503)",
-            "A store the service depends on is unreachable or saturated. Nothing was changed; retrying later is safe.",
-        ),
-        "internal-error" => (
-            "Internal error (500)",
-            "Something failed on our side. Nothing was changed; retrying is safe.",
-        ),
-        _ => return None,
-    })
 }
 
 /// A person's 404: an HTML page for browsers, problem details otherwise.
