@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 use crate::decision::Decision;
@@ -31,6 +32,9 @@ pub struct Metrics {
     pub feed_dropped: IntCounter,
     /// Pool gauges, refreshed at every scrape.
     pool_connections: IntGaugeVec,
+    /// 1 while the cooldown runs without Redis (fail-open), as last seen by
+    /// a readiness probe.
+    pub cooldown_degraded: IntGauge,
 }
 
 impl Metrics {
@@ -74,6 +78,11 @@ impl Metrics {
             &["store", "state"],
         )
         .expect("static metric definition");
+        let cooldown_degraded = IntGauge::new(
+            "cooldown_degraded",
+            "1 while Redis is unreachable and the cooldown fails open (set by each /readyz probe)",
+        )
+        .expect("static metric definition");
         for collector in [
             Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(http_latency.clone()),
@@ -81,6 +90,7 @@ impl Metrics {
             Box::new(cooldown_fail_open.clone()),
             Box::new(feed_dropped.clone()),
             Box::new(pool_connections.clone()),
+            Box::new(cooldown_degraded.clone()),
         ] {
             registry
                 .register(collector)
@@ -94,6 +104,7 @@ impl Metrics {
             cooldown_fail_open,
             feed_dropped,
             pool_connections,
+            cooldown_degraded,
         }
     }
 

@@ -464,11 +464,16 @@ impl DatabaseFailure {
     pub fn of(error: &sqlx::Error) -> Self {
         match error {
             sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => DatabaseFailure::NotSent,
-            sqlx::Error::Database(db) => match db.code().as_deref().map(sqlstate_class) {
-                Some(SqlStateClass::Transient) => DatabaseFailure::RolledBackTransient,
-                _ => DatabaseFailure::RolledBackBug,
-            },
+            sqlx::Error::Database(db) => Self::of_sqlstate(db.code().as_deref().unwrap_or("")),
             _ => DatabaseFailure::Unknown,
+        }
+    }
+
+    /// An error PostgreSQL reported, by its SQLSTATE.
+    pub fn of_sqlstate(code: &str) -> Self {
+        match sqlstate_class(code) {
+            SqlStateClass::Transient => DatabaseFailure::RolledBackTransient,
+            SqlStateClass::Other => DatabaseFailure::RolledBackBug,
         }
     }
 
@@ -549,6 +554,84 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Every error PostgreSQL reports rolled its statement back; the ones
+    /// that pass are 503 "nothing was changed", the rest a 500 that claims
+    /// nothing.
+    #[test]
+    fn each_sqlstate_class_maps_to_its_answer() {
+        for (code, meaning, failure, status) in [
+            (
+                "57P01",
+                "admin shutdown",
+                DatabaseFailure::RolledBackTransient,
+                503,
+            ),
+            (
+                "57P02",
+                "crash shutdown",
+                DatabaseFailure::RolledBackTransient,
+                503,
+            ),
+            (
+                "57P03",
+                "cannot connect now",
+                DatabaseFailure::RolledBackTransient,
+                503,
+            ),
+            (
+                "57014",
+                "statement timeout",
+                DatabaseFailure::RolledBackTransient,
+                503,
+            ),
+            (
+                "53300",
+                "too many connections",
+                DatabaseFailure::RolledBackTransient,
+                503,
+            ),
+            (
+                "08006",
+                "connection failure",
+                DatabaseFailure::RolledBackTransient,
+                503,
+            ),
+            (
+                "40001",
+                "serialization failure",
+                DatabaseFailure::RolledBackTransient,
+                503,
+            ),
+            ("40P01", "deadlock", DatabaseFailure::RolledBackTransient, 503),
+            (
+                "55P03",
+                "lock not available",
+                DatabaseFailure::RolledBackTransient,
+                503,
+            ),
+            ("23505", "unique violation", DatabaseFailure::RolledBackBug, 500),
+            ("42P01", "undefined table", DatabaseFailure::RolledBackBug, 500),
+            ("P0001", "raise exception", DatabaseFailure::RolledBackBug, 500),
+        ] {
+            assert_eq!(DatabaseFailure::of_sqlstate(code), failure, "{code} {meaning}");
+            let problem = from_database_failure(failure, &sqlx::Error::PoolTimedOut, "testing");
+            assert_eq!(problem.status, status, "{code} {meaning}");
+            assert_eq!(
+                problem.detail.contains("Nothing was changed"),
+                status == 503,
+                "{code}"
+            );
+        }
+        assert_eq!(
+            DatabaseFailure::of(&sqlx::Error::PoolTimedOut),
+            DatabaseFailure::NotSent
+        );
+        let broken = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert_eq!(DatabaseFailure::of(&broken), DatabaseFailure::Unknown);
+        let unknown = from_database_failure(DatabaseFailure::Unknown, &broken, "testing");
+        assert!(!unknown.detail.contains("Nothing was changed"));
     }
 
     #[test]

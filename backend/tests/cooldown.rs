@@ -159,8 +159,9 @@ async fn only_the_owner_can_release_a_window() {
 }
 
 /// Redis down, fail-open (the default): transfers go through, the lower
-/// layers still decide (a keyed retry replays), the pass is counted and
-/// /readyz reports Redis unreachable.
+/// layers still decide (a keyed retry replays), the pass is counted, and
+/// /readyz stays 200 with Redis "degraded", so a load balancer keeps the
+/// instance.
 #[tokio::test]
 async fn with_redis_down_the_default_fails_open_and_the_lower_layers_still_decide() {
     let app = spawn_app(|settings| {
@@ -179,10 +180,14 @@ async fn with_redis_down_the_default_fails_open_and_the_lower_layers_still_decid
     assert_eq!(app.transfer_count().await, 2);
 
     let ready = app.client.get(app.url("/readyz")).send().await.expect("send");
-    assert_eq!(ready.status(), 503);
+    assert_eq!(ready.status(), 200);
     let body: serde_json::Value = ready.json().await.expect("json");
-    assert_eq!(body["redis"], "unreachable");
+    assert_eq!(
+        (body["status"].as_str(), body["redis"].as_str()),
+        (Some("degraded"), Some("degraded"))
+    );
     assert_eq!(body["cooldown_fail_open_passes"], 3);
+    assert!(app.metrics().await.contains("wallet_cooldown_degraded 1"));
     app.assert_invariants().await;
 }
 
@@ -207,4 +212,12 @@ async fn with_redis_down_fail_closed_answers_503_and_changes_nothing() {
     assert_eq!(status, 503);
     assert_eq!(body["layer"], "cooldown");
     assert_eq!(app.snapshot().await, before);
+    let ready = app.client.get(app.url("/readyz")).send().await.expect("send");
+    assert_eq!(
+        ready.status(),
+        503,
+        "failing closed, the instance cannot serve transfers"
+    );
+    let body: serde_json::Value = ready.json().await.expect("json");
+    assert_eq!(body["redis"], "unreachable");
 }

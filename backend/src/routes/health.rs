@@ -5,7 +5,7 @@ use std::time::Duration;
 use actix_web::{HttpResponse, web};
 use serde::Serialize;
 
-use crate::settings::{IdempotencyMode, RowGuardMode, Settings};
+use crate::settings::{IdempotencyMode, RowGuardMode, Settings, StoreErrorPolicy};
 use crate::state::AppState;
 
 /// The process is up. Touches nothing else, so an orchestrator does not
@@ -50,8 +50,13 @@ impl DefenseMode {
     }
 }
 
-/// Ready to take traffic: PostgreSQL answers, and Redis answers (or the
-/// cooldown layer is disabled). 503 otherwise, with what failed.
+/// Ready to take traffic: PostgreSQL answers, and Redis answers or the
+/// policy lets transfers go on without it. Under `fail_open` a Redis outage
+/// leaves the instance ready with `"redis": "degraded"` (and the
+/// `wallet_cooldown_degraded` gauge at 1): every instance shares the one
+/// Redis, so answering 503 would make a load balancer remove them all while
+/// they can still serve. Under `fail_closed`, and whenever PostgreSQL is
+/// down, 503.
 #[utoipa::path(get, path = "/readyz", tag = "health",
     responses((status = 200, body = Readiness), (status = 503, body = Readiness)))]
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
@@ -72,13 +77,22 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
             let timeout = Duration::from_millis(state.settings.redis_command_timeout_ms);
             match tokio::time::timeout(timeout, ping).await {
                 Ok(Ok(_)) => "ok",
+                _ if state.settings.cooldown_on_store_error == StoreErrorPolicy::FailOpen => "degraded",
                 _ => "unreachable",
             }
         }
     };
+    state
+        .metrics
+        .cooldown_degraded
+        .set(i64::from(redis == "degraded"));
     let ready = postgres_ok && redis != "unreachable";
     let body = Readiness {
-        status: if ready { "ready" } else { "not_ready" },
+        status: match (ready, redis) {
+            (false, _) => "not_ready",
+            (true, "degraded") => "degraded",
+            (true, _) => "ready",
+        },
         postgres: if postgres_ok { "ok" } else { "unreachable" },
         redis,
         cooldown_fail_open_passes: state.cooldown.fail_open_passes(),
