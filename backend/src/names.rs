@@ -52,18 +52,22 @@ impl ComparableName {
     pub fn parse(name: &str, chars_max: usize) -> Result<Self, Problem> {
         let chars = name.chars().count();
         if chars == 0 || chars > chars_max {
-            return Err(Problem::validation(format!(
-                "A name has 1 to {chars_max} characters."
-            )));
+            return Err(
+                Problem::validation(format!("A name has 1 to {chars_max} characters."))
+                    .detail_is_for_people(),
+            );
         }
         if name.trim() != name {
-            return Err(Problem::validation("A name cannot start or end with a space."));
+            return Err(
+                Problem::validation("A name cannot start or end with a space.").detail_is_for_people()
+            );
         }
         if let Some(refused) = name.chars().find(|c| is_refused(*c)) {
             return Err(Problem::validation(format!(
                 "A name cannot contain invisible or unassigned characters (found U+{:04X}).",
                 u32::from(refused)
-            )));
+            ))
+            .detail_is_for_people());
         }
         let key = key_of(name);
         let skeleton = skeleton_of(&key);
@@ -93,38 +97,53 @@ fn is_refused(c: char) -> bool {
 /// `ORDER BY u.name = $1 DESC` so that an exact match wins.
 pub const MATCHES_NAME: &str = "(u.name = $1 OR u.name_key = $2)";
 
+/// Accounts read per step of `backfill`: bounds its memory on a large,
+/// older table.
+const BACKFILL_BATCH_ROWS: i64 = 1_000;
+
 /// Fills in the key and skeleton of accounts created before they existed,
 /// oldest first. An account whose key or skeleton is already taken by an
-/// older one keeps NULLs (and its exact name) and is logged. Runs at start-up
-/// after the migrations; cheap when there is nothing to do.
+/// older one keeps NULLs (and its exact name) and is logged. Runs after the
+/// migrations; after the first run only such look-alikes are left to read.
 pub async fn backfill(db: &sqlx::PgPool) -> Result<(), sqlx::Error> {
-    let legacy = sqlx::query_as::<_, (uuid::Uuid, String)>(
-        "SELECT id, name FROM users WHERE name_skeleton IS NULL ORDER BY created_at, id",
-    )
-    .fetch_all(db)
-    .await?;
-    for (id, name) in legacy {
-        let key = key_of(&name);
-        let skeleton = skeleton_of(&key);
-        let updated = sqlx::query("UPDATE users SET name_key = $2, name_skeleton = $3 WHERE id = $1")
-            .bind(id)
-            .bind(&key)
-            .bind(&skeleton)
-            .execute(db)
-            .await;
-        match updated {
-            Ok(_) => {}
-            Err(sqlx::Error::Database(error)) if error.is_unique_violation() => {
-                tracing::warn!(
-                    user.id = %id,
-                    "an account created before look-alike checks reads like an older one; \
-                     it keeps working under its exact name only"
-                );
+    let mut after: Option<(chrono::DateTime<chrono::Utc>, uuid::Uuid)> = None;
+    loop {
+        let legacy = sqlx::query_as::<_, (chrono::DateTime<chrono::Utc>, uuid::Uuid, String)>(
+            "SELECT created_at, id, name FROM users
+              WHERE name_skeleton IS NULL AND ($1::timestamptz IS NULL OR (created_at, id) > ($1, $2))
+              ORDER BY created_at, id LIMIT $3",
+        )
+        .bind(after.map(|(created_at, _)| created_at))
+        .bind(after.map(|(_, id)| id))
+        .bind(BACKFILL_BATCH_ROWS)
+        .fetch_all(db)
+        .await?;
+        let Some(&(created_at, id, _)) = legacy.last() else {
+            return Ok(());
+        };
+        after = Some((created_at, id));
+        for (_, id, name) in legacy {
+            let key = key_of(&name);
+            let skeleton = skeleton_of(&key);
+            let updated = sqlx::query("UPDATE users SET name_key = $2, name_skeleton = $3 WHERE id = $1")
+                .bind(id)
+                .bind(&key)
+                .bind(&skeleton)
+                .execute(db)
+                .await;
+            match updated {
+                Ok(_) => {}
+                Err(sqlx::Error::Database(error)) if error.is_unique_violation() => {
+                    tracing::warn!(
+                        user.id = %id,
+                        "an account created before look-alike checks reads like an older one; \
+                         it keeps working under its exact name only"
+                    );
+                }
+                Err(error) => return Err(error),
             }
-            Err(error) => return Err(error),
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -444,8 +444,10 @@ impl ResponseError for Problem {
 /// What a failed database call says about the work it carried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DatabaseFailure {
-    /// No connection could be had: nothing was sent.
-    NotSent,
+    /// Nothing can have committed: no connection could be had, or the
+    /// connection broke inside a transaction that was never asked to commit
+    /// (the caller knows which; see `transfer::execute`).
+    NothingCommitted,
     /// PostgreSQL reported the error, so the statement (and the implicit or
     /// explicit transaction around it) rolled back, and the cause is one
     /// that passes: a shutdown, a timeout, too many connections, a
@@ -459,11 +461,10 @@ pub enum DatabaseFailure {
 }
 
 impl DatabaseFailure {
-    /// Classifies an error from a call that ran on an acquired connection.
-    /// (Errors from acquiring one are `NotSent`; see `of_acquire`.)
+    /// Classifies an error by what the error alone tells.
     pub fn of(error: &sqlx::Error) -> Self {
         match error {
-            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => DatabaseFailure::NotSent,
+            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => DatabaseFailure::NothingCommitted,
             sqlx::Error::Database(db) => Self::of_sqlstate(db.code().as_deref().unwrap_or("")),
             _ => DatabaseFailure::Unknown,
         }
@@ -475,11 +476,6 @@ impl DatabaseFailure {
             SqlStateClass::Transient => DatabaseFailure::RolledBackTransient,
             SqlStateClass::Other => DatabaseFailure::RolledBackBug,
         }
-    }
-
-    /// Acquiring a connection sends no work, whatever the error.
-    pub fn of_acquire(_error: &sqlx::Error) -> Self {
-        DatabaseFailure::NotSent
     }
 }
 
@@ -509,7 +505,7 @@ pub fn from_database_error(error: &sqlx::Error, doing: &str) -> Problem {
 
 pub fn from_database_failure(failure: DatabaseFailure, error: &sqlx::Error, doing: &str) -> Problem {
     match failure {
-        DatabaseFailure::NotSent | DatabaseFailure::RolledBackTransient => {
+        DatabaseFailure::NothingCommitted | DatabaseFailure::RolledBackTransient => {
             tracing::error!(error = %error, "database unavailable while {doing}");
             Problem::unavailable("The database is unavailable. Nothing was changed; retry shortly.")
         }
@@ -626,7 +622,7 @@ mod tests {
         }
         assert_eq!(
             DatabaseFailure::of(&sqlx::Error::PoolTimedOut),
-            DatabaseFailure::NotSent
+            DatabaseFailure::NothingCommitted
         );
         let broken = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
         assert_eq!(DatabaseFailure::of(&broken), DatabaseFailure::Unknown);

@@ -120,7 +120,7 @@ pub async fn execute(
                 let failure = match DatabaseFailure::of(&error) {
                     // The connection broke inside a transaction that was
                     // never asked to commit: PostgreSQL rolls it back.
-                    DatabaseFailure::Unknown if !may_have_committed => DatabaseFailure::NotSent,
+                    DatabaseFailure::Unknown if !may_have_committed => DatabaseFailure::NothingCommitted,
                     failure => failure,
                 };
                 let problem = if failure == DatabaseFailure::Unknown {

@@ -227,8 +227,8 @@ impl CooldownLock {
         match tokio::time::timeout(self.command_timeout, attempt).await {
             Ok(Ok((1, _))) => Ok(Cooldown::Acquired(CooldownPermit { key, token })),
             Ok(Ok((2, _))) => Ok(Cooldown::TokenRevoked),
-            // The key may have expired between SET and PTTL (-2), or have no
-            // TTL at all (-1, which we never write): either way, retry soon.
+            // A window always has a TTL (the script sets none without one),
+            // so a negative PTTL cannot happen; clamp it anyway.
             Ok(Ok((_, remaining_ms))) => {
                 let retry_after_ms = u64::try_from(remaining_ms).unwrap_or(0).min(self.ttl_ms);
                 Ok(Cooldown::Active {
@@ -260,36 +260,6 @@ impl CooldownLock {
         }
     }
 
-    /// Gives the window back after a server-side failure, if we still own
-    /// it. Best effort: if Redis is gone too, the window simply expires.
-    pub async fn release(&self, permit: &CooldownPermit) -> bool {
-        let Some(pool) = &self.pool else {
-            return false;
-        };
-        let attempt = async {
-            let mut conn = pool.get().await?;
-            self.release_script
-                .key(&permit.key)
-                .arg(&permit.token)
-                .invoke_async::<i64>(&mut conn)
-                .await
-                .map_err(|e| e.to_string())
-        };
-        match tokio::time::timeout(self.command_timeout, attempt).await {
-            Ok(Ok(deleted)) => deleted == 1,
-            Ok(Err(error)) => {
-                tracing::warn!(error, "could not release the cooldown window");
-                false
-            }
-            Err(_elapsed) => {
-                tracing::warn!("releasing the cooldown window timed out");
-                false
-            }
-        }
-    }
-}
-
-impl CooldownLock {
     /// Writes the revocation entry of a token that was just revoked, to
     /// expire when the token would have. Best effort: if Redis is down, the
     /// transaction's own check still refuses the token, and the window it
@@ -315,6 +285,34 @@ impl CooldownLock {
             Ok(Ok(())) => {}
             Ok(Err(error)) => tracing::warn!(error, "could not record a token's revocation in Redis"),
             Err(_elapsed) => tracing::warn!("recording a token's revocation in Redis timed out"),
+        }
+    }
+
+    /// Gives the window back after a server-side failure, if we still own
+    /// it. Best effort: if Redis is gone too, the window simply expires.
+    pub async fn release(&self, permit: &CooldownPermit) -> bool {
+        let Some(pool) = &self.pool else {
+            return false;
+        };
+        let attempt = async {
+            let mut conn = pool.get().await?;
+            self.release_script
+                .key(&permit.key)
+                .arg(&permit.token)
+                .invoke_async::<i64>(&mut conn)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(self.command_timeout, attempt).await {
+            Ok(Ok(deleted)) => deleted == 1,
+            Ok(Err(error)) => {
+                tracing::warn!(error, "could not release the cooldown window");
+                false
+            }
+            Err(_elapsed) => {
+                tracing::warn!("releasing the cooldown window timed out");
+                false
+            }
         }
     }
 }

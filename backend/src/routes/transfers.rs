@@ -96,10 +96,9 @@ impl Decided {
         }
     }
 
-    /// The transfer may or may not have been made (the connection to
-    /// PostgreSQL broke after it was sent).
-    pub fn outcome_unknown(&self) -> bool {
-        matches!(&self.answer, Answer::Refused(problem) if problem.kind == ProblemType::OutcomeUnknown)
+    /// Refused, unstored, with a problem of this type.
+    pub fn is_refusal(&self, kind: ProblemType) -> bool {
+        matches!(&self.answer, Answer::Refused(problem) if problem.kind == kind)
     }
 
     pub fn status(&self) -> u16 {
@@ -267,8 +266,9 @@ pub async fn through_the_layers(
     // the TTL), or a token the transaction found revoked (whose owner it
     // must not lock out). When the outcome is unknown the window stays: a
     // keyless retry inside it could pay twice.
-    let token_was_dead = decided.decision.outcome == Outcome::Unauthorized && decided.status() == 401;
-    if (decided.status() >= 500 && !decided.outcome_unknown()) || token_was_dead {
+    let token_was_dead = decided.is_refusal(ProblemType::Unauthorized);
+    let changed_nothing = decided.status() >= 500 && !decided.is_refusal(ProblemType::OutcomeUnknown);
+    if changed_nothing || token_was_dead {
         if let Some(permit) = &permit {
             state.cooldown.release(permit).await;
         }

@@ -63,7 +63,8 @@ impl Credentials {
             return Err(Problem::validation(format!(
                 "A password has {} to {} characters.",
                 settings.password_chars_min, settings.password_chars_max
-            )));
+            ))
+            .detail_is_for_people());
         }
         Ok(name)
     }
@@ -148,7 +149,7 @@ pub async fn create_user(
             } else {
                 "Another user already has this name (compared ignoring case and width); pick another."
             };
-            return Err(Problem::new(ProblemType::NameTaken, detail));
+            return Err(Problem::new(ProblemType::NameTaken, detail).detail_is_for_people());
         }
         Err(error) => return Err(problem::from_database_error(&error, "signing up")),
     }
@@ -177,7 +178,7 @@ pub async fn sign_in(
 ) -> Result<HttpResponse, Problem> {
     let body = read_json_body(&request, payload, &state.settings).await?;
     let (credentials, _) = Credentials::parse(&body, &state.settings)
-        .map_err(|_| Problem::unauthorized("Wrong name or password."))?;
+        .map_err(|_| Problem::unauthorized("Wrong name or password.").detail_is_for_people())?;
     let issued = issue_token_for(&state, credentials).await?;
     use secrecy::ExposeSecret;
     Ok(HttpResponse::Created().json(IssuedTokenBody {
@@ -214,7 +215,7 @@ pub async fn issue_token_for(
             Problem::internal()
         })?;
     let (true, Some(user_id)) = (matches, user_id) else {
-        return Err(Problem::unauthorized("Wrong name or password."));
+        return Err(Problem::unauthorized("Wrong name or password.").detail_is_for_people());
     };
     let issued = state.tokens.issue(
         user_id,

@@ -15,7 +15,7 @@ use crate::decision::{Layer, Outcome};
 use crate::defense::idempotency::{self, IdempotencyKey, StoredResponse};
 use crate::domain::{TransferRequest, WalletId};
 use crate::names::{self, MATCHES_NAME};
-use crate::problem::ProblemType;
+use crate::problem::{Problem, ProblemType};
 use crate::routes::transfers::{self, Answer, Decided};
 use crate::routes::users::{self, Credentials};
 use crate::state::AppState;
@@ -336,17 +336,7 @@ async fn account_form(
     };
     match token {
         Ok(token) => signed_in(request, state, &token),
-        Err(problem) => {
-            // The account rules' details are written for people; anything
-            // else gets its type's sentence.
-            let text = match problem.kind {
-                ProblemType::ValidationFailed | ProblemType::NameTaken | ProblemType::Unauthorized => {
-                    problem.detail.clone()
-                }
-                _ => problem.for_people().to_owned(),
-            };
-            again(text, problem.status_code())
-        }
+        Err(problem) => again(problem.for_people().to_owned(), problem.status_code()),
     }
 }
 
@@ -565,7 +555,7 @@ fn review_page(
             "This is more than your balance of {}: it will be refused.",
             money::format(session.balance_minor, currency)
         ))
-    } else if draft.amount_minor * 2 > session.balance_minor {
+    } else if draft.amount_minor > session.balance_minor / 2 {
         Some(format!(
             "This is more than half of your balance. Check the amount: {} is what will leave your wallet.",
             money::format(draft.amount_minor, currency)
@@ -644,8 +634,8 @@ pub async fn transfer(
             return wallet_page(&state, &session, Some(notice), form.recipient, form.amount).await;
         }
     };
-    let recipient_name = match resolve_recipient(&state, &to_wallet_id.to_string()).await {
-        Ok(found) => found.map_or_else(|| "that wallet".to_owned(), |(_, name)| name),
+    let recipient_name = match owner_name(&state, to_wallet_id).await {
+        Ok(found) => found.unwrap_or_else(|| "that wallet".to_owned()),
         Err(error) => return unavailable(&state, &error),
     };
     let context = RequestContext::of(&request);
@@ -671,9 +661,13 @@ pub async fn transfer(
     let mut response = if let Some(original) = original {
         let notice = replay_notice(&original, &recipient_name, &currency);
         wallet_page(&state, &session, Some(notice), String::new(), String::new()).await
-    } else if let Some(wait_s) = still_to_send(&decided) {
+    } else if let Some(problem) = safe_to_send_again(&decided) {
         // Nothing was made yet, or nobody knows: the same confirmation, with
-        // the same key, so sending it again is safe.
+        // the same key, so sending it again is safe. After a cooldown
+        // refusal its Send button counts down the window.
+        let wait_s = problem
+            .retry_after_s()
+            .filter(|_| problem.kind == ProblemType::CooldownActive);
         let draft = Draft {
             to_wallet_id,
             recipient_name: recipient_name.clone(),
@@ -701,20 +695,23 @@ pub async fn transfer(
     response
 }
 
-/// For a confirmation that should be shown again as it is: `Some(wait)`
-/// with the seconds a cooldown still runs (or `None` to send at once).
-/// That is a cooldown refusal, a key still in flight, a store unavailable
-/// and an unknown outcome: nothing final happened that the person must
-/// change the form for.
-fn still_to_send(decided: &Decided) -> Option<Option<u64>> {
-    let Answer::Refused(problem) = &decided.answer else {
-        return None;
-    };
-    match problem.kind {
-        ProblemType::CooldownActive => Some(problem.retry_after_s()),
-        ProblemType::IdempotencyKeyInFlight
-        | ProblemType::ServiceUnavailable
-        | ProblemType::OutcomeUnknown => Some(None),
+/// The refusal, when the confirmation should be shown again as it is: a
+/// cooldown refusal, a key still in flight, a store unavailable or an
+/// unknown outcome. Nothing final happened that the person must change the
+/// form for, and the same key makes sending it again safe.
+fn safe_to_send_again(decided: &Decided) -> Option<&Problem> {
+    match &decided.answer {
+        Answer::Refused(problem)
+            if matches!(
+                problem.kind,
+                ProblemType::CooldownActive
+                    | ProblemType::IdempotencyKeyInFlight
+                    | ProblemType::ServiceUnavailable
+                    | ProblemType::OutcomeUnknown
+            ) =>
+        {
+            Some(problem)
+        }
         _ => None,
     }
 }
@@ -737,15 +734,20 @@ async fn wait_for_original(
     }
 }
 
+/// The name of a wallet's owner, as the account spells it.
+async fn owner_name(state: &AppState, wallet_id: Uuid) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar::<_, String>(
+        "SELECT u.name FROM wallets w JOIN users u ON u.id = w.user_id WHERE w.id = $1",
+    )
+    .bind(wallet_id)
+    .fetch_optional(&state.db)
+    .await
+}
+
 /// A user name or a wallet id → (wallet id, name to show).
 async fn resolve_recipient(state: &AppState, recipient: &str) -> Result<Option<(Uuid, String)>, sqlx::Error> {
     if let Ok(wallet_id) = Uuid::try_parse(recipient) {
-        let name = sqlx::query_scalar::<_, String>(
-            "SELECT u.name FROM wallets w JOIN users u ON u.id = w.user_id WHERE w.id = $1",
-        )
-        .bind(wallet_id)
-        .fetch_optional(&state.db)
-        .await?;
+        let name = owner_name(state, wallet_id).await?;
         return Ok(name.map(|name| (wallet_id, name)));
     }
     // By the name's key (case and width do not matter), an exact name
