@@ -10,6 +10,7 @@
 //! configure the exporter); without it, trace ids are still made and
 //! returned to clients, and nothing is exported or logged about exporting.
 
+use std::io::IsTerminal;
 use std::time::Instant;
 
 use actix_web::HttpMessage;
@@ -93,15 +94,23 @@ fn install(format: LogFormat, logs: bool, provider: SdkTracerProvider) -> Teleme
     let otel = tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("layered-wallet"))
         .with_filter(EnvFilter::new("info"));
+    // Logs go to stderr, so that a subcommand's stdout carries only its
+    // data; colour only when a person is watching and has not opted out.
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let fmt = logs.then(|| match format {
         LogFormat::Json => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
             .json()
             .flatten_event(true)
             .with_current_span(false)
             .with_span_list(false)
             .with_filter(filter())
             .boxed(),
-        LogFormat::Text => tracing_subscriber::fmt::layer().with_filter(filter()).boxed(),
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(colour)
+            .with_filter(filter())
+            .boxed(),
     });
     // `try_init`: a test process builds many apps and initialises once.
     let _ = tracing_subscriber::registry().with(otel).with(fmt).try_init();
