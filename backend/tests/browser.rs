@@ -99,9 +99,13 @@ async fn fill(client: &Client, css: &str, text: &str) {
     field.send_keys(text).await.expect("type");
 }
 
+/// Waits for the element (a click often follows a navigation that has not
+/// finished loading), then clicks it.
 async fn click(client: &Client, css: &str) {
     client
-        .find(Locator::Css(css))
+        .wait()
+        .at_most(Duration::from_secs(10))
+        .for_element(Locator::Css(css))
         .await
         .expect(css)
         .click()
