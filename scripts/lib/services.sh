@@ -156,3 +156,10 @@ ensure_redis_cluster() {
   log "the Redis Cluster did not become ready"
   return 1
 }
+
+# The chaos suite starts PostgreSQL clusters and Redis servers of its own,
+# so it needs their programs even where the servers run elsewhere.
+ensure_store_programs() {
+  compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || command -v initdb >/dev/null || apt_install postgresql
+  command -v redis-server >/dev/null || apt_install redis-server
+}

@@ -5,8 +5,11 @@
 //! If PostgreSQL or Redis is not reachable the harness panics with how to
 //! start them; a test never quietly skips.
 
+pub mod chaos;
 pub mod nginx;
+pub mod private_stores;
 pub mod proxy;
+pub mod server_process;
 pub mod visitor;
 
 use std::collections::HashMap;
@@ -165,6 +168,7 @@ pub struct TestApp {
     second_instance: bool,
 }
 
+#[derive(Clone)]
 pub struct TestUser {
     pub name: String,
     pub user_id: Uuid,
@@ -329,21 +333,7 @@ impl TestApp {
     }
 
     pub async fn sign_up(&self, name: &str) -> TestUser {
-        let response = self
-            .client
-            .post(self.url("/api/v1/users"))
-            .json(&json!({ "name": name, "password": "correct horse battery" }))
-            .send()
-            .await
-            .expect("sign-up request");
-        assert_eq!(response.status(), 201, "sign-up of {name}");
-        let body: Value = response.json().await.expect("json");
-        TestUser {
-            name: name.to_owned(),
-            user_id: Uuid::parse_str(body["user_id"].as_str().expect("user_id")).expect("uuid"),
-            wallet_id: Uuid::parse_str(body["wallet_id"].as_str().expect("wallet_id")).expect("uuid"),
-            token: body["token"].as_str().expect("token").to_owned(),
-        }
+        sign_up_at(&self.client, &self.address, name).await
     }
 
     /// The Prometheus text at `/metrics`.
@@ -467,40 +457,10 @@ impl TestApp {
     }
 
     /// The money invariants, checked on the database after every
-    /// concurrency test: no money created or destroyed, no negative
-    /// balance, every balance explained by its ledger, every transfer
-    /// recorded as exactly two entries that sum to zero.
+    /// concurrency test.
     pub async fn assert_invariants(&self) {
-        let (opening, balances, negative) = sqlx::query_as::<_, (i64, i64, i64)>(
-            "SELECT coalesce(sum(opening_balance_minor), 0)::bigint,
-                    coalesce(sum(balance_minor), 0)::bigint,
-                    count(*) FILTER (WHERE balance_minor < 0)
-             FROM wallets",
-        )
-        .fetch_one(&self.db)
-        .await
-        .expect("totals");
-        assert_eq!(opening, balances, "money was created or destroyed");
-        assert_eq!(negative, 0, "a balance went negative");
-        let unexplained = self
-            .count(
-                "SELECT count(*) FROM wallets w
-                 WHERE w.balance_minor <> w.opening_balance_minor
-                     + coalesce((SELECT sum(amount_minor) FROM ledger_entries l WHERE l.wallet_id = w.id), 0)",
-            )
-            .await;
-        assert_eq!(unexplained, 0, "a balance does not match its ledger");
-        let unbalanced = self
-            .count(
-                "SELECT count(*) FROM transfers t
-                 WHERE (SELECT count(*) FROM ledger_entries l WHERE l.transfer_id = t.id) <> 2
-                    OR (SELECT sum(amount_minor) FROM ledger_entries l WHERE l.transfer_id = t.id) <> 0",
-            )
-            .await;
-        assert_eq!(
-            unbalanced, 0,
-            "a transfer is not recorded as two entries summing to zero"
-        );
+        let violations = money_invariant_violations(&self.db).await;
+        assert!(violations.is_empty(), "{}", violations.join("; "));
     }
 
     pub async fn cooldown_keys(&self) -> Vec<String> {
@@ -512,6 +472,75 @@ impl TestApp {
             .await
             .expect("KEYS")
     }
+}
+
+/// Signs `name` up through the server at `base_url`.
+pub async fn sign_up_at(client: &reqwest::Client, base_url: &str, name: &str) -> TestUser {
+    let response = client
+        .post(format!("{base_url}/api/v1/users"))
+        .json(&json!({ "name": name, "password": "correct horse battery" }))
+        .send()
+        .await
+        .expect("sign-up request");
+    assert_eq!(response.status(), 201, "sign-up of {name}");
+    let body: Value = response.json().await.expect("json");
+    let id = |field: &str| Uuid::parse_str(body[field].as_str().expect("an id")).expect("uuid");
+    TestUser {
+        name: name.to_owned(),
+        user_id: id("user_id"),
+        wallet_id: id("wallet_id"),
+        token: body["token"].as_str().expect("token").to_owned(),
+    }
+}
+
+/// The money invariants: no money created or destroyed, no negative
+/// balance, every balance explained by its ledger, every transfer recorded
+/// as exactly two entries that sum to zero. Returns what broke.
+pub async fn money_invariant_violations(db: &PgPool) -> Vec<String> {
+    let count = |sql: &'static str| async move {
+        sqlx::query_scalar::<_, i64>(sql)
+            .fetch_one(db)
+            .await
+            .expect("an invariant query")
+    };
+    let mut violations = Vec::new();
+    let (opening, balances) = sqlx::query_as::<_, (i64, i64)>(
+        "SELECT coalesce(sum(opening_balance_minor), 0)::bigint, coalesce(sum(balance_minor), 0)::bigint
+         FROM wallets",
+    )
+    .fetch_one(db)
+    .await
+    .expect("totals");
+    if opening != balances {
+        violations.push(format!(
+            "money was created or destroyed: wallets opened with {opening} and hold {balances}"
+        ));
+    }
+    let negative = count("SELECT count(*) FROM wallets WHERE balance_minor < 0").await;
+    if negative > 0 {
+        violations.push(format!("{negative} balances went negative"));
+    }
+    let unexplained = count(
+        "SELECT count(*) FROM wallets w
+         WHERE w.balance_minor <> w.opening_balance_minor
+             + coalesce((SELECT sum(amount_minor) FROM ledger_entries l WHERE l.wallet_id = w.id), 0)",
+    )
+    .await;
+    if unexplained > 0 {
+        violations.push(format!("{unexplained} balances do not match their ledger"));
+    }
+    let unbalanced = count(
+        "SELECT count(*) FROM transfers t
+         WHERE (SELECT count(*) FROM ledger_entries l WHERE l.transfer_id = t.id) <> 2
+            OR (SELECT sum(amount_minor) FROM ledger_entries l WHERE l.transfer_id = t.id) <> 0",
+    )
+    .await;
+    if unbalanced > 0 {
+        violations.push(format!(
+            "{unbalanced} transfers are not recorded as two entries summing to zero"
+        ));
+    }
+    violations
 }
 
 #[derive(Debug, PartialEq, Eq)]

@@ -19,7 +19,14 @@ pub struct CountingProxy {
     query_messages: Arc<AtomicU64>,
     refusing: Arc<AtomicBool>,
     cut: Arc<Notify>,
-    lose_reply: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+    lose_reply: Arc<std::sync::Mutex<Option<ReplyFault>>>,
+    replies_lost: Arc<AtomicU64>,
+}
+
+/// Which statement's reply to lose, and whether to go on losing them.
+struct ReplyFault {
+    needle: Vec<u8>,
+    every_time: bool,
 }
 
 impl CountingProxy {
@@ -30,8 +37,9 @@ impl CountingProxy {
         let refusing = Arc::new(AtomicBool::new(false));
         let cut = Arc::new(Notify::new());
         let lose_reply = Arc::new(std::sync::Mutex::new(None));
+        let replies_lost = Arc::new(AtomicU64::new(0));
         let (counter, refuse, cut_all) = (query_messages.clone(), refusing.clone(), cut.clone());
-        let armed = lose_reply.clone();
+        let (armed, lost) = (lose_reply.clone(), replies_lost.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 if refuse.load(Ordering::SeqCst) {
@@ -47,6 +55,7 @@ impl CountingProxy {
                     counter.clone(),
                     cut_all.clone(),
                     armed.clone(),
+                    lost.clone(),
                 ));
             }
         });
@@ -56,6 +65,7 @@ impl CountingProxy {
             refusing,
             cut,
             lose_reply,
+            replies_lost,
         }
     }
 
@@ -65,12 +75,34 @@ impl CountingProxy {
     /// before any of the reply is forwarded. The app cannot know whether it
     /// committed.
     pub fn lose_the_reply_to(&self, needle: &str) {
-        *self.lose_reply.lock().expect("lock") = Some(needle.as_bytes().to_vec());
+        self.arm(needle, false);
     }
 
-    /// True once the armed fault has fired.
+    /// Like `lose_the_reply_to`, for every such statement until
+    /// `stop_losing_replies`.
+    pub fn keep_losing_replies_to(&self, needle: &str) {
+        self.arm(needle, true);
+    }
+
+    pub fn stop_losing_replies(&self) {
+        *self.lose_reply.lock().expect("lock") = None;
+    }
+
+    fn arm(&self, needle: &str, every_time: bool) {
+        *self.lose_reply.lock().expect("lock") = Some(ReplyFault {
+            needle: needle.as_bytes().to_vec(),
+            every_time,
+        });
+    }
+
+    /// True once an armed fault has fired.
     pub fn reply_was_lost(&self) -> bool {
-        self.lose_reply.lock().expect("lock").is_none()
+        self.replies_lost() > 0
+    }
+
+    /// How many replies were dropped after their statement completed.
+    pub fn replies_lost(&self) -> u64 {
+        self.replies_lost.load(Ordering::SeqCst)
     }
 
     /// Query-carrying messages (simple query, parse, bind, execute,
@@ -85,6 +117,17 @@ impl CountingProxy {
         self.refusing.store(true, Ordering::SeqCst);
         self.cut.notify_waiters();
     }
+
+    /// Accepts connections again after `go_down`.
+    pub fn come_back_up(&self) {
+        self.refusing.store(false, Ordering::SeqCst);
+    }
+
+    /// Drops every open connection, mid-statement or idle, and goes on
+    /// accepting new ones: a network blip, or a firewall forgetting flows.
+    pub fn cut_connections(&self) {
+        self.cut.notify_waiters();
+    }
 }
 
 async fn pipe(
@@ -92,7 +135,8 @@ async fn pipe(
     server: TcpStream,
     counter: Arc<AtomicU64>,
     cut: Arc<Notify>,
-    lose_reply: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+    lose_reply: Arc<std::sync::Mutex<Option<ReplyFault>>>,
+    replies_lost: Arc<AtomicU64>,
 ) {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
@@ -101,19 +145,30 @@ async fn pipe(
     let upstream = async {
         let mut buffer = vec![0u8; 16 * 1024];
         let mut parser = FrontendParser::default();
+        let mut statements = Statements::default();
         loop {
             let read = client_read.read(&mut buffer).await.unwrap_or(0);
             if read == 0 {
                 break;
             }
-            counter.fetch_add(parser.feed(&buffer[..read]), Ordering::SeqCst);
+            let messages = parser.feed(&buffer[..read]);
+            counter.fetch_add(
+                messages.iter().filter(|m| b"QPBEF".contains(&m.kind)).count() as u64,
+                Ordering::SeqCst,
+            );
             {
                 let mut armed = lose_reply.lock().expect("lock");
-                let carries_it = armed
-                    .as_deref()
-                    .is_some_and(|needle| buffer[..read].windows(needle.len()).any(|w| w == needle));
+                let mut carries_it = false;
+                for message in &messages {
+                    let executes = statements.note(message);
+                    carries_it |= armed.as_ref().zip(executes).is_some_and(|(fault, text)| {
+                        text.windows(fault.needle.len()).any(|w| w == fault.needle)
+                    });
+                }
                 if carries_it {
-                    *armed = None;
+                    if armed.as_ref().is_some_and(|fault| !fault.every_time) {
+                        *armed = None;
+                    }
                     doomed.store(true, Ordering::SeqCst);
                 }
             }
@@ -134,6 +189,7 @@ async fn pipe(
             // the command completed and it is ready for the next query:
             // the implicit transaction has committed by then. Drop it all.
             if doomed.load(Ordering::SeqCst) && replies.feed(&buffer[..read]) {
+                replies_lost.fetch_add(1, Ordering::SeqCst);
                 break;
             }
             if client_write.write_all(&buffer[..read]).await.is_err() {
@@ -185,28 +241,66 @@ struct FrontendParser {
     started: bool,
 }
 
+struct FrontendMessage {
+    /// The type byte; 0 for the start-up packet.
+    kind: u8,
+    body: Vec<u8>,
+}
+
 impl FrontendParser {
-    /// Consumes bytes and returns how many query messages they completed.
-    fn feed(&mut self, bytes: &[u8]) -> u64 {
+    /// Consumes bytes and returns the messages they completed.
+    fn feed(&mut self, bytes: &[u8]) -> Vec<FrontendMessage> {
         self.pending.extend_from_slice(bytes);
-        let mut queries = 0;
+        let mut messages = Vec::new();
         loop {
             let header = if self.started { 5 } else { 4 };
             if self.pending.len() < header {
-                return queries;
+                return messages;
             }
             let length_at = header - 4;
             let length =
                 u32::from_be_bytes(self.pending[length_at..header].try_into().expect("four bytes")) as usize;
             let total = length_at + length;
             if self.pending.len() < total {
-                return queries;
+                return messages;
             }
-            if self.started && b"QPBEF".contains(&self.pending[0]) {
-                queries += 1;
-            }
+            messages.push(FrontendMessage {
+                kind: if self.started { self.pending[0] } else { 0 },
+                body: self.pending[header..total].to_vec(),
+            });
             self.started = true;
             self.pending.drain(..total);
+        }
+    }
+}
+
+/// The text of every statement a connection has prepared, by name, so
+/// that a Bind of a cached statement (which carries only its name) can be
+/// recognised as well as a simple query carrying its text.
+#[derive(Default)]
+struct Statements {
+    by_name: std::collections::HashMap<Vec<u8>, Vec<u8>>,
+}
+
+impl Statements {
+    /// Remembers prepared statements; returns the text a message runs, for
+    /// a simple query or a Bind.
+    fn note(&mut self, message: &FrontendMessage) -> Option<Vec<u8>> {
+        let mut fields = message.body.split(|&byte| byte == 0);
+        match message.kind {
+            b'Q' => Some(message.body.clone()),
+            b'P' => {
+                let name = fields.next()?.to_vec();
+                let text = fields.next()?.to_vec();
+                self.by_name.insert(name, text);
+                None
+            }
+            b'B' => {
+                let _portal = fields.next()?;
+                let statement = fields.next()?;
+                self.by_name.get(statement).cloned()
+            }
+            _ => None,
         }
     }
 }

@@ -1,0 +1,62 @@
+//! The chaos suite: a private PostgreSQL and Redis, several real
+//! `wallet-server` processes, a storm of keyed clients that retry with
+//! their key and of keyless double clicks, and one fault per test in the
+//! middle of the storm. Each test checks the database afterwards (every key
+//! at most one transfer, exactly the one its 201s name; money conserved;
+//! no dangling claim), the answers (no 500, no request over its bound, no
+//! false "nothing was changed"), readiness during the fault, and recovery.
+//!
+//! The faults run one at a time, so that each one's timings are its own.
+//! `CHAOS_FULL=1` runs the bigger storm behind `docs/reliability.md`
+//! (`./scripts/chaos`); without it, the subset CI runs.
+
+use std::path::PathBuf;
+
+use layered_wallet::settings::StoreErrorPolicy;
+use wallet_testkit::chaos::{self, Fault, Scale};
+
+/// One fault at a time in this process.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn survive(fault: Fault) {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_wallet-server"));
+    let report = chaos::run(binary, fault, Scale::from_env()).await;
+    report.publish();
+    report.assert_held();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_killed_under_fail_open() {
+    survive(Fault::RedisKilled(StoreErrorPolicy::FailOpen)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_killed_under_fail_closed() {
+    survive(Fault::RedisKilled(StoreErrorPolicy::FailClosed)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_fast_restart() {
+    survive(Fault::PostgresFastRestart).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_crash() {
+    survive(Fault::PostgresCrash).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn instance_killed() {
+    survive(Fault::InstanceKilled).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn database_connections_cut() {
+    survive(Fault::ConnectionsCut).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn commit_replies_lost() {
+    survive(Fault::CommitRepliesLost).await;
+}
