@@ -82,6 +82,9 @@ pub struct Settings {
     // --- HTTP ---
     pub http_host: String,
     pub http_port: u16,
+    /// `host:port` of the admin listener: `/metrics` and the detailed
+    /// `/readyz`. Keep it off the public network; port 0 picks a free one.
+    pub admin_http_addr: String,
     /// actix worker threads; one per core is enough for an I/O-bound service.
     pub http_workers: usize,
     pub request_body_bytes_max: usize,
@@ -206,6 +209,7 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             http_host: "127.0.0.1".into(),
+            admin_http_addr: "127.0.0.1:9090".into(),
             http_port: 8080,
             http_workers: 2,
             request_body_bytes_max: 16 * 1024,

@@ -29,6 +29,8 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 pub struct Application {
     port: u16,
     server: Server,
+    admin_port: u16,
+    admin_server: Server,
     sweeper: tokio::task::JoinHandle<()>,
 }
 
@@ -58,6 +60,13 @@ impl Application {
                 )
             })?;
         let port = listener.local_addr()?.port();
+        let admin_listener = TcpListener::bind(settings.admin_http_addr.as_str()).map_err(|error| {
+            anyhow::anyhow!(
+                "failed to bind admin_http_addr {}: {error}",
+                settings.admin_http_addr
+            )
+        })?;
+        let admin_port = admin_listener.local_addr()?.port();
         let metrics = Metrics::new();
         let (redis, redis_client) = if settings.cooldown_enabled || settings.decision_feed_enabled {
             (
@@ -107,6 +116,7 @@ impl Application {
         let workers = state.settings.http_workers;
         let grace_s = state.settings.shutdown_grace_s;
         let data = web::Data::new(state);
+        let admin_data = data.clone();
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(data.clone())
@@ -117,15 +127,28 @@ impl Application {
         .shutdown_timeout(grace_s)
         .listen(listener)?
         .run();
+        let admin_server =
+            HttpServer::new(move || App::new().app_data(admin_data.clone()).configure(configure_admin))
+                .workers(1)
+                .shutdown_timeout(grace_s)
+                .listen(admin_listener)?
+                .run();
         Ok(Self {
             port,
             server,
+            admin_port,
+            admin_server,
             sweeper,
         })
     }
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The port of the admin listener (`/metrics`, the detailed `/readyz`).
+    pub fn admin_port(&self) -> u16 {
+        self.admin_port
     }
 
     /// Stops the server from elsewhere (tests, embedding).
@@ -136,7 +159,11 @@ impl Application {
     /// Serves until SIGINT or SIGTERM, then drains in-flight requests for
     /// up to `shutdown_grace_s` and stops the sweeper.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        let admin = self.admin_server.handle();
+        let admin_task = tokio::spawn(self.admin_server);
         let result = self.server.await;
+        admin.stop(true).await;
+        let _ = admin_task.await;
         self.sweeper.abort();
         result
     }
@@ -147,7 +174,6 @@ pub fn configure(config: &mut web::ServiceConfig) {
     config
         .route("/healthz", web::get().to(health::healthz))
         .route("/readyz", web::get().to(health::readyz))
-        .route("/metrics", web::get().to(metrics_text))
         .route("/api/openapi.json", web::get().to(openapi::serve))
         .service(
             web::scope("/api/v1")
@@ -163,6 +189,15 @@ pub fn configure(config: &mut web::ServiceConfig) {
         )
         .configure(crate::web::configure)
         .default_service(web::to(routes::not_found));
+}
+
+/// The admin listener's routes: for operators and scrapers on the private
+/// network, never exposed by the load balancer.
+pub fn configure_admin(config: &mut web::ServiceConfig) {
+    config
+        .route("/healthz", web::get().to(health::healthz))
+        .route("/readyz", web::get().to(health::readyz_detailed))
+        .route("/metrics", web::get().to(metrics_text));
 }
 
 /// Applies pending migrations, then fills in what a migration cannot

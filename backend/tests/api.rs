@@ -317,6 +317,9 @@ async fn with_postgres_unreachable_a_transfer_is_a_503() {
     let ready = app.client.get(app.url("/readyz")).send().await.expect("send");
     assert_eq!(ready.status(), 503);
     let ready: Value = ready.json().await.expect("json");
+    assert_eq!(ready, json!({ "status": "not_ready" }));
+    let (status, ready) = app.admin_readiness().await;
+    assert_eq!(status, 503);
     assert_eq!(ready["postgres"], "unreachable");
 }
 
@@ -332,7 +335,11 @@ async fn health_readiness_openapi_and_unknown_routes() {
             .status(),
         200
     );
+    // The public probe gives the verdict only; the admin listener, why.
     let ready: Value = app.get_json("/readyz", None).await;
+    assert_eq!(ready, json!({ "status": "ready" }));
+    let (status, ready) = app.admin_readiness().await;
+    assert_eq!(status, 200);
     assert_eq!(ready["status"], "ready");
     assert_eq!(ready["postgres"], "ok");
     assert_eq!(ready["redis"], "ok");

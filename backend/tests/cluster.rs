@@ -17,7 +17,7 @@ fn on_cluster(settings: &mut Settings) {
 async fn the_cooldown_and_the_feed_work_on_a_redis_cluster() {
     assert_redis_cluster_reachable().await;
     let app = spawn_app(on_cluster).await;
-    let ready = app.get_json("/readyz", None).await;
+    let (_, ready) = app.admin_readiness().await;
     assert_eq!(ready["redis"], "ok", "{ready}");
 
     // Users land in different hash slots, so this exercises several nodes.

@@ -177,11 +177,11 @@ async fn an_unsafe_mode_needs_the_explicit_switch_and_is_reported() {
         settings.allow_unsafe_demo_modes = true;
     })
     .await;
-    let ready = app.get_json("/readyz", None).await;
+    let (_, ready) = app.admin_readiness().await;
     assert_eq!(ready["mode"]["safe"], false);
     assert_eq!(ready["mode"]["idempotency"], "check_then_insert");
     assert_eq!(ready["mode"]["unsafe_modes"][0], "idempotency check-then-insert");
 
     let safe = spawn_app(|_| {}).await;
-    assert_eq!(safe.get_json("/readyz", None).await["mode"]["safe"], true);
+    assert_eq!(safe.admin_readiness().await.1["mode"]["safe"], true);
 }

@@ -124,6 +124,7 @@ pub fn test_settings(database_url: &str, redis_prefix: &str) -> Settings {
         signup_grant_minor: 100_000,
         idempotency_sweep_interval_s: 3600,
         shutdown_grace_s: 1,
+        admin_http_addr: "127.0.0.1:0".into(),
         ..Settings::default()
     }
 }
@@ -157,6 +158,8 @@ pub fn without_cooldown(settings: &mut Settings) {
 
 pub struct TestApp {
     pub address: String,
+    /// The admin listener: `/metrics` and the detailed `/readyz`.
+    pub admin_address: String,
     /// The test's own pool on the app's database, for asserting on state.
     pub db: PgPool,
     pub db_options: PgConnectOptions,
@@ -244,11 +247,11 @@ pub async fn spawn_with(settings: Settings, db_options: PgConnectOptions) -> Tes
             let app = Application::build(server_settings)
                 .await
                 .expect("the app must start");
-            let _ = started_tx.send((app.port(), app.handle()));
+            let _ = started_tx.send((app.port(), app.admin_port(), app.handle()));
             let _ = app.run_until_stopped().await;
         });
     });
-    let (port, handle) = started_rx.await.expect("the app started");
+    let (port, admin_port, handle) = started_rx.await.expect("the app started");
     let db = PgPoolOptions::new()
         .max_connections(3)
         .connect_with(db_options.clone())
@@ -256,6 +259,7 @@ pub async fn spawn_with(settings: Settings, db_options: PgConnectOptions) -> Tes
         .expect("the test connects to its database");
     TestApp {
         address: format!("http://127.0.0.1:{port}"),
+        admin_address: format!("http://127.0.0.1:{admin_port}"),
         db,
         db_options,
         redis_prefix: settings.redis_key_prefix.clone(),
@@ -336,10 +340,26 @@ impl TestApp {
         sign_up_at(&self.client, &self.address, name).await
     }
 
-    /// The Prometheus text at `/metrics`.
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("{}{path}", self.admin_address)
+    }
+
+    /// The admin listener's detailed `/readyz`: status code and body.
+    pub async fn admin_readiness(&self) -> (u16, Value) {
+        let response = self
+            .client
+            .get(self.admin_url("/readyz"))
+            .send()
+            .await
+            .expect("send");
+        let status = response.status().as_u16();
+        (status, response.json().await.expect("a JSON body"))
+    }
+
+    /// The Prometheus text at the admin listener's `/metrics`.
     pub async fn metrics(&self) -> String {
         self.client
-            .get(self.url("/metrics"))
+            .get(self.admin_url("/metrics"))
             .send()
             .await
             .expect("send")

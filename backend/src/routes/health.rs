@@ -15,7 +15,8 @@ pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(serde_json::json!({ "status": "ok" }))
 }
 
-#[derive(Serialize, utoipa::ToSchema)]
+/// The admin listener's readiness report.
+#[derive(Serialize)]
 pub struct Readiness {
     pub status: &'static str,
     pub postgres: &'static str,
@@ -26,7 +27,7 @@ pub struct Readiness {
 }
 
 /// Which defenses this instance runs, and how.
-#[derive(Serialize, utoipa::ToSchema)]
+#[derive(Serialize)]
 pub struct DefenseMode {
     /// False when any layer is off or naive (a demonstration instance).
     pub safe: bool,
@@ -50,16 +51,56 @@ impl DefenseMode {
     }
 }
 
+/// What the public `/readyz` says: the verdict only. The details (pool
+/// states, fail-open counts, defense modes) are for operators, on the admin
+/// listener.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ReadinessStatus {
+    /// `ready`, `degraded` (Redis is down and the cooldown fails open), or
+    /// `not_ready`.
+    pub status: &'static str,
+}
+
 /// Ready to take traffic: PostgreSQL answers, and Redis answers or the
 /// policy lets transfers go on without it. Under `fail_open` a Redis outage
-/// leaves the instance ready with `"redis": "degraded"` (and the
+/// leaves the instance ready with status `degraded` (and the
 /// `wallet_cooldown_degraded` gauge at 1): every instance shares the one
 /// Redis, so answering 503 would make a load balancer remove them all while
 /// they can still serve. Under `fail_closed`, and whenever PostgreSQL is
-/// down, 503.
+/// down, 503. This is the probe for load balancers; the admin listener's
+/// `/readyz` says why.
 #[utoipa::path(get, path = "/readyz", tag = "health",
-    responses((status = 200, body = Readiness), (status = 503, body = Readiness)))]
+    responses((status = 200, body = ReadinessStatus), (status = 503, body = ReadinessStatus)))]
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
+    let readiness = probe(&state).await;
+    let body = ReadinessStatus {
+        status: readiness.status,
+    };
+    if readiness.is_ready() {
+        HttpResponse::Ok().json(body)
+    } else {
+        HttpResponse::ServiceUnavailable().json(body)
+    }
+}
+
+/// The admin listener's `/readyz`: the same verdict and status code, with
+/// each store's state, the fail-open count and the defense modes.
+pub async fn readyz_detailed(state: web::Data<AppState>) -> HttpResponse {
+    let readiness = probe(&state).await;
+    if readiness.is_ready() {
+        HttpResponse::Ok().json(readiness)
+    } else {
+        HttpResponse::ServiceUnavailable().json(readiness)
+    }
+}
+
+impl Readiness {
+    fn is_ready(&self) -> bool {
+        self.status != "not_ready"
+    }
+}
+
+async fn probe(state: &AppState) -> Readiness {
     let probe_timeout = Duration::from_millis(state.settings.db_acquire_wait_ms_max);
     let postgres = tokio::time::timeout(probe_timeout, sqlx::query("SELECT 1").execute(&state.db)).await;
     let postgres_ok = matches!(postgres, Ok(Ok(_)));
@@ -87,7 +128,7 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
         .cooldown_degraded
         .set(i64::from(redis == "degraded"));
     let ready = postgres_ok && redis != "unreachable";
-    let body = Readiness {
+    Readiness {
         status: match (ready, redis) {
             (false, _) => "not_ready",
             (true, "degraded") => "degraded",
@@ -97,10 +138,5 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
         redis,
         cooldown_fail_open_passes: state.cooldown.fail_open_passes(),
         mode: DefenseMode::of(&state.settings),
-    };
-    if ready {
-        HttpResponse::Ok().json(body)
-    } else {
-        HttpResponse::ServiceUnavailable().json(body)
     }
 }
