@@ -59,6 +59,7 @@ redis_ops=$(redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -q -c 32 -n 300000 -r 
 start_server() { # extra environment for the instance
   psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
   env DATABASE_URL="$db_url" REDIS_URL="$REDIS_URL" PORT=$port RUST_LOG=warn WALLET_ADMIN_HTTP_ADDR=127.0.0.1:0 \
+      WALLET_ACCOUNT_LIMITS_ENABLED=false \
       WALLET_TOKEN_SIGNING_KEY=bench-signing-key-bench-signing-key-0000 \
       WALLET_REDIS_KEY_PREFIX="bench:$(date +%s%N):" "$@" \
       "$server" serve > "$work/server.log" 2>&1 &

@@ -45,6 +45,11 @@ export DATABASE_URL=${DATABASE_URL:-$(database_url layered_wallet)}
 [ -s .tmp/dev-signing-key ] || head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > .tmp/dev-signing-key
 export WALLET_TOKEN_SIGNING_KEY=${WALLET_TOKEN_SIGNING_KEY:-$(cat .tmp/dev-signing-key)}
 
+# Load tests sign up thousands of users from this one address, which the
+# sign-up limits exist to stop; set WALLET_ACCOUNT_LIMITS_ENABLED=true to
+# keep them.
+export WALLET_ACCOUNT_LIMITS_ENABLED=${WALLET_ACCOUNT_LIMITS_ENABLED:-false}
+
 profile=${PROFILE:-debug}
 cargo build --workspace --bins $([ "$profile" = release ] && echo --release) >&2
 stop

@@ -2,6 +2,7 @@
 //! duplicate and racing requests. Start at [`routes::transfers`], which
 //! reads as the three layers in order, and at [`defense`], one file a layer.
 
+pub mod account_limits;
 pub mod auth;
 pub mod decision;
 pub mod defense;

@@ -27,6 +27,7 @@ pub struct Metrics {
     pub layer_latency: HistogramVec,
     /// Requests let through while Redis could not be asked.
     pub cooldown_fail_open: IntCounter,
+    pub account_limits_fail_open: IntCounter,
     /// Decision feed entries dropped because the queue was full or Redis
     /// failed; the transfer itself was not affected.
     pub feed_dropped: IntCounter,
@@ -68,6 +69,11 @@ impl Metrics {
             "Requests passed without the cooldown because Redis was unreachable",
         )
         .expect("static metric definition");
+        let account_limits_fail_open = IntCounter::new(
+            "account_limits_fail_open_total",
+            "Sign-ups and sign-ins passed without their rate limit because Redis was unreachable",
+        )
+        .expect("static metric definition");
         let feed_dropped = IntCounter::new(
             "decision_feed_dropped_total",
             "Decision feed entries dropped (queue full or Redis unavailable)",
@@ -88,6 +94,7 @@ impl Metrics {
             Box::new(http_latency.clone()),
             Box::new(layer_latency.clone()),
             Box::new(cooldown_fail_open.clone()),
+            Box::new(account_limits_fail_open.clone()),
             Box::new(feed_dropped.clone()),
             Box::new(pool_connections.clone()),
             Box::new(cooldown_degraded.clone()),
@@ -102,6 +109,7 @@ impl Metrics {
             http_latency,
             layer_latency,
             cooldown_fail_open,
+            account_limits_fail_open,
             feed_dropped,
             pool_connections,
             cooldown_degraded,

@@ -36,6 +36,7 @@ pub enum ProblemType {
     IdempotencyKeyReused,
     IdempotencyKeyInFlight,
     CooldownActive,
+    TooManyAttempts,
     InsufficientFunds,
     UnknownTargetWallet,
     CurrencyMismatch,
@@ -56,7 +57,7 @@ struct Entry {
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 18] = [
+    pub const ALL: [ProblemType; 19] = [
         ProblemType::MalformedRequest,
         ProblemType::ValidationFailed,
         ProblemType::Unauthorized,
@@ -69,6 +70,7 @@ impl ProblemType {
         ProblemType::IdempotencyKeyReused,
         ProblemType::IdempotencyKeyInFlight,
         ProblemType::CooldownActive,
+        ProblemType::TooManyAttempts,
         ProblemType::InsufficientFunds,
         ProblemType::UnknownTargetWallet,
         ProblemType::CurrencyMismatch,
@@ -163,6 +165,13 @@ impl ProblemType {
                 "Too soon after your last transfer",
                 "You sent a transfer moments ago. Transfers are spaced a few seconds apart so that duplicates cannot slip through; please try again shortly.",
                 "A transfer by you started within the cooldown window (cooldown_ttl_ms). The Redis cooldown lock refused this one before any database work, so nothing was changed. Retry after the Retry-After header's seconds; a retry with the same Idempotency-Key then replays or completes exactly once.",
+            ),
+            TooManyAttempts => (
+                "too-many-attempts",
+                StatusCode::TOO_MANY_REQUESTS,
+                "Too many attempts",
+                "There have been too many attempts from here or for this name. Please wait a little and try again.",
+                "Sign-ups and sign-ins are limited per client address and per name (signup_per_address_per_hour_max, signup_per_name_per_hour_max, signin_per_address_per_minute_max, signin_per_name_per_minute_max), shared by every instance. Nothing was changed. Retry after the Retry-After header's seconds.",
             ),
             InsufficientFunds => (
                 "insufficient-funds",

@@ -203,6 +203,20 @@ pub struct Settings {
     pub password_hash_threads: usize,
     /// Sign-ins waiting for a password thread before further ones get 503.
     pub password_hash_queue_max: usize,
+
+    // --- Account rate limits (`account_limits`) ---
+    /// Off only for load tests that sign up thousands of users from one
+    /// address.
+    pub account_limits_enabled: bool,
+    /// Each limit allows that many attempts at once, refilled at that many
+    /// per period, counted in Redis across every instance.
+    pub signup_per_address_per_hour_max: u32,
+    pub signup_per_name_per_hour_max: u32,
+    pub signin_per_address_per_minute_max: u32,
+    pub signin_per_name_per_minute_max: u32,
+    /// Addresses or networks (CIDR) of the load balancers in front of the
+    /// instances. Only from these is `X-Forwarded-For` believed.
+    pub trusted_proxies: Vec<String>,
 }
 
 impl Default for Settings {
@@ -273,6 +287,12 @@ impl Default for Settings {
             api_token_ttl_hours: 24,
             password_hash_threads: 2,
             password_hash_queue_max: 64,
+            account_limits_enabled: true,
+            signup_per_address_per_hour_max: 20,
+            signup_per_name_per_hour_max: 5,
+            signin_per_address_per_minute_max: 30,
+            signin_per_name_per_minute_max: 10,
+            trusted_proxies: Vec::new(),
         }
     }
 }
@@ -289,7 +309,8 @@ impl Settings {
                 .prefix_separator("_")
                 .try_parsing(true)
                 .list_separator(",")
-                .with_list_parse_key("redis_cluster_urls"),
+                .with_list_parse_key("redis_cluster_urls")
+                .with_list_parse_key("trusted_proxies"),
         );
         for (variable, setting) in [
             ("DATABASE_URL", "database_url"),
@@ -305,6 +326,15 @@ impl Settings {
         Ok(settings)
     }
 
+    /// `trusted_proxies` parsed; entries that do not parse are reported by
+    /// `validate` and left out here.
+    pub fn trusted_proxy_networks(&self) -> Vec<ipnet::IpNet> {
+        self.trusted_proxies
+            .iter()
+            .filter_map(|entry| parse_network(entry))
+            .collect()
+    }
+
     /// Checks every limit once, at start-up. Returns all problems at once so
     /// an operator fixes a config file in one pass.
     pub fn validate(&self) -> Result<(), SettingsError> {
@@ -315,6 +345,32 @@ impl Settings {
             }
         };
         require(self.http_workers >= 1, "http_workers must be at least 1");
+        for (value, name) in [
+            (
+                self.signup_per_address_per_hour_max,
+                "signup_per_address_per_hour_max",
+            ),
+            (self.signup_per_name_per_hour_max, "signup_per_name_per_hour_max"),
+            (
+                self.signin_per_address_per_minute_max,
+                "signin_per_address_per_minute_max",
+            ),
+            (
+                self.signin_per_name_per_minute_max,
+                "signin_per_name_per_minute_max",
+            ),
+        ] {
+            require(
+                (1..=1_000_000).contains(&value),
+                &format!("{name} must be between 1 and 1000000"),
+            );
+        }
+        for entry in &self.trusted_proxies {
+            require(
+                parse_network(entry).is_some(),
+                &format!("trusted_proxies: {entry:?} is not an IP address or a CIDR network"),
+            );
+        }
         require(
             (256..=1024 * 1024).contains(&self.request_body_bytes_max),
             "request_body_bytes_max must be between 256 and 1048576",
@@ -468,6 +524,15 @@ impl Settings {
 #[derive(Debug, thiserror::Error)]
 #[error("invalid settings: {}", .0.join("; "))]
 pub struct SettingsError(pub Vec<String>);
+
+/// An address (a network of one) or a CIDR network.
+fn parse_network(entry: &str) -> Option<ipnet::IpNet> {
+    let entry = entry.trim();
+    entry
+        .parse::<ipnet::IpNet>()
+        .ok()
+        .or_else(|| entry.parse::<std::net::IpAddr>().ok().map(ipnet::IpNet::from))
+}
 
 #[cfg(test)]
 mod tests {

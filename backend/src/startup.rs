@@ -13,6 +13,7 @@ use secrecy::ExposeSecret;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
+use crate::account_limits::AccountLimits;
 use crate::auth::TokenSigner;
 use crate::decision::feed::{DecisionFeed, FeedSettings};
 use crate::defense::cooldown::CooldownLock;
@@ -68,14 +69,16 @@ impl Application {
         })?;
         let admin_port = admin_listener.local_addr()?.port();
         let metrics = Metrics::new();
-        let (redis, redis_client) = if settings.cooldown_enabled || settings.decision_feed_enabled {
-            (
-                Some(RedisPool::from_settings(&settings)?),
-                Some(StreamClient::from_settings(&settings)?),
-            )
-        } else {
-            (None, None)
-        };
+        let (redis, redis_client) =
+            if settings.cooldown_enabled || settings.decision_feed_enabled || settings.account_limits_enabled
+            {
+                (
+                    Some(RedisPool::from_settings(&settings)?),
+                    Some(StreamClient::from_settings(&settings)?),
+                )
+            } else {
+                (None, None)
+            };
         let feed = DecisionFeed::start(
             redis.clone().filter(|_| settings.decision_feed_enabled),
             redis_client.filter(|_| settings.decision_feed_enabled),
@@ -95,6 +98,11 @@ impl Application {
         };
         let state = AppState {
             cooldown: CooldownLock::new(&settings, redis.clone(), metrics.cooldown_fail_open.clone()),
+            account_limits: Arc::new(AccountLimits::new(
+                &settings,
+                redis.clone(),
+                metrics.account_limits_fail_open.clone(),
+            )),
             tokens: TokenSigner::new(&settings.token_signing_key),
             passwords: crate::auth::PasswordWorkers::start(
                 settings.password_hash_threads,

@@ -12,10 +12,11 @@ use crate::settings::Settings;
 pub struct AppState {
     pub settings: Arc<Settings>,
     pub db: sqlx::PgPool,
-    /// Shared by the cooldown and the decision feed; `None` when neither
-    /// is enabled.
+    /// Shared by the cooldown, the decision feed and the account limits;
+    /// `None` when none is enabled.
     pub redis: Option<crate::redis_store::RedisPool>,
     pub cooldown: CooldownLock,
+    pub account_limits: Arc<crate::account_limits::AccountLimits>,
     pub tokens: TokenSigner,
     pub passwords: crate::auth::PasswordWorkers,
     pub metrics: Metrics,

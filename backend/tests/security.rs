@@ -72,3 +72,182 @@ async fn metrics_and_readiness_details_are_only_on_the_admin_listener() {
         "the admin listener is on loopback in tests as by default"
     );
 }
+
+async fn sign_up_as(app: &TestApp, name: &str, forwarded_for: Option<&str>) -> reqwest::Response {
+    let mut request = app
+        .client
+        .post(app.url("/api/v1/users"))
+        .json(&json!({ "name": name, "password": "correct horse battery" }));
+    if let Some(address) = forwarded_for {
+        request = request.header("X-Forwarded-For", address);
+    }
+    request.send().await.expect("send")
+}
+
+async fn sign_in_as(app: &TestApp, name: &str, password: &str, forwarded_for: &str) -> reqwest::Response {
+    app.client
+        .post(app.url("/api/v1/tokens"))
+        .header("X-Forwarded-For", forwarded_for)
+        .json(&json!({ "name": name, "password": password }))
+        .send()
+        .await
+        .expect("send")
+}
+
+fn with_account_limits(settings: &mut layered_wallet::settings::Settings) {
+    settings.account_limits_enabled = true;
+    settings.signup_per_address_per_hour_max = 3;
+    settings.signin_per_name_per_minute_max = 2;
+}
+
+/// A direct client cannot pick its address: without trusted proxies,
+/// X-Forwarded-For is ignored and every attempt counts against the peer.
+#[tokio::test]
+async fn sign_ups_are_limited_per_address_whatever_the_client_claims() {
+    let app = spawn_app(with_account_limits).await;
+    for (i, claimed) in ["10.0.0.1", "10.0.0.2", "10.0.0.3"].into_iter().enumerate() {
+        let response = sign_up_as(&app, &format!("user{i}"), Some(claimed)).await;
+        assert_eq!(response.status(), 201);
+    }
+    let refused = sign_up_as(&app, "user3", Some("10.0.0.4")).await;
+    let retry_after: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("seconds");
+    assert!((1..=1200).contains(&retry_after), "{retry_after}");
+    let (status, body) = problem(refused).await;
+    assert_eq!(status, 429);
+    assert!(
+        body["type"]
+            .as_str()
+            .expect("type")
+            .ends_with("/too-many-attempts"),
+        "{body}"
+    );
+    assert!(
+        body["detail"]
+            .as_str()
+            .expect("detail")
+            .contains("nothing was changed")
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM users").await,
+        3,
+        "the refused sign-up made a user"
+    );
+}
+
+/// Behind a trusted proxy, the address is the one the proxy saw; the name
+/// limit holds across addresses and across instances.
+#[tokio::test]
+async fn sign_ins_are_limited_per_name_across_addresses_and_instances() {
+    let app = spawn_app(|settings| {
+        with_account_limits(settings);
+        settings.trusted_proxies = vec!["127.0.0.1".into()];
+    })
+    .await;
+    let second = spawn_second_instance(&app).await;
+    // Three sign-ups through the proxy from three client addresses: the
+    // per-address limit (3) is not reached by any one of them.
+    for (i, client) in ["192.0.2.1", "192.0.2.2", "192.0.2.3"].into_iter().enumerate() {
+        let forwarded = format!("203.0.113.9, {client}");
+        assert_eq!(
+            sign_up_as(&app, &format!("user{i}"), Some(&forwarded))
+                .await
+                .status(),
+            201
+        );
+    }
+    assert_eq!(sign_up_as(&app, "user3", Some("192.0.2.4")).await.status(), 201);
+
+    // Guessing user0's password: two tries, on two instances, from two
+    // addresses; the third is refused before the password is checked.
+    assert_eq!(
+        sign_in_as(&app, "user0", "wrong password 1", "198.51.100.1")
+            .await
+            .status(),
+        401
+    );
+    assert_eq!(
+        sign_in_as(&second, "USER0", "wrong password 2", "198.51.100.2")
+            .await
+            .status(),
+        401
+    );
+    let refused = sign_in_as(&second, "user0", "correct horse battery", "198.51.100.3").await;
+    let (status, _) = problem(refused).await;
+    assert_eq!(status, 429, "the right password after the limit is still refused");
+    assert_eq!(
+        app.count("SELECT count(*) FROM api_tokens").await,
+        4,
+        "a refused sign-in issued a token"
+    );
+    // Another name from the same addresses is unaffected.
+    assert_eq!(
+        sign_in_as(&app, "user1", "correct horse battery", "198.51.100.1")
+            .await
+            .status(),
+        201
+    );
+}
+
+/// With Redis down, the limits follow the cooldown's policy.
+#[tokio::test]
+async fn account_limits_follow_the_redis_policy() {
+    let port = closed_port();
+    let open = spawn_app(|settings| {
+        with_account_limits(settings);
+        settings.redis_url = format!("redis://127.0.0.1:{port}").into();
+    })
+    .await;
+    for i in 0..4 {
+        assert_eq!(sign_up_as(&open, &format!("user{i}"), None).await.status(), 201);
+    }
+    assert!(
+        open.metrics()
+            .await
+            .contains("wallet_account_limits_fail_open_total 4"),
+        "the passes are counted"
+    );
+
+    let closed = spawn_app(|settings| {
+        with_account_limits(settings);
+        settings.redis_url = format!("redis://127.0.0.1:{port}").into();
+        settings.cooldown_on_store_error = layered_wallet::settings::StoreErrorPolicy::FailClosed;
+    })
+    .await;
+    let refused = sign_up_as(&closed, "someone", None).await;
+    assert!(refused.headers().contains_key("retry-after"));
+    let (status, _) = problem(refused).await;
+    assert_eq!(status, 503);
+    assert_eq!(closed.count("SELECT count(*) FROM users").await, 0);
+}
+
+/// The browser's sign-in form is limited like the API, and says so in a
+/// sentence.
+#[tokio::test]
+async fn the_sign_in_form_is_limited_too_and_says_so() {
+    let app = spawn_app(with_account_limits).await;
+    app.sign_up("alice").await;
+    let mut visitor = visitor::Visitor::new(&app);
+    let mut last = (0, String::new());
+    for attempt in 0..3 {
+        let (_, page) = visitor.get("/signin").await;
+        let csrf = visitor::hidden(&page, "csrf");
+        let password = format!("wrong password {attempt}");
+        let response = visitor
+            .post(
+                "/signin",
+                &[("name", "alice"), ("password", &password), ("csrf", &csrf)],
+            )
+            .await;
+        last = (response.status().as_u16(), response.text().await.expect("page"));
+    }
+    assert_eq!(last.0, 429, "{}", last.1);
+    assert!(last.1.contains("too many attempts"), "{}", last.1);
+    assert!(
+        !last.1.contains("too-many-attempts"),
+        "the page shows a field name"
+    );
+}

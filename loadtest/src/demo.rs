@@ -226,6 +226,7 @@ async fn start(server: &PathBuf, args: &DemoArgs, rung: &Rung) -> anyhow::Result
             .env("RUST_LOG", "error")
             .env("WALLET_INSTANCE_ID", format!("demo-{index}"))
             .env("WALLET_ADMIN_HTTP_ADDR", "127.0.0.1:0")
+            .env("WALLET_ACCOUNT_LIMITS_ENABLED", "false")
             .env("WALLET_TOKEN_SIGNING_KEY", &signing_key)
             .env("WALLET_REDIS_KEY_PREFIX", &prefix)
             .env("WALLET_SIGNUP_GRANT_MINOR", GRANT_MINOR.to_string())

@@ -206,6 +206,7 @@ impl Deployment {
             ("WALLET_SIGNUP_GRANT_MINOR", CHAOS_GRANT_MINOR.to_string()),
             ("WALLET_HTTP_WORKERS", "2".to_owned()),
             ("WALLET_ADMIN_HTTP_ADDR", "127.0.0.1:0".to_owned()),
+            ("WALLET_ACCOUNT_LIMITS_ENABLED", "false".to_owned()),
             ("WALLET_MIGRATE_ON_START", "false".to_owned()),
             ("WALLET_SHUTDOWN_GRACE_S", "1".to_owned()),
             ("WALLET_IDEMPOTENCY_SWEEP_INTERVAL_S", "3600".to_owned()),

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
+use crate::account_limits::AccountAction;
 use crate::auth;
 use crate::domain::{UserId, WalletId};
 use crate::names::{self, ComparableName, MATCHES_NAME};
@@ -87,6 +88,10 @@ pub async fn sign_up(
 ) -> Result<HttpResponse, Problem> {
     let body = read_json_body(&request, payload, &state.settings).await?;
     let (credentials, name) = Credentials::parse(&body, &state.settings)?;
+    state
+        .account_limits
+        .check(AccountAction::SignUp, &request, &name.key)
+        .await?;
     let signed_up = create_user(&state, &name, credentials.password).await?;
     Ok(HttpResponse::Created().json(signed_up))
 }
@@ -179,6 +184,10 @@ pub async fn sign_in(
     let body = read_json_body(&request, payload, &state.settings).await?;
     let (credentials, _) = Credentials::parse(&body, &state.settings)
         .map_err(|_| Problem::unauthorized("Wrong name or password.").detail_is_for_people())?;
+    state
+        .account_limits
+        .check(AccountAction::SignIn, &request, &names::key_of(&credentials.name))
+        .await?;
     let issued = issue_token_for(&state, credentials).await?;
     use secrecy::ExposeSecret;
     Ok(HttpResponse::Created().json(IssuedTokenBody {

@@ -11,6 +11,7 @@ use serde::Deserialize;
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
+use crate::account_limits::AccountAction;
 use crate::decision::{Layer, Outcome};
 use crate::defense::idempotency::{self, IdempotencyKey, StoredResponse};
 use crate::domain::{TransferRequest, WalletId};
@@ -322,18 +323,20 @@ async fn account_form(
         name: form.name.clone(),
         password: SecretString::from(form.password.clone()),
     };
-    let token = if form_kind == "signin" {
-        users::issue_token_for(state, credentials)
-            .await
-            .map(|issued| issued.token)
-    } else {
-        match credentials.validate(&state.settings) {
-            Ok(name) => users::create_user(state, &name, credentials.password)
-                .await
-                .map(|signed_up| SecretString::from(signed_up.token)),
-            Err(problem) => Err(problem),
+    let limits = &state.account_limits;
+    let token: Result<SecretString, Problem> = async {
+        if form_kind == "signin" {
+            let name_key = names::key_of(&credentials.name);
+            limits.check(AccountAction::SignIn, request, &name_key).await?;
+            Ok(users::issue_token_for(state, credentials).await?.token)
+        } else {
+            let name = credentials.validate(&state.settings)?;
+            limits.check(AccountAction::SignUp, request, &name.key).await?;
+            let signed_up = users::create_user(state, &name, credentials.password).await?;
+            Ok(SecretString::from(signed_up.token))
         }
-    };
+    }
+    .await;
     match token {
         Ok(token) => signed_in(request, state, &token),
         Err(problem) => again(problem.for_people().to_owned(), problem.status_code()),

@@ -1,0 +1,260 @@
+//! Rate limits on sign-up and sign-in, per client address and per name,
+//! shared by every instance through Redis.
+//!
+//! Each limit is a GCRA (generic cell rate algorithm): at most N attempts at
+//! once, refilled at N per period. One Lua script per limit reads and
+//! advances the limit's "theoretical arrival time" atomically, on Redis's
+//! clock, so instances with skewed clocks agree. One key per limit and
+//! client address or name: a limit takes one hash slot, as the cooldown does.
+//!
+//! They bound password guessing per name and per address, and how fast
+//! scripted sign-ups can collect the opening grant.
+//!
+//! **The client address** is the TCP peer, unless the peer is one of
+//! `trusted_proxies`: then it is the right-most address in
+//! `X-Forwarded-For` that is not itself a trusted proxy. A client cannot
+//! choose its address by sending the header to an instance directly.
+//!
+//! **When Redis fails,** the cooldown's policy applies: `fail_open` lets the
+//! attempt through (logged and counted), `fail_closed` answers 503.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::HttpRequest;
+use ipnet::IpNet;
+use prometheus::IntCounter;
+use redis::Script;
+use sha2::{Digest, Sha256};
+
+use crate::problem::{Problem, ProblemType};
+use crate::redis_store::RedisPool;
+use crate::settings::{Settings, StoreErrorPolicy};
+
+/// KEYS[1]: the limit's key. ARGV[1]: the interval between attempts at the
+/// sustained rate (ms); ARGV[2]: the burst (how many at once).
+/// Returns 0 when allowed, or the milliseconds until the next attempt is.
+const GCRA: &str = r"
+local now_parts = redis.call('TIME')
+local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
+local interval = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local arrival = tonumber(redis.call('GET', KEYS[1]) or now)
+if arrival < now then arrival = now end
+local next_arrival = arrival + interval
+local allowed_at = next_arrival - interval * burst
+if allowed_at > now then
+  return allowed_at - now
+end
+redis.call('SET', KEYS[1], next_arrival, 'PX', next_arrival - now)
+return 0
+";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccountAction {
+    SignUp,
+    SignIn,
+}
+
+impl AccountAction {
+    fn as_str(self) -> &'static str {
+        match self {
+            AccountAction::SignUp => "signup",
+            AccountAction::SignIn => "signin",
+        }
+    }
+}
+
+/// One limit: `attempts_max` at once, refilled at `attempts_max` per `period`.
+#[derive(Debug, Clone, Copy)]
+struct Limit {
+    attempts_max: u32,
+    period: Duration,
+}
+
+impl Limit {
+    fn interval_ms(self) -> u64 {
+        (self.period.as_millis() as u64 / u64::from(self.attempts_max)).max(1)
+    }
+}
+
+pub struct AccountLimits {
+    pool: Option<RedisPool>,
+    key_prefix: String,
+    policy: StoreErrorPolicy,
+    trusted_proxies: Arc<[IpNet]>,
+    signup_per_address: Limit,
+    signup_per_name: Limit,
+    signin_per_address: Limit,
+    signin_per_name: Limit,
+    script: Arc<Script>,
+    fail_open_passes: IntCounter,
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
+const MINUTE: Duration = Duration::from_secs(60);
+
+impl AccountLimits {
+    /// `pool` is None when `account_limits_enabled` is off: every attempt
+    /// passes.
+    pub fn new(settings: &Settings, pool: Option<RedisPool>, fail_open_passes: IntCounter) -> Self {
+        Self {
+            pool: pool.filter(|_| settings.account_limits_enabled),
+            key_prefix: settings.redis_key_prefix.clone(),
+            policy: settings.cooldown_on_store_error,
+            trusted_proxies: settings.trusted_proxy_networks().into(),
+            signup_per_address: Limit {
+                attempts_max: settings.signup_per_address_per_hour_max,
+                period: HOUR,
+            },
+            signup_per_name: Limit {
+                attempts_max: settings.signup_per_name_per_hour_max,
+                period: HOUR,
+            },
+            signin_per_address: Limit {
+                attempts_max: settings.signin_per_address_per_minute_max,
+                period: MINUTE,
+            },
+            signin_per_name: Limit {
+                attempts_max: settings.signin_per_name_per_minute_max,
+                period: MINUTE,
+            },
+            script: Arc::new(Script::new(GCRA)),
+            fail_open_passes,
+        }
+    }
+
+    /// The client's address, as far as it can be trusted.
+    pub fn client_address(&self, request: &HttpRequest) -> Option<IpAddr> {
+        let peer = request.peer_addr()?.ip();
+        if !self.is_trusted(peer) {
+            return Some(peer);
+        }
+        let forwarded = request
+            .headers()
+            .get_all("x-forwarded-for")
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|value| value.split(','))
+            .map(str::trim)
+            .collect::<Vec<_>>();
+        // Right to left: each trusted proxy appended the address it saw.
+        for hop in forwarded.iter().rev() {
+            match hop.parse::<IpAddr>() {
+                Ok(address) if self.is_trusted(address) => continue,
+                Ok(address) => return Some(address),
+                // A hop we cannot read: what lies left of it is the
+                // client's to invent, so the proxy's view is what we have.
+                Err(_) => return Some(peer),
+            }
+        }
+        Some(peer)
+    }
+
+    fn is_trusted(&self, address: IpAddr) -> bool {
+        let address = match address {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(address),
+            v4 => v4,
+        };
+        self.trusted_proxies
+            .iter()
+            .any(|network| network.contains(&address))
+    }
+
+    /// Takes one attempt from the client address's limit and then from the
+    /// name's. `name_key` is the name as compared (NFKC, case-folded).
+    pub async fn check(
+        &self,
+        action: AccountAction,
+        request: &HttpRequest,
+        name_key: &str,
+    ) -> Result<(), Problem> {
+        let Some(pool) = &self.pool else {
+            return Ok(());
+        };
+        let (per_address, per_name) = match action {
+            AccountAction::SignUp => (self.signup_per_address, self.signup_per_name),
+            AccountAction::SignIn => (self.signin_per_address, self.signin_per_name),
+        };
+        let address = self
+            .client_address(request)
+            .map(|address| address.to_string())
+            .unwrap_or_else(|| "unknown".to_owned());
+        // Names are hashed: the key's size does not depend on the client,
+        // and no name appears in Redis.
+        let name_hash = hex::encode(Sha256::digest(name_key.as_bytes()));
+        let limits = [
+            (
+                format!(
+                    "{}limit:{}:address:{{{address}}}",
+                    self.key_prefix,
+                    action.as_str()
+                ),
+                per_address,
+            ),
+            (
+                format!(
+                    "{}limit:{}:name:{{{name_hash}}}",
+                    self.key_prefix,
+                    action.as_str()
+                ),
+                per_name,
+            ),
+        ];
+        for (key, limit) in limits {
+            match self.take(pool, &key, limit).await {
+                Ok(0) => {}
+                Ok(wait_ms) => return Err(too_many_attempts(wait_ms)),
+                Err(error) => return self.on_store_error(action, &error),
+            }
+        }
+        Ok(())
+    }
+
+    async fn take(&self, pool: &RedisPool, key: &str, limit: Limit) -> Result<u64, String> {
+        let mut conn = pool.get().await?;
+        self.script
+            .key(key)
+            .arg(limit.interval_ms())
+            .arg(limit.attempts_max)
+            .invoke_async::<u64>(&mut conn)
+            .await
+            .map_err(|error| error.to_string())
+    }
+
+    fn on_store_error(&self, action: AccountAction, error: &str) -> Result<(), Problem> {
+        match self.policy {
+            StoreErrorPolicy::FailOpen => {
+                self.fail_open_passes.inc();
+                tracing::warn!(
+                    action = action.as_str(),
+                    error,
+                    "Redis unreachable; account limit not applied (fail_open)"
+                );
+                Ok(())
+            }
+            StoreErrorPolicy::FailClosed => {
+                tracing::warn!(
+                    action = action.as_str(),
+                    error,
+                    "Redis unreachable; attempt refused (fail_closed)"
+                );
+                Err(Problem::unavailable(
+                    "The service cannot check its sign-in limits right now. Nothing was changed; retry shortly.",
+                ))
+            }
+        }
+    }
+}
+
+fn too_many_attempts(wait_ms: u64) -> Problem {
+    let seconds = wait_ms.div_ceil(1000).max(1);
+    Problem::new(
+        ProblemType::TooManyAttempts,
+        format!(
+            "There have been too many attempts. Please wait {seconds} s and try again; nothing was changed."
+        ),
+    )
+    .detail_is_for_people()
+    .with_retry_after_s(seconds)
+}
