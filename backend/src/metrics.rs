@@ -27,6 +27,7 @@ pub struct Metrics {
     pub layer_latency: HistogramVec,
     /// Requests let through while Redis could not be asked.
     pub cooldown_fail_open: IntCounter,
+    pub feed_over_budget: IntGauge,
     pub account_limits_fail_open: IntCounter,
     /// Decision feed entries dropped because the queue was full or Redis
     /// failed; the transfer itself was not affected.
@@ -84,6 +85,11 @@ impl Metrics {
             &["store", "state"],
         )
         .expect("static metric definition");
+        let feed_over_budget = IntGauge::new(
+            "decision_feed_over_budget",
+            "1 while Redis memory is at the decision feed's budget and feed entries are dropped",
+        )
+        .expect("static metric definition");
         let cooldown_degraded = IntGauge::new(
             "cooldown_degraded",
             "1 while Redis is unreachable and the cooldown fails open (set by each /readyz probe)",
@@ -98,6 +104,7 @@ impl Metrics {
             Box::new(feed_dropped.clone()),
             Box::new(pool_connections.clone()),
             Box::new(cooldown_degraded.clone()),
+            Box::new(feed_over_budget.clone()),
         ] {
             registry
                 .register(collector)
@@ -109,6 +116,7 @@ impl Metrics {
             http_latency,
             layer_latency,
             cooldown_fail_open,
+            feed_over_budget,
             account_limits_fail_open,
             feed_dropped,
             pool_connections,

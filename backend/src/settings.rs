@@ -175,6 +175,11 @@ pub struct Settings {
     pub decision_feed_queue_entries_max: usize,
     pub decision_feed_entries_per_user_max: u64,
     pub decision_feed_retention_hours: u64,
+    /// The feed stops writing while Redis's `used_memory` is at or above
+    /// this, so that it can never fill Redis and refuse the cooldown.
+    pub decision_feed_redis_memory_bytes_max: u64,
+    /// How often the feed writer reads `used_memory`, at most.
+    pub decision_feed_memory_check_ms: u64,
     pub decisions_page_entries_max: usize,
     /// Concurrent live streams (`/api/v1/decisions/stream`) per instance;
     /// each holds one Redis connection.
@@ -269,8 +274,10 @@ impl Default for Settings {
 
             decision_feed_enabled: true,
             decision_feed_queue_entries_max: 10_000,
-            decision_feed_entries_per_user_max: 1_000,
-            decision_feed_retention_hours: 24,
+            decision_feed_entries_per_user_max: 500,
+            decision_feed_retention_hours: 1,
+            decision_feed_redis_memory_bytes_max: 64 * 1024 * 1024,
+            decision_feed_memory_check_ms: 250,
             decisions_page_entries_max: 200,
             decision_streams_max: 64,
             decision_stream_keepalive_ms: 15_000,
@@ -344,25 +351,212 @@ impl Settings {
                 problems.push(message.to_owned());
             }
         };
-        require(self.http_workers >= 1, "http_workers must be at least 1");
-        for (value, name) in [
+        const MIB: i128 = 1024 * 1024;
+        // Every number has a floor and a ceiling: a typo such as an extra
+        // zero is refused at start-up rather than met at run time (a token
+        // lifetime that overflows, a pool PostgreSQL cannot serve).
+        let ranges: [(&str, i128, i128, i128); 41] = [
+            ("http_workers", self.http_workers as i128, 1, 256),
             (
-                self.signup_per_address_per_hour_max,
+                "request_body_bytes_max",
+                self.request_body_bytes_max as i128,
+                256,
+                MIB,
+            ),
+            (
+                "oversized_body_drain_bytes_max",
+                self.oversized_body_drain_bytes_max as i128,
+                0,
+                256 * MIB,
+            ),
+            (
+                "oversized_body_drain_ms_max",
+                self.oversized_body_drain_ms_max.into(),
+                0,
+                60_000,
+            ),
+            ("shutdown_grace_s", self.shutdown_grace_s.into(), 0, 3_600),
+            (
+                "db_pool_connections_max",
+                self.db_pool_connections_max.into(),
+                1,
+                1_000,
+            ),
+            (
+                "db_pool_connections_min",
+                self.db_pool_connections_min.into(),
+                0,
+                1_000,
+            ),
+            (
+                "db_acquire_wait_ms_max",
+                self.db_acquire_wait_ms_max.into(),
+                1,
+                60_000,
+            ),
+            (
+                "db_statement_timeout_ms",
+                self.db_statement_timeout_ms.into(),
+                1,
+                600_000,
+            ),
+            (
+                "wallet_lock_wait_ms_max",
+                self.wallet_lock_wait_ms_max.into(),
+                1,
+                60_000,
+            ),
+            ("transfer_retries_max", self.transfer_retries_max.into(), 0, 10),
+            (
+                "redis_pool_connections_max",
+                self.redis_pool_connections_max as i128,
+                1,
+                1_000,
+            ),
+            (
+                "redis_pool_wait_ms_max",
+                self.redis_pool_wait_ms_max.into(),
+                1,
+                60_000,
+            ),
+            (
+                "redis_command_timeout_ms",
+                self.redis_command_timeout_ms.into(),
+                1,
+                60_000,
+            ),
+            ("cooldown_ttl_ms", self.cooldown_ttl_ms.into(), 1, 86_400_000),
+            (
+                "idempotency_wait_ms_max",
+                self.idempotency_wait_ms_max.into(),
+                1,
+                60_000,
+            ),
+            (
+                "idempotency_retention_hours",
+                self.idempotency_retention_hours.into(),
+                1,
+                8_760,
+            ),
+            (
+                "idempotency_sweep_interval_s",
+                self.idempotency_sweep_interval_s.into(),
+                1,
+                86_400,
+            ),
+            (
+                "idempotency_sweep_batch_rows_max",
+                self.idempotency_sweep_batch_rows_max.into(),
+                1,
+                100_000,
+            ),
+            ("naive_window_ms", self.naive_window_ms.into(), 0, 10_000),
+            (
+                "decision_feed_queue_entries_max",
+                self.decision_feed_queue_entries_max as i128,
+                1,
+                1_000_000,
+            ),
+            (
+                "decision_feed_entries_per_user_max",
+                self.decision_feed_entries_per_user_max.into(),
+                1,
+                100_000,
+            ),
+            (
+                "decision_feed_retention_hours",
+                self.decision_feed_retention_hours.into(),
+                1,
+                720,
+            ),
+            (
+                "decision_feed_redis_memory_bytes_max",
+                self.decision_feed_redis_memory_bytes_max.into(),
+                MIB,
+                1024 * 1024 * MIB,
+            ),
+            (
+                "decision_feed_memory_check_ms",
+                self.decision_feed_memory_check_ms.into(),
+                10,
+                60_000,
+            ),
+            (
+                "decisions_page_entries_max",
+                self.decisions_page_entries_max as i128,
+                1,
+                1_000,
+            ),
+            (
+                "decision_streams_max",
+                self.decision_streams_max as i128,
+                1,
+                10_000,
+            ),
+            (
+                "decision_stream_keepalive_ms",
+                self.decision_stream_keepalive_ms.into(),
+                100,
+                300_000,
+            ),
+            (
+                "signup_grant_minor",
+                self.signup_grant_minor.into(),
+                0,
+                1_000_000_000_000_000,
+            ),
+            (
+                "transfer_amount_minor_max",
+                self.transfer_amount_minor_max.into(),
+                1,
+                1_000_000_000_000_000,
+            ),
+            (
+                "transfers_page_rows_max",
+                self.transfers_page_rows_max.into(),
+                1,
+                1_000,
+            ),
+            ("user_name_chars_max", self.user_name_chars_max as i128, 1, 64),
+            ("password_chars_min", self.password_chars_min as i128, 1, 1_024),
+            ("password_chars_max", self.password_chars_max as i128, 1, 1_024),
+            ("api_token_ttl_hours", self.api_token_ttl_hours.into(), 1, 8_760),
+            ("password_hash_threads", self.password_hash_threads as i128, 1, 64),
+            (
+                "password_hash_queue_max",
+                self.password_hash_queue_max as i128,
+                1,
+                100_000,
+            ),
+            (
                 "signup_per_address_per_hour_max",
+                self.signup_per_address_per_hour_max.into(),
+                1,
+                1_000_000,
             ),
-            (self.signup_per_name_per_hour_max, "signup_per_name_per_hour_max"),
             (
-                self.signin_per_address_per_minute_max,
+                "signup_per_name_per_hour_max",
+                self.signup_per_name_per_hour_max.into(),
+                1,
+                1_000_000,
+            ),
+            (
                 "signin_per_address_per_minute_max",
+                self.signin_per_address_per_minute_max.into(),
+                1,
+                1_000_000,
             ),
             (
-                self.signin_per_name_per_minute_max,
                 "signin_per_name_per_minute_max",
+                self.signin_per_name_per_minute_max.into(),
+                1,
+                1_000_000,
             ),
-        ] {
+        ];
+        for (name, value, min, max) in ranges {
             require(
-                (1..=1_000_000).contains(&value),
-                &format!("{name} must be between 1 and 1000000"),
+                (min..=max).contains(&value),
+                &format!("{name} must be between {min} and {max} (it is {value})"),
             );
         }
         for entry in &self.trusted_proxies {
@@ -372,28 +566,8 @@ impl Settings {
             );
         }
         require(
-            (256..=1024 * 1024).contains(&self.request_body_bytes_max),
-            "request_body_bytes_max must be between 256 and 1048576",
-        );
-        require(
-            self.db_pool_connections_max >= 1,
-            "db_pool_connections_max must be at least 1",
-        );
-        require(
             self.db_pool_connections_min <= self.db_pool_connections_max,
             "db_pool_connections_min must not exceed db_pool_connections_max",
-        );
-        require(
-            self.db_acquire_wait_ms_max >= 1,
-            "db_acquire_wait_ms_max must be positive",
-        );
-        require(
-            self.db_statement_timeout_ms >= 1,
-            "db_statement_timeout_ms must be positive",
-        );
-        require(
-            (1..=60_000).contains(&self.wallet_lock_wait_ms_max),
-            "wallet_lock_wait_ms_max must be between 1 and 60000",
         );
         let enclosed_ms =
             self.idempotency_wait_ms_max + self.wallet_lock_wait_ms_max + STATEMENT_TIMEOUT_MARGIN_MS;
@@ -406,85 +580,17 @@ impl Settings {
             ),
         );
         require(
-            self.oversized_body_drain_bytes_max <= 256 * 1024 * 1024,
-            "oversized_body_drain_bytes_max must be at most 268435456",
-        );
-        require(
-            self.oversized_body_drain_ms_max <= 60_000,
-            "oversized_body_drain_ms_max must be at most 60000",
-        );
-        require(
-            self.transfer_retries_max <= 10,
-            "transfer_retries_max must be at most 10",
-        );
-        require(
-            self.redis_pool_connections_max >= 1,
-            "redis_pool_connections_max must be at least 1",
-        );
-        require(
-            self.redis_pool_wait_ms_max >= 1,
-            "redis_pool_wait_ms_max must be positive",
-        );
-        require(
-            self.redis_command_timeout_ms >= 1,
-            "redis_command_timeout_ms must be positive",
-        );
-        require(
-            (1..=24 * 3600 * 1000).contains(&self.cooldown_ttl_ms),
-            "cooldown_ttl_ms must be between 1 and 86400000",
-        );
-        require(
-            (1..=60_000).contains(&self.idempotency_wait_ms_max),
-            "idempotency_wait_ms_max must be between 1 and 60000",
-        );
-        require(
-            self.idempotency_retention_hours >= 1,
-            "idempotency_retention_hours must be at least 1",
-        );
-        require(
-            self.idempotency_sweep_interval_s >= 1,
-            "idempotency_sweep_interval_s must be at least 1",
-        );
-        require(
-            self.idempotency_sweep_batch_rows_max >= 1,
-            "idempotency_sweep_batch_rows_max must be at least 1",
-        );
-        require(
             self.currency.len() == 3 && self.currency.bytes().all(|b| b.is_ascii_uppercase()),
             "currency must be three upper-case letters, e.g. USD",
         );
         require(
-            self.signup_grant_minor >= 0,
-            "signup_grant_minor must not be negative",
-        );
-        require(
-            self.transfer_amount_minor_max >= 1,
-            "transfer_amount_minor_max must be positive",
-        );
-        require(
-            (1..=1000).contains(&self.transfers_page_rows_max),
-            "transfers_page_rows_max must be between 1 and 1000",
-        );
-        require(
-            (1..=64).contains(&self.user_name_chars_max),
-            "user_name_chars_max must be between 1 and 64 (the column's limit)",
-        );
-        require(
-            self.password_chars_min >= 1 && self.password_chars_min <= self.password_chars_max,
-            "password_chars_min must be at least 1 and at most password_chars_max",
-        );
-        require(
-            self.password_chars_max <= 1024,
-            "password_chars_max must be at most 1024",
+            self.password_chars_min <= self.password_chars_max,
+            "password_chars_min must not exceed password_chars_max",
         );
         let key_len = self.token_signing_key.expose_secret().len();
         require(
             key_len == 0 || key_len >= 32,
             "token_signing_key must be empty (random per process) or at least 32 bytes",
-        );
-        require(
-            self.api_token_ttl_hours >= 1,
-            "api_token_ttl_hours must be at least 1",
         );
         let unsafe_modes = self.unsafe_modes();
         if !unsafe_modes.is_empty() && !self.allow_unsafe_demo_modes {
@@ -574,6 +680,24 @@ mod tests {
         }
         .validate()
         .expect("waits plus the margin fit");
+    }
+
+    #[test]
+    fn every_number_has_a_ceiling() {
+        let settings = Settings {
+            api_token_ttl_hours: u64::MAX,
+            http_workers: 100_000,
+            decision_feed_retention_hours: u64::MAX,
+            ..Settings::default()
+        };
+        let error = settings.validate().expect_err("must be refused");
+        assert_eq!(error.0.len(), 3, "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains("api_token_ttl_hours must be between 1 and 8760"),
+            "{error}"
+        );
     }
 
     #[test]

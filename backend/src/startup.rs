@@ -88,6 +88,8 @@ impl Application {
                 entries_per_user_max: settings.decision_feed_entries_per_user_max,
                 retention_hours: settings.decision_feed_retention_hours,
                 command_timeout: Duration::from_millis(settings.redis_command_timeout_ms),
+                redis_memory_bytes_max: settings.decision_feed_redis_memory_bytes_max,
+                memory_check_interval: Duration::from_millis(settings.decision_feed_memory_check_ms),
             },
             metrics.clone(),
         );

@@ -251,3 +251,100 @@ async fn the_sign_in_form_is_limited_too_and_says_so() {
         "the page shows a field name"
     );
 }
+
+/// The feed stops at its memory budget, below Redis's maxmemory, so a
+/// Redis with `noeviction` always has room for the cooldown's windows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_feed_at_its_budget_leaves_room_for_the_cooldown() {
+    const MIB: u64 = 1024 * 1024;
+    const REDIS_MAXMEMORY_BYTES: u64 = 4 * MIB;
+    let redis =
+        tokio::task::spawn_blocking(|| private_stores::PrivateRedis::start_with(&["--maxmemory", "4mb"]))
+            .await
+            .expect("a private Redis");
+    let app = spawn_app(|settings| {
+        settings.redis_url = redis.url().into();
+        settings.decision_feed_redis_memory_bytes_max = 2 * MIB;
+        settings.decision_feed_memory_check_ms = 10;
+        settings.decision_feed_entries_per_user_max = 100_000;
+        settings.cooldown_ttl_ms = 3_600_000;
+    })
+    .await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let client = redis::Client::open(redis.url()).expect("url");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("redis");
+    let used_memory = |info: String| -> u64 {
+        info.lines()
+            .find_map(|line| line.strip_prefix("used_memory:"))
+            .and_then(|value| value.trim().parse().ok())
+            .expect("used_memory")
+    };
+
+    // Alice's window is open for an hour: each further transfer of hers is
+    // a cooldown refusal, and each refusal a feed entry.
+    assert_eq!(app.transfer(&alice, bob.wallet_id, 1, None).await.status(), 201);
+    let mut over_budget = false;
+    for _ in 0..200 {
+        let requests = (0..64)
+            .map(|_| app.transfer_request(&alice, bob.wallet_id, 1, None))
+            .collect();
+        for response in fire_together(requests).await {
+            assert_eq!(response.status(), 429);
+        }
+        if app.metrics().await.contains("wallet_decision_feed_over_budget 1") {
+            over_budget = true;
+            break;
+        }
+    }
+    assert!(over_budget, "the feed never reached its budget");
+
+    // More decisions: dropped, not written.
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO");
+    let at_budget = used_memory(info);
+    for _ in 0..10 {
+        let requests = (0..64)
+            .map(|_| app.transfer_request(&alice, bob.wallet_id, 1, None))
+            .collect();
+        fire_together(requests).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO");
+    let after = used_memory(info);
+    assert!(
+        after < REDIS_MAXMEMORY_BYTES,
+        "Redis reached maxmemory: {after} bytes"
+    );
+    assert!(
+        after <= at_budget + MIB / 4,
+        "the feed kept writing: {at_budget} -> {after}"
+    );
+    assert!(
+        !app.metrics()
+            .await
+            .contains("wallet_decision_feed_dropped_total 0")
+    );
+
+    // The cooldown still takes windows.
+    let carol = app.sign_up("carol").await;
+    let response = app.transfer(&carol, bob.wallet_id, 1, None).await;
+    assert_eq!(response.status(), 201);
+    assert_eq!(
+        response.headers()["defense-decision"],
+        "layer=row_guard, outcome=accepted",
+        "the cooldown was skipped (degraded) rather than taken"
+    );
+    let windows: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}cooldown:*", app.redis_prefix))
+        .query_async(&mut conn)
+        .await
+        .expect("KEYS");
+    assert_eq!(windows.len(), 2, "alice's and carol's windows: {windows:?}");
+}

@@ -288,14 +288,21 @@ pub struct PrivateRedis {
     pub port: u16,
     child: Option<Child>,
     dir: ScratchDir,
+    extra_args: Vec<String>,
 }
 
 impl PrivateRedis {
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// With extra `redis-server` arguments, e.g. `["--maxmemory", "4mb"]`.
+    pub fn start_with(args: &[&str]) -> Self {
         let mut redis = Self {
             port: free_port(),
             child: None,
             dir: ScratchDir::new("redis"),
+            extra_args: args.iter().map(|arg| (*arg).to_owned()).collect(),
         };
         redis.start_again();
         redis
@@ -319,6 +326,7 @@ impl PrivateRedis {
             ])
             .arg("--dir")
             .arg(&self.dir.path)
+            .args(&self.extra_args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -13,6 +13,16 @@
 //! on a bounded in-process queue (`decision_feed_queue_entries_max`); a
 //! background task writes batches to Redis. A full queue or a Redis error
 //! drops entries and counts them (`wallet_decision_feed_dropped_total`).
+//!
+//! **The feed can never fill Redis.** Redis runs with `noeviction`, so a
+//! full Redis would refuse the cooldown's `SET NX` too, and under
+//! `fail_open` switch the first layer off for everyone. Besides each
+//! stream's cap and expiry, the writer reads Redis's `used_memory` at most
+//! every `decision_feed_memory_check_ms`, and while it is at or above
+//! `decision_feed_redis_memory_bytes_max` it drops entries instead of
+//! writing them (counted, and the `wallet_decision_feed_over_budget` gauge
+//! is 1). Set the budget below `maxmemory` with room for the cooldown's
+//! keys and for what the writer can add between two checks.
 
 use std::time::Duration;
 
@@ -72,6 +82,73 @@ pub struct FeedSettings {
     pub entries_per_user_max: u64,
     pub retention_hours: u64,
     pub command_timeout: Duration,
+    pub redis_memory_bytes_max: u64,
+    pub memory_check_interval: Duration,
+}
+
+/// The feed's share of Redis memory, checked now and then.
+struct MemoryBudget {
+    bytes_max: u64,
+    check_every: Duration,
+    last_checked: Option<std::time::Instant>,
+    over: bool,
+}
+
+impl MemoryBudget {
+    /// Whether Redis is at or above the budget, asking it when the last
+    /// answer is older than the check interval. If Redis cannot say, the
+    /// last answer stands (the write itself will then fail and be counted).
+    async fn is_exceeded(&mut self, pool: &RedisPool, timeout: Duration, metrics: &Metrics) -> bool {
+        if self
+            .last_checked
+            .is_some_and(|at| at.elapsed() < self.check_every)
+        {
+            return self.over;
+        }
+        self.last_checked = Some(std::time::Instant::now());
+        let info = async {
+            let mut conn = pool.get().await?;
+            redis::cmd("INFO")
+                .arg("memory")
+                .query_async::<redis::Value>(&mut conn)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        if let Ok(Ok(reply)) = tokio::time::timeout(timeout, info).await
+            && let Some(used) = used_memory(&reply)
+        {
+            let over = used >= self.bytes_max;
+            if over && !self.over {
+                tracing::warn!(
+                    used_bytes = used,
+                    budget_bytes = self.bytes_max,
+                    "Redis memory is at the decision feed's budget; feed entries are dropped until it is not"
+                );
+            }
+            self.over = over;
+            metrics.feed_over_budget.set(i64::from(over));
+        }
+        self.over
+    }
+}
+
+/// The largest `used_memory` in an `INFO memory` reply: one server's text,
+/// or, from a cluster, one text per node.
+fn used_memory(reply: &redis::Value) -> Option<u64> {
+    use redis::Value;
+    match reply {
+        Value::BulkString(bytes) => used_memory_in(&String::from_utf8_lossy(bytes)),
+        Value::VerbatimString { text, .. } | Value::SimpleString(text) => used_memory_in(text),
+        Value::Array(items) | Value::Set(items) => items.iter().filter_map(used_memory).max(),
+        Value::Map(pairs) => pairs.iter().filter_map(|(_, value)| used_memory(value)).max(),
+        _ => None,
+    }
+}
+
+fn used_memory_in(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix("used_memory:"))
+        .and_then(|value| value.trim().parse().ok())
 }
 
 impl DecisionFeed {
@@ -184,8 +261,22 @@ async fn write_batches(
     metrics: Metrics,
 ) {
     let retention_s = settings.retention_hours.saturating_mul(3600);
+    let mut budget = MemoryBudget {
+        bytes_max: settings.redis_memory_bytes_max,
+        check_every: settings.memory_check_interval,
+        last_checked: None,
+        over: false,
+    };
     let mut batch = Vec::with_capacity(WRITE_BATCH_ENTRIES_MAX);
     while receiver.recv_many(&mut batch, WRITE_BATCH_ENTRIES_MAX).await > 0 {
+        if budget
+            .is_exceeded(&pool, settings.command_timeout, &metrics)
+            .await
+        {
+            metrics.feed_dropped.inc_by(batch.len() as u64);
+            batch.clear();
+            continue;
+        }
         // One pipeline for the batch; on a cluster, one per user, so that
         // each pipeline's keys live in one hash slot.
         let mut pipes: Vec<redis::Pipeline> = Vec::new();
@@ -255,7 +346,24 @@ async fn write_batches(
 
 #[cfg(test)]
 mod tests {
-    use super::is_stream_id;
+    use super::{is_stream_id, used_memory};
+
+    #[test]
+    fn used_memory_is_read_from_one_server_or_a_cluster() {
+        use redis::Value;
+        let node = |bytes: u64| {
+            Value::BulkString(
+                format!("# Memory\r\nused_memory:{bytes}\r\nused_memory_human:1M\r\n").into_bytes(),
+            )
+        };
+        assert_eq!(used_memory(&node(1_048_576)), Some(1_048_576));
+        let cluster = Value::Map(vec![
+            (Value::SimpleString("a:7101".into()), node(10)),
+            (Value::SimpleString("b:7102".into()), node(30)),
+        ]);
+        assert_eq!(used_memory(&cluster), Some(30));
+        assert_eq!(used_memory(&Value::Nil), None);
+    }
 
     #[test]
     fn only_stream_ids_are_cursors() {
