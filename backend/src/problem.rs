@@ -37,6 +37,7 @@ pub enum ProblemType {
     IdempotencyKeyInFlight,
     CooldownActive,
     TooManyAttempts,
+    TooManyStreams,
     InsufficientFunds,
     UnknownTargetWallet,
     CurrencyMismatch,
@@ -57,7 +58,7 @@ struct Entry {
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 19] = [
+    pub const ALL: [ProblemType; 20] = [
         ProblemType::MalformedRequest,
         ProblemType::ValidationFailed,
         ProblemType::Unauthorized,
@@ -71,6 +72,7 @@ impl ProblemType {
         ProblemType::IdempotencyKeyInFlight,
         ProblemType::CooldownActive,
         ProblemType::TooManyAttempts,
+        ProblemType::TooManyStreams,
         ProblemType::InsufficientFunds,
         ProblemType::UnknownTargetWallet,
         ProblemType::CurrencyMismatch,
@@ -172,6 +174,13 @@ impl ProblemType {
                 "Too many attempts",
                 "There have been too many attempts from here or for this name. Please wait a little and try again.",
                 "Sign-ups and sign-ins are limited per client address and per name (signup_per_address_per_hour_max, signup_per_name_per_hour_max, signin_per_address_per_minute_max, signin_per_name_per_minute_max), shared by every instance. Nothing was changed. Retry after the Retry-After header's seconds.",
+            ),
+            TooManyStreams => (
+                "too-many-streams",
+                StatusCode::TOO_MANY_REQUESTS,
+                "Too many live feeds",
+                "You have too many live feeds open. Close one and try again.",
+                "Each user may hold decision_streams_per_user_max live decision streams on an instance at once. Close one, or wait for one to end, and retry.",
             ),
             InsufficientFunds => (
                 "insufficient-funds",

@@ -187,6 +187,13 @@ pub struct Settings {
     /// How long one blocking read of a live stream waits before sending a
     /// keep-alive comment.
     pub decision_stream_keepalive_ms: u64,
+    /// How often a live stream re-checks that its token is still valid; it
+    /// ends when the token is revoked or expires.
+    pub decision_stream_token_check_s: u64,
+    /// A live stream ends after this long; the client reconnects.
+    pub decision_stream_lifetime_s: u64,
+    /// Live streams one user may hold on one instance at once.
+    pub decision_streams_per_user_max: usize,
 
     // --- Money and accounts ---
     pub currency: String,
@@ -281,6 +288,9 @@ impl Default for Settings {
             decisions_page_entries_max: 200,
             decision_streams_max: 64,
             decision_stream_keepalive_ms: 15_000,
+            decision_stream_token_check_s: 5,
+            decision_stream_lifetime_s: 3_600,
+            decision_streams_per_user_max: 4,
 
             currency: "USD".into(),
             signup_grant_minor: 100_000,
@@ -355,7 +365,7 @@ impl Settings {
         // Every number has a floor and a ceiling: a typo such as an extra
         // zero is refused at start-up rather than met at run time (a token
         // lifetime that overflows, a pool PostgreSQL cannot serve).
-        let ranges: [(&str, i128, i128, i128); 41] = [
+        let ranges: [(&str, i128, i128, i128); 44] = [
             ("http_workers", self.http_workers as i128, 1, 256),
             (
                 "request_body_bytes_max",
@@ -492,6 +502,24 @@ impl Settings {
                 self.decision_streams_max as i128,
                 1,
                 10_000,
+            ),
+            (
+                "decision_stream_token_check_s",
+                self.decision_stream_token_check_s.into(),
+                1,
+                300,
+            ),
+            (
+                "decision_stream_lifetime_s",
+                self.decision_stream_lifetime_s.into(),
+                1,
+                86_400,
+            ),
+            (
+                "decision_streams_per_user_max",
+                self.decision_streams_per_user_max as i128,
+                1,
+                1_000,
             ),
             (
                 "decision_stream_keepalive_ms",

@@ -115,6 +115,7 @@ impl Application {
             metrics,
             feed,
             stream_slots: Arc::new(tokio::sync::Semaphore::new(settings.decision_streams_max)),
+            streams_per_user: Arc::default(),
             instance_id,
             settings: Arc::new(settings),
         };

@@ -23,5 +23,7 @@ pub struct AppState {
     pub feed: DecisionFeed,
     /// Bounds the live decision streams this instance serves at once.
     pub stream_slots: Arc<tokio::sync::Semaphore>,
+    /// ...and those each user holds on it.
+    pub streams_per_user: Arc<crate::routes::decisions::StreamsPerUser>,
     pub instance_id: Arc<str>,
 }

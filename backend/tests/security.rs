@@ -348,3 +348,247 @@ async fn a_feed_at_its_budget_leaves_room_for_the_cooldown() {
         .expect("KEYS");
     assert_eq!(windows.len(), 2, "alice's and carol's windows: {windows:?}");
 }
+
+async fn open_stream(app: &TestApp, user: &TestUser) -> reqwest::Response {
+    app.client
+        .get(app.url("/api/v1/decisions/stream"))
+        .bearer_auth(&user.token)
+        .send()
+        .await
+        .expect("stream")
+}
+
+/// Reads a live stream until `done` says so, or the stream ends; fails
+/// after `seconds`.
+async fn read_stream_until(
+    stream: &mut reqwest::Response,
+    seconds: u64,
+    done: impl Fn(&str) -> bool,
+) -> (String, bool) {
+    let mut seen = String::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    while !done(&seen) {
+        let chunk = tokio::time::timeout_at(deadline, stream.chunk())
+            .await
+            .unwrap_or_else(|_| panic!("the stream did not get there in {seconds} s: {seen}"))
+            .expect("chunk");
+        match chunk {
+            Some(bytes) => seen.push_str(&String::from_utf8_lossy(&bytes)),
+            None => return (seen, true),
+        }
+    }
+    (seen, false)
+}
+
+/// A live stream re-checks its token and ends once it is revoked.
+#[tokio::test]
+async fn a_stream_ends_soon_after_its_token_is_revoked() {
+    let app = spawn_app(|settings| {
+        settings.decision_stream_token_check_s = 1;
+        settings.decision_stream_keepalive_ms = 200;
+    })
+    .await;
+    let alice = app.sign_up("alice").await;
+    let mut stream = open_stream(&app, &alice).await;
+    assert_eq!(stream.status(), 200);
+    let revoked = app
+        .client
+        .delete(app.url("/api/v1/tokens/current"))
+        .bearer_auth(&alice.token)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(revoked.status(), 204);
+    let (seen, _) = read_stream_until(&mut stream, 5, |seen| seen.contains("event: end")).await;
+    assert!(seen.contains(r#"data: {"reason":"token"}"#), "{seen}");
+    let (_, ended) = read_stream_until(&mut stream, 5, |_| false).await;
+    assert!(ended, "the stream went on after its end event");
+}
+
+/// Streams have a lifetime, and each user a cap on how many they hold.
+#[tokio::test]
+async fn streams_have_a_lifetime_and_a_cap_per_user() {
+    let app = spawn_app(|settings| {
+        settings.decision_stream_lifetime_s = 1;
+        settings.decision_stream_keepalive_ms = 200;
+        settings.decision_streams_per_user_max = 2;
+    })
+    .await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let mut first = open_stream(&app, &alice).await;
+    let second = open_stream(&app, &alice).await;
+    assert_eq!((first.status().as_u16(), second.status().as_u16()), (200, 200));
+    let (status, body) = problem(open_stream(&app, &alice).await).await;
+    assert_eq!(status, 429);
+    assert!(
+        body["type"]
+            .as_str()
+            .expect("type")
+            .ends_with("/too-many-streams"),
+        "{body}"
+    );
+    assert_eq!(open_stream(&app, &bob).await.status(), 200, "the cap is per user");
+
+    drop(second);
+    let (seen, _) = read_stream_until(&mut first, 5, |seen| seen.contains("event: end")).await;
+    assert!(seen.contains(r#"data: {"reason":"lifetime"}"#), "{seen}");
+    read_stream_until(&mut first, 5, |_| false).await;
+    // Both of Alice's streams are gone: she may open two again.
+    let mut reopened = Vec::new();
+    for _ in 0..2 {
+        let mut ok = false;
+        for _ in 0..50 {
+            let response = open_stream(&app, &alice).await;
+            if response.status() == 200 {
+                reopened.push(response);
+                ok = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert!(ok, "a slot was not given back when its stream ended");
+    }
+}
+
+/// Every entry reaches the stream, even those that arrive between two
+/// reads: reads continue from the last delivered id, never from `$`.
+#[tokio::test]
+async fn a_live_stream_loses_no_entry_between_reads() {
+    let app = spawn_app(|settings| {
+        settings.decision_stream_keepalive_ms = 100;
+        settings.cooldown_ttl_ms = 3_600_000;
+    })
+    .await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let mut stream = open_stream(&app, &alice).await;
+    assert_eq!(app.transfer(&alice, bob.wallet_id, 1, None).await.status(), 201);
+    // Refusals in small bursts, spread over time, so that some land while
+    // the stream is between two reads.
+    for _ in 0..20 {
+        let requests = (0..5)
+            .map(|_| app.transfer_request(&alice, bob.wallet_id, 1, None))
+            .collect();
+        fire_together(requests).await;
+        tokio::time::sleep(std::time::Duration::from_millis(37)).await;
+    }
+    let (seen, _) = read_stream_until(&mut stream, 10, |seen| {
+        seen.matches("event: decision").count() >= 101
+    })
+    .await;
+    assert_eq!(seen.matches("event: decision").count(), 101);
+}
+
+#[tokio::test]
+async fn cursors_redis_would_reject_are_the_clients_mistake() {
+    let app = spawn_app(|_| {}).await;
+    let alice = app.sign_up("alice").await;
+    for path in [
+        "/api/v1/decisions?after=99999999999999999999-0",
+        "/api/v1/decisions/stream?after=1-99999999999999999999",
+        "/api/v1/decisions?limit=abc",
+    ] {
+        let response = app
+            .client
+            .get(app.url(path))
+            .bearer_auth(&alice.token)
+            .send()
+            .await
+            .expect("send");
+        let (status, _) = problem(response).await;
+        assert_eq!(status, 422, "{path}");
+    }
+}
+
+/// `before=` another user's transfer answers exactly as an id that does
+/// not exist.
+#[tokio::test]
+async fn a_foreign_history_cursor_reveals_nothing() {
+    let app = spawn_app(without_cooldown).await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let carol = app.sign_up("carol").await;
+    for _ in 0..3 {
+        assert_eq!(app.transfer(&alice, bob.wallet_id, 1, None).await.status(), 201);
+    }
+    let response = app.transfer(&bob, carol.wallet_id, 1, None).await;
+    let bobs: Value = response.json().await.expect("json");
+    let foreign_path = format!("/api/v1/transfers?before={}", bobs["id"].as_str().expect("id"));
+    let foreign = app.get_json(&foreign_path, Some(&alice)).await;
+    let unknown_path = format!("/api/v1/transfers?before={}", uuid::Uuid::new_v4());
+    let unknown = app.get_json(&unknown_path, Some(&alice)).await;
+    assert_eq!(foreign, unknown);
+    assert_eq!(foreign["items"], json!([]));
+}
+
+/// A page of history is two bounded index scans, however long the
+/// wallet's history: no sort of all its transfers.
+#[tokio::test]
+async fn a_history_page_reads_only_its_rows() {
+    let app = spawn_app(|_| {}).await;
+    let (alice, bob) = app.alice_and_bob().await;
+    // 20,000 transfers each way, written directly: this test is about the
+    // plan, not the money.
+    sqlx::query(
+        "INSERT INTO transfers (id, from_wallet_id, to_wallet_id, amount_minor, initiated_by, created_at)
+         SELECT gen_random_uuid(),
+                CASE WHEN g % 2 = 0 THEN $1 ELSE $2 END, CASE WHEN g % 2 = 0 THEN $2 ELSE $1 END,
+                1, $3, now() - g * interval '1 second'
+         FROM generate_series(1, 40000) g",
+    )
+    .bind(alice.wallet_id)
+    .bind(bob.wallet_id)
+    .bind(alice.user_id)
+    .execute(&app.db)
+    .await
+    .expect("history");
+    sqlx::query("ANALYZE transfers")
+        .execute(&app.db)
+        .await
+        .expect("analyze");
+    let deep: uuid::Uuid =
+        sqlx::query_scalar("SELECT id FROM transfers ORDER BY created_at LIMIT 1 OFFSET 20000")
+            .fetch_one(&app.db)
+            .await
+            .expect("a cursor deep in the history");
+    const LIMIT: i64 = 21;
+    for before in [None, Some(deep)] {
+        let plan: Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN (ANALYZE, FORMAT JSON) {}",
+            layered_wallet::routes::transfers::HISTORY_PAGE_SQL
+        )))
+        .bind(alice.user_id)
+        .bind(before)
+        .bind(LIMIT)
+        .fetch_one(&app.db)
+        .await
+        .expect("explain");
+        let mut scans = Vec::new();
+        collect_scans(&plan[0]["Plan"], &mut scans);
+        let history_scans: Vec<_> = scans
+            .iter()
+            .filter(|(_, index, _)| index.as_deref() != Some("transfers_pkey"))
+            .collect();
+        assert_eq!(history_scans.len(), 2, "{plan}");
+        for (node, index, rows) in history_scans {
+            assert_eq!(node, "Index Scan", "{plan}");
+            assert!(index.is_some(), "{plan}");
+            assert!(
+                *rows <= LIMIT,
+                "a scan read {rows} rows for a page of {LIMIT}: {plan}"
+            );
+        }
+    }
+}
+
+/// Every scan of `transfers` in a JSON plan: node type, index, rows read.
+fn collect_scans(node: &Value, scans: &mut Vec<(String, Option<String>, i64)>) {
+    if node["Relation Name"] == "transfers" {
+        scans.push((
+            node["Node Type"].as_str().unwrap_or_default().to_owned(),
+            node["Index Name"].as_str().map(str::to_owned),
+            node["Actual Rows"].as_i64().unwrap_or_default(),
+        ));
+    }
+    for child in node["Plans"].as_array().into_iter().flatten() {
+        collect_scans(child, scans);
+    }
+}

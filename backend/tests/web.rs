@@ -135,6 +135,28 @@ async fn forms_and_session_api_calls_need_their_csrf_token() {
         .expect("send");
     assert_eq!(with.status(), 201);
 
+    // Revoking the session's token through the API: the same rule.
+    let revoke = |csrf: Option<String>| {
+        let mut request = alice
+            .http
+            .delete(app.url("/api/v1/tokens/current"))
+            .header("cookie", alice.cookie_header());
+        if let Some(csrf) = csrf {
+            request = request.header("x-csrf-token", csrf);
+        }
+        request.send()
+    };
+    let (status, problem_body) = problem(revoke(None).await.expect("send")).await;
+    assert_eq!(
+        (status, problem_body["type"].as_str()),
+        (403, Some("/problems/csrf-token-invalid"))
+    );
+    assert_eq!(
+        alice.get("/wallet").await.0,
+        200,
+        "a refused revocation ended the session"
+    );
+
     // Signing out revokes the session's token.
     let (_, wallet) = alice.get("/wallet").await;
     let response = alice

@@ -29,5 +29,14 @@
       source.onopen = function () { status.textContent = "live"; };
       source.onerror = function () { status.textContent = "reconnecting…"; };
       source.addEventListener("decision", function (event) { row(JSON.parse(event.data)); });
+      // The server ends a stream when the session ends (then reconnecting
+      // is pointless) or when it has lived its time (then the browser
+      // reconnects by itself and resumes where it stopped).
+      source.addEventListener("end", function (event) {
+        if (JSON.parse(event.data).reason === "token") {
+          source.close();
+          status.textContent = "Your session has ended. Sign in again to see new decisions.";
+        }
+      });
     });
 })();

@@ -229,8 +229,9 @@ pub fn stream_key(prefix: &str, user: UserId) -> String {
     format!("{prefix}decisions:{user}")
 }
 
-/// Accepts stream ids only (`<ms>-<seq>`), so a cursor cannot smuggle in
-/// another argument.
+/// Accepts stream ids only (`<ms>-<seq>`, each a 64-bit unsigned number,
+/// as Redis requires), so a cursor cannot smuggle in another argument, and
+/// one Redis would reject is refused here, as the client's mistake.
 pub fn is_stream_id(id: &str) -> bool {
     let mut parts = id.split('-');
     let (Some(ms), Some(seq), None) = (parts.next(), parts.next(), parts.next()) else {
@@ -238,7 +239,7 @@ pub fn is_stream_id(id: &str) -> bool {
     };
     [ms, seq]
         .iter()
-        .all(|part| !part.is_empty() && part.len() <= 20 && part.bytes().all(|b| b.is_ascii_digit()))
+        .all(|part| part.bytes().all(|b| b.is_ascii_digit()) && part.parse::<u64>().is_ok())
 }
 
 /// A stream entry as Redis returns it: its id and its field-value pairs.
@@ -372,5 +373,11 @@ mod tests {
         assert!(!is_stream_id("+"));
         assert!(!is_stream_id("1-2-3"));
         assert!(!is_stream_id("1-x"));
+        assert!(!is_stream_id("+1-0"), "u64 parsing alone would take a sign");
+        assert!(is_stream_id("18446744073709551615-18446744073709551615"));
+        assert!(
+            !is_stream_id("99999999999999999999-0"),
+            "past u64: Redis rejects it"
+        );
     }
 }

@@ -4,16 +4,22 @@
 //! every instance. A user sees only their own. The browser's live feed page
 //! calls the same endpoints, authenticated by its session cookie.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use actix_web::http::header;
 use actix_web::web::Bytes;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
 
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::auth::{self, VerifiedToken};
 use crate::decision::feed::{self, StoredEntry};
 use crate::domain::UserId;
-use crate::problem::Problem;
+use crate::problem::{Problem, ProblemType};
+use crate::redis_store::StreamConnection;
 use crate::routes::authenticate;
 use crate::state::AppState;
 
@@ -89,12 +95,18 @@ async fn read_page(request: &HttpRequest, state: &AppState, user: UserId) -> Res
 /// Your transfer decisions as they happen, as Server-Sent Events (`event:
 /// decision`, `id:` the entry id, `data:` the entry as JSON). Resumes after
 /// `Last-Event-ID` or `?after=`; otherwise starts with new entries.
+///
+/// A stream ends with `event: end` and a reason when its token is revoked
+/// or expires (checked every `decision_stream_token_check_s`), or when it
+/// has lived `decision_stream_lifetime_s`; the client reconnects with
+/// `Last-Event-ID` and loses nothing.
 #[utoipa::path(
     get, path = "/api/v1/decisions/stream", tag = "decisions",
     params(FeedQuery),
     responses(
         (status = 200, description = "text/event-stream"),
         (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "You hold decision_streams_per_user_max streams already", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Too many live streams, or the feed is off", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
@@ -104,85 +116,217 @@ pub async fn stream_decisions(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, Problem> {
     let caller = authenticate(&request, &state).await?;
-    open_stream(&request, &state, caller.user_id).await
+    open_stream(&request, &state, caller).await
 }
 
-/// The Server-Sent Events response over `user`'s stream.
-async fn open_stream(request: &HttpRequest, state: &AppState, user: UserId) -> Result<HttpResponse, Problem> {
-    let query = parse_query(request, state.settings.decisions_page_entries_max)?;
+/// How many live streams each user holds on this instance.
+#[derive(Default)]
+pub struct StreamsPerUser {
+    open: std::sync::Mutex<HashMap<UserId, usize>>,
+}
+
+/// One user's claim on a stream; gives it back when the stream ends.
+pub struct UserStreamSlot {
+    streams: Arc<StreamsPerUser>,
+    user: UserId,
+}
+
+impl StreamsPerUser {
+    fn claim(streams: &Arc<Self>, user: UserId, max: usize) -> Option<UserStreamSlot> {
+        let mut open = streams.open.lock().unwrap_or_else(|e| e.into_inner());
+        let count = open.entry(user).or_insert(0);
+        if *count >= max {
+            return None;
+        }
+        *count += 1;
+        Some(UserStreamSlot {
+            streams: streams.clone(),
+            user,
+        })
+    }
+}
+
+impl Drop for UserStreamSlot {
+    fn drop(&mut self) {
+        let mut open = self.streams.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = open.get_mut(&self.user) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.user);
+            }
+        }
+    }
+}
+
+/// What a live stream carries from one read to the next.
+struct LiveStream {
+    connection: StreamConnection,
+    /// The last entry id delivered (never `$`: see `open_stream`).
+    last_id: String,
+    token: VerifiedToken,
+    opened: Instant,
+    next_token_check: Instant,
+    ended: bool,
+    _slots: (OwnedSemaphorePermit, UserStreamSlot),
+}
+
+/// The Server-Sent Events response over the caller's stream.
+async fn open_stream(
+    request: &HttpRequest,
+    state: &AppState,
+    token: VerifiedToken,
+) -> Result<HttpResponse, Problem> {
+    let settings = state.settings.clone();
+    let query = parse_query(request, settings.decisions_page_entries_max)?;
     let last_event_id = request
         .headers()
         .get("last-event-id")
         .and_then(|value| value.to_str().ok())
         .filter(|id| feed::is_stream_id(id))
         .map(str::to_owned);
-    let start = last_event_id.or(query.after).unwrap_or_else(|| "$".to_owned());
 
+    let user_slot = StreamsPerUser::claim(
+        &state.streams_per_user,
+        token.user_id,
+        settings.decision_streams_per_user_max,
+    )
+    .ok_or_else(|| {
+        Problem::new(
+            ProblemType::TooManyStreams,
+            format!(
+                "You have {} live feeds open already. Close one and try again.",
+                settings.decision_streams_per_user_max
+            ),
+        )
+        .detail_is_for_people()
+        .with_retry_after_s(1)
+    })?;
     let slot = state
         .stream_slots
         .clone()
         .try_acquire_owned()
         .map_err(|_| Problem::unavailable("Too many live streams on this instance. Retry shortly."))?;
-    let keepalive = Duration::from_millis(state.settings.decision_stream_keepalive_ms);
-    let connection = state
+    let keepalive = Duration::from_millis(settings.decision_stream_keepalive_ms);
+    let unavailable = |error: String| {
+        tracing::warn!(error, "could not open a decision stream");
+        Problem::unavailable("The decision feed is unavailable. Retry shortly.")
+    };
+    let mut connection = state
         .feed
         .stream_connection(keepalive + Duration::from_secs(5))
         .await
-        .map_err(|error| {
-            tracing::warn!(error, "could not open a decision stream");
-            Problem::unavailable("The decision feed is unavailable. Retry shortly.")
-        })?;
-    let key = state.feed.stream_key(user);
-    let block_ms = state.settings.decision_stream_keepalive_ms;
+        .map_err(unavailable)?;
+    let key = state.feed.stream_key(token.user_id);
+    // "Only what comes next" is pinned to the stream's current last id now:
+    // reading from `$` again after a quiet read would skip whatever arrived
+    // between two reads.
+    let start = match last_event_id.or(query.after) {
+        Some(id) => id,
+        None => newest_id(&mut connection, &key).await.map_err(unavailable)?,
+    };
 
-    // Each step blocks in Redis for up to the keep-alive interval, then
-    // yields either the new entries or a keep-alive comment. The stream ends
-    // when the client goes away (actix drops it) or Redis fails.
-    let events = futures::stream::unfold(
-        (connection, start, slot),
-        move |(mut connection, last_id, slot)| {
-            let key = key.clone();
-            async move {
-                let reply: Result<feed::XreadReply, _> = redis::cmd("XREAD")
-                    .arg("BLOCK")
-                    .arg(block_ms)
-                    .arg("COUNT")
-                    .arg(100)
-                    .arg("STREAMS")
-                    .arg(&key)
-                    .arg(&last_id)
-                    .query_async(&mut connection)
-                    .await;
-                let streams = match reply {
-                    Ok(streams) => streams.unwrap_or_default(),
-                    Err(error) => {
-                        tracing::info!(error = %error, "decision stream ended");
-                        return None;
-                    }
-                };
-                let mut chunk = String::new();
-                let mut next_id = last_id;
-                for (_, entries) in streams {
-                    for stored in entries.into_iter().filter_map(feed::decode) {
-                        let data = serde_json::to_string(&stored.entry).unwrap_or_default();
-                        chunk.push_str(&format!("id: {}\nevent: decision\ndata: {data}\n\n", stored.id));
-                        next_id = stored.id;
-                    }
-                }
-                if chunk.is_empty() {
-                    chunk.push_str(": keep-alive\n\n");
-                }
-                Some((
-                    Ok::<_, actix_web::Error>(Bytes::from(chunk)),
-                    (connection, next_id, slot),
-                ))
+    let token_check = Duration::from_secs(settings.decision_stream_token_check_s);
+    let lifetime = Duration::from_secs(settings.decision_stream_lifetime_s);
+    let db = state.db.clone();
+    let now = Instant::now();
+    let live = LiveStream {
+        connection,
+        last_id: start,
+        token,
+        opened: now,
+        next_token_check: now + token_check,
+        ended: false,
+        _slots: (slot, user_slot),
+    };
+
+    // Each step blocks in Redis until new entries arrive or the next check
+    // is due (at most the keep-alive interval), then yields the entries, a
+    // keep-alive comment, or the end. The stream also ends when the client
+    // goes away (actix drops it) or Redis fails.
+    let events = futures::stream::unfold(live, move |mut live| {
+        let key = key.clone();
+        let db = db.clone();
+        async move {
+            if live.ended {
+                return None;
             }
-        },
-    );
+            if live.opened.elapsed() >= lifetime {
+                live.ended = true;
+                return Some((Ok(end_event("lifetime")), live));
+            }
+            if Instant::now() >= live.next_token_check {
+                live.next_token_check = Instant::now() + token_check;
+                let still_live = live.token.expires_at > chrono::Utc::now()
+                    && auth::token_is_live(&db, &live.token).await.unwrap_or(false);
+                if !still_live {
+                    live.ended = true;
+                    return Some((Ok(end_event("token")), live));
+                }
+            }
+            let until_due = live
+                .next_token_check
+                .min(live.opened + lifetime)
+                .saturating_duration_since(Instant::now());
+            let block_ms = keepalive.min(until_due).as_millis().max(1) as u64;
+            let reply: Result<feed::XreadReply, _> = redis::cmd("XREAD")
+                .arg("BLOCK")
+                .arg(block_ms)
+                .arg("COUNT")
+                .arg(100)
+                .arg("STREAMS")
+                .arg(&key)
+                .arg(&live.last_id)
+                .query_async(&mut live.connection)
+                .await;
+            let streams = match reply {
+                Ok(streams) => streams.unwrap_or_default(),
+                Err(error) => {
+                    tracing::info!(error = %error, "decision stream ended");
+                    return None;
+                }
+            };
+            let mut chunk = String::new();
+            for (_, entries) in streams {
+                for stored in entries.into_iter().filter_map(feed::decode) {
+                    let data = serde_json::to_string(&stored.entry).unwrap_or_default();
+                    chunk.push_str(&format!("id: {}\nevent: decision\ndata: {data}\n\n", stored.id));
+                    live.last_id = stored.id;
+                }
+            }
+            if chunk.is_empty() {
+                chunk.push_str(": keep-alive\n\n");
+            }
+            Some((Ok::<_, actix_web::Error>(Bytes::from(chunk)), live))
+        }
+    });
     Ok(HttpResponse::Ok()
         .insert_header((header::CONTENT_TYPE, "text/event-stream"))
         .insert_header((header::CACHE_CONTROL, "no-cache"))
         // Tells nginx not to buffer the stream.
         .insert_header(("X-Accel-Buffering", "no"))
         .streaming(events))
+}
+
+/// The last entry's id in the stream, or `0-0` when it has none yet.
+async fn newest_id(connection: &mut StreamConnection, key: &str) -> Result<String, String> {
+    let newest: Vec<feed::RawEntry> = redis::cmd("XREVRANGE")
+        .arg(key)
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(1)
+        .query_async(connection)
+        .await
+        .map_err(|error| error.to_string())?;
+    Ok(newest
+        .into_iter()
+        .next()
+        .map_or_else(|| "0-0".to_owned(), |(id, _)| id))
+}
+
+/// The last event of a stream that the server ends: `reason` is `token`
+/// (revoked or expired: sign in again) or `lifetime` (reconnect with
+/// `Last-Event-ID`).
+fn end_event(reason: &str) -> Bytes {
+    Bytes::from(format!("event: end\ndata: {{\"reason\":\"{reason}\"}}\n\n"))
 }

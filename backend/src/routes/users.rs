@@ -236,10 +236,16 @@ pub async fn issue_token_for(
     Ok(issued)
 }
 
-/// Revoke the token this request carries.
+/// Revoke the token this request carries. Authenticated by the browser's
+/// session cookie, the call must also carry the page's `X-CSRF-Token`, as
+/// every state-changing call does.
 #[utoipa::path(
     delete, path = "/api/v1/tokens/current", tag = "users",
-    responses((status = 204, description = "Revoked")),
+    responses(
+        (status = 204, description = "Revoked"),
+        (status = 401, body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "Session cookie without the CSRF token", body = Problem, content_type = "application/problem+json"),
+    ),
     security(("bearer" = []))
 )]
 pub async fn revoke_current(
@@ -247,6 +253,7 @@ pub async fn revoke_current(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, Problem> {
     let token = authenticate(&request, &state).await?;
+    state.tokens.require_csrf_header(&request, &token)?;
     revoke(&state, &token)
         .await
         .map_err(|error| problem::from_database_error(&error, "revoking a token"))?;

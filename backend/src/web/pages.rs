@@ -368,29 +368,31 @@ pub async fn sign_out(
     response
 }
 
+/// How many transfers the wallet page lists.
+const WALLET_PAGE_HISTORY_ROWS: i64 = 20;
+
 async fn history(state: &AppState, session: &Session) -> Result<Vec<HistoryRow>, sqlx::Error> {
-    let rows = sqlx::query_as::<_, (chrono::DateTime<chrono::Utc>, i64, bool, String)>(
-        "SELECT t.created_at, t.amount_minor, f.user_id = $1 AS sent,
-                CASE WHEN f.user_id = $1 THEN tu.name ELSE fu.name END
-         FROM transfers t
-         JOIN wallets f ON f.id = t.from_wallet_id
-         JOIN wallets tw ON tw.id = t.to_wallet_id
-         JOIN users fu ON fu.id = f.user_id
-         JOIN users tu ON tu.id = tw.user_id
-         WHERE f.user_id = $1 OR tw.user_id = $1
-         ORDER BY t.created_at DESC, t.id DESC
-         LIMIT 20",
+    let rows = transfers::list_for_user(
+        &state.db,
+        session.token.user_id.0,
+        None,
+        WALLET_PAGE_HISTORY_ROWS.min(state.settings.transfers_page_rows_max),
     )
-    .bind(session.token.user_id.0)
-    .fetch_all(&state.db)
     .await?;
     Ok(rows
         .into_iter()
-        .map(|(when, amount, sent, counterparty)| HistoryRow {
-            when: when.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
-            direction: if sent { "Sent to" } else { "Received from" },
-            counterparty,
-            amount: money::format(if sent { -amount } else { amount }, &session.currency),
+        .map(|row| HistoryRow {
+            when: row.created_at.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+            direction: if row.sent { "Sent to" } else { "Received from" },
+            counterparty: row.counterpart_name,
+            amount: money::format(
+                if row.sent {
+                    -row.amount_minor
+                } else {
+                    row.amount_minor
+                },
+                &session.currency,
+            ),
         })
         .collect())
 }
