@@ -187,3 +187,60 @@ async fn an_unsafe_mode_is_announced_on_every_page() {
     let (_, html) = anonymous.get("/signin").await;
     assert!(html.contains("Demonstration mode:"));
 }
+
+/// Every page, signed in or not, found or not, carries the headers that
+/// keep it from being framed, sniffed or made to run another site's script.
+#[tokio::test]
+async fn every_page_sends_the_security_headers() {
+    let app = spawn_app(|_| {}).await;
+    let mut alice = signed_up(&app, "alice").await;
+    for path in [
+        "/",
+        "/signin",
+        "/signup",
+        "/wallet",
+        "/race-lab",
+        "/feed",
+        "/problems/cooldown-active",
+        "/no-such-page",
+        "/static/app.css",
+        "/api/v1/transfers",
+    ] {
+        let response = alice
+            .http
+            .get(app.url(path))
+            .header("cookie", alice.cookie_header())
+            .header("accept", "text/html")
+            .send()
+            .await
+            .expect("send");
+        let headers = response.headers();
+        let csp = headers
+            .get("content-security-policy")
+            .unwrap_or_else(|| panic!("{path} has no Content-Security-Policy"))
+            .to_str()
+            .expect("ascii");
+        assert!(
+            csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"),
+            "{path}: {csp}"
+        );
+        assert!(csp.contains("frame-ancestors 'none'"), "{path}: {csp}");
+        assert_eq!(headers["x-frame-options"], "DENY", "{path}");
+        assert_eq!(headers["x-content-type-options"], "nosniff", "{path}");
+        assert_eq!(headers["referrer-policy"], "same-origin", "{path}");
+    }
+    // The pages hold to the policy: no inline script or handler.
+    for path in ["/", "/wallet", "/race-lab", "/feed"] {
+        let (_, page) = alice.get(path).await;
+        for forbidden in [
+            "<script>",
+            "onclick=",
+            "onsubmit=",
+            "onload=",
+            "style=\"",
+            "<style",
+        ] {
+            assert!(!page.contains(forbidden), "{path} has {forbidden}");
+        }
+    }
+}
