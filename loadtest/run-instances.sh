@@ -41,7 +41,7 @@ base_admin_port=${BASE_ADMIN_PORT:-9091}
 . scripts/lib/services.sh
 ensure_services
 ensure_database layered_wallet
-export DATABASE_URL=${DATABASE_URL:-$(database_url layered_wallet)}
+ensure_roles layered_wallet
 [ -s .tmp/dev-signing-key ] || head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > .tmp/dev-signing-key
 export WALLET_TOKEN_SIGNING_KEY=${WALLET_TOKEN_SIGNING_KEY:-$(cat .tmp/dev-signing-key)}
 

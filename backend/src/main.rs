@@ -42,8 +42,8 @@ async fn main() -> anyhow::Result<()> {
     settings.validate()?;
 
     if command == "migrate" {
-        let db = startup::db_pool(&settings)?;
-        startup::migrate(&db).await?;
+        let owner = startup::migration_pool(&settings)?;
+        startup::migrate(&owner).await?;
         tracing::info!("migrations applied");
         return Ok(());
     }

@@ -103,6 +103,11 @@ pub struct Settings {
 
     // --- PostgreSQL ---
     pub database_url: SecretString,
+    /// The database as its owning role, for migrations only
+    /// (`wallet-server migrate`, `migrate_on_start`). Empty: `database_url`.
+    /// The server itself should connect as a role that may only read and
+    /// write rows and call functions (`deploy/postgres/roles.sql`).
+    pub database_migration_url: SecretString,
     pub db_pool_connections_max: u32,
     pub db_pool_connections_min: u32,
     /// How long a request waits for a free connection before answering 503.
@@ -246,6 +251,7 @@ impl Default for Settings {
             instance_id: String::new(),
 
             database_url: SecretString::from("postgres://postgres@127.0.0.1:5432/layered_wallet"),
+            database_migration_url: SecretString::from(""),
             db_pool_connections_max: 16,
             db_pool_connections_min: 2,
             db_acquire_wait_ms_max: 2_000,
@@ -331,6 +337,7 @@ impl Settings {
         );
         for (variable, setting) in [
             ("DATABASE_URL", "database_url"),
+            ("DATABASE_MIGRATION_URL", "database_migration_url"),
             ("REDIS_URL", "redis_url"),
             ("PORT", "http_port"),
             ("LOG_FORMAT", "log_format"),

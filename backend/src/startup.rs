@@ -50,7 +50,9 @@ impl Application {
         }
         let db = db_pool(&settings)?;
         if settings.migrate_on_start {
-            migrate(&db).await?;
+            let owner = migration_pool(&settings)?;
+            migrate(&owner).await?;
+            owner.close().await;
         }
         let listener =
             TcpListener::bind((settings.http_host.as_str(), settings.http_port)).map_err(|error| {
@@ -241,10 +243,26 @@ pub async fn migrate(db: &PgPool) -> anyhow::Result<()> {
         .map_err(|error| anyhow::anyhow!("failed to fill in the comparable names: {error}"))
 }
 
-/// A PostgreSQL pool with every limit explicit. Connects lazily.
+/// A PostgreSQL pool with every limit explicit, as the server's role.
+/// Connects lazily.
 pub fn db_pool(settings: &Settings) -> anyhow::Result<PgPool> {
-    let options = PgConnectOptions::from_str(settings.database_url.expose_secret())
-        .map_err(|_| anyhow::anyhow!("database_url is not a valid PostgreSQL URL"))?
+    pool_for(settings, settings.database_url.expose_secret(), "database_url")
+}
+
+/// A pool as the owning role, for migrations: `database_migration_url`,
+/// or `database_url` when that is empty.
+pub fn migration_pool(settings: &Settings) -> anyhow::Result<PgPool> {
+    let url = settings.database_migration_url.expose_secret();
+    if url.is_empty() {
+        db_pool(settings)
+    } else {
+        pool_for(settings, url, "database_migration_url")
+    }
+}
+
+fn pool_for(settings: &Settings, url: &str, setting: &str) -> anyhow::Result<PgPool> {
+    let options = PgConnectOptions::from_str(url)
+        .map_err(|_| anyhow::anyhow!("{setting} is not a valid PostgreSQL URL"))?
         .application_name("layered-wallet")
         .options([(
             "statement_timeout",

@@ -2,6 +2,7 @@
 //! can reach: every resource an outsider touches has a bound.
 
 use serde_json::{Value, json};
+use sqlx::Connection;
 use wallet_testkit::*;
 
 /// Series of the request-latency histogram in a `/metrics` text.
@@ -590,5 +591,108 @@ fn collect_scans(node: &Value, scans: &mut Vec<(String, Option<String>, i64)>) {
     }
     for child in node["Plans"].as_array().into_iter().flatten() {
         collect_scans(child, scans);
+    }
+}
+
+/// Runs `deploy/postgres/roles.sql` for `database` with the given roles.
+fn create_roles(database: &str, owner: &str, app: &str) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/postgres/roles.sql");
+    let output = std::process::Command::new("psql")
+        .arg(postgres_server_url())
+        .args(["-X", "-q", "-v", &format!("database={database}")])
+        .args([
+            "-v",
+            &format!("owner_role={owner}"),
+            "-v",
+            "owner_password=owner-password",
+        ])
+        .args([
+            "-v",
+            &format!("app_role={app}"),
+            "-v",
+            "app_password=app-password",
+        ])
+        .args(["-f", script])
+        .output()
+        .expect("psql runs (Debian's postgresql-client)");
+    assert!(
+        output.status.success(),
+        "roles.sql failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The server runs as a role that can read and write rows and call
+/// functions, and nothing else; the migrations ran as the owner.
+#[tokio::test]
+async fn the_server_role_can_do_its_work_and_nothing_more() {
+    assert_redis_reachable().await;
+    let (database, options) = create_database().await;
+    let suffix = &uuid::Uuid::new_v4().simple().to_string()[..12];
+    let (owner, app_role) = (format!("lw_owner_{suffix}"), format!("lw_app_{suffix}"));
+    create_roles(&database, &owner, &app_role);
+    let as_role = |role: &str, password: &str| database_url_as(&options, role, password);
+    let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
+    let mut settings = test_settings(&as_role(&app_role, "app-password"), &prefix);
+    settings.database_migration_url = as_role(&owner, "owner-password").into();
+    let app = spawn_with(settings, options.clone()).await;
+
+    // It does its work.
+    let (alice, bob) = app.alice_and_bob().await;
+    assert_eq!(
+        app.transfer(&alice, bob.wallet_id, 100, Some(&new_key()))
+            .await
+            .status(),
+        201
+    );
+    app.assert_invariants().await;
+    let owned_by_owner: bool =
+        sqlx::query_scalar("SELECT bool_and(tableowner = $1) FROM pg_tables WHERE schemaname = 'public'")
+            .bind(&owner)
+            .fetch_one(&app.db)
+            .await
+            .expect("owners");
+    assert!(owned_by_owner, "the migrations did not run as the owner");
+
+    // And nothing more.
+    let mut server_role = sqlx::PgConnection::connect(&as_role(&app_role, "app-password"))
+        .await
+        .expect("connect as the server's role");
+    for statement in [
+        "CREATE TABLE intruder (id int)",
+        "DROP TABLE transfers",
+        "ALTER TABLE wallets DROP CONSTRAINT wallets_balance_minor_check",
+        "TRUNCATE ledger_entries",
+        "CREATE ROLE intruder",
+        "CREATE OR REPLACE FUNCTION transfer() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+    ] {
+        let refused = sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(&mut server_role)
+            .await
+            .expect_err(statement);
+        let code = refused
+            .as_database_error()
+            .and_then(|e| e.code())
+            .map(|c| c.into_owned());
+        assert!(matches!(code.as_deref(), Some("42501")), "{statement}: {refused}");
+    }
+    let superuser: bool = sqlx::query_scalar(
+        "SELECT rolsuper OR rolcreaterole OR rolcreatedb FROM pg_roles WHERE rolname = current_user",
+    )
+    .fetch_one(&mut server_role)
+    .await
+    .expect("role");
+    assert!(!superuser);
+    drop(server_role);
+
+    drop(app);
+    let mut admin = sqlx::PgConnection::connect(&postgres_server_url())
+        .await
+        .expect("admin");
+    for role in [&app_role, &owner] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP ROLE IF EXISTS {role}")))
+            .execute(&mut admin)
+            .await
+            .expect("drop a test role");
     }
 }

@@ -113,6 +113,33 @@ ensure_database() {
   fi
 }
 
+# The deployment's two roles on database $1 (deploy/postgres/roles.sql):
+# the owner, which the migrations run as, and the server's role, which may
+# only read and write rows and call functions. Their passwords are made
+# once and kept in .tmp/. Exports DATABASE_URL (the server's role) and
+# DATABASE_MIGRATION_URL (the owner), unless DATABASE_URL is set already.
+ensure_roles() {
+  local database=$1 owner=${1}_owner app=${1}_app
+  [ -n "${DATABASE_URL:-}" ] && return 0
+  mkdir -p "$STATE_DIR"
+  local secret
+  for secret in owner app; do
+    [ -s "$STATE_DIR/db-$secret-password" ] ||
+      head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$STATE_DIR/db-$secret-password"
+  done
+  local owner_password app_password
+  owner_password=$(cat "$STATE_DIR/db-owner-password")
+  app_password=$(cat "$STATE_DIR/db-app-password")
+  psql "$PG_SERVER_URL" -X -q -v database="$database" \
+    -v owner_role="$owner" -v owner_password="$owner_password" \
+    -v app_role="$app" -v app_password="$app_password" \
+    -f "$(dirname "${BASH_SOURCE[0]}")/../../deploy/postgres/roles.sql" >/dev/null
+  local server=${PG_SERVER_URL#*@}
+  server=${server%/*}
+  export DATABASE_URL="postgres://$app:$app_password@$server/$database"
+  export DATABASE_MIGRATION_URL="postgres://$owner:$owner_password@$server/$database"
+}
+
 ensure_services() {
   ensure_postgres
   ensure_redis

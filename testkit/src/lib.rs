@@ -226,6 +226,14 @@ pub fn database_url_via(options: &PgConnectOptions, port: u16) -> String {
     url.to_string()
 }
 
+/// The test database's URL as another role.
+pub fn database_url_as(options: &PgConnectOptions, role: &str, password: &str) -> String {
+    let mut url = url::Url::parse(&database_url_of(options)).expect("valid URL");
+    url.set_username(role).expect("user");
+    url.set_password(Some(password)).expect("password");
+    url.to_string()
+}
+
 /// A second app on the same database and Redis prefix as `first`: another
 /// instance of one deployment, with its own pools.
 pub async fn spawn_second_instance(first: &TestApp) -> TestApp {
