@@ -696,3 +696,53 @@ async fn the_server_role_can_do_its_work_and_nothing_more() {
             .expect("drop a test role");
     }
 }
+
+/// `sslmode` in `DATABASE_URL` is honoured: `require` encrypts every
+/// connection the server makes, and is refused by a server without TLS
+/// rather than quietly sent in the clear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sslmode_in_the_database_url_is_honoured() {
+    let postgres = tokio::task::spawn_blocking(private_stores::PrivatePostgres::start_with_tls)
+        .await
+        .expect("a private PostgreSQL with TLS");
+    postgres.create_database("wallet").await;
+    let url = format!("{}?sslmode=require", postgres.url("wallet"));
+    let options: sqlx::postgres::PgConnectOptions = postgres.url("wallet").parse().expect("options");
+    let prefix = format!("test:{}:", uuid::Uuid::new_v4().simple());
+    let app = spawn_with(test_settings(&url, &prefix), options).await;
+    let (alice, bob) = app.alice_and_bob().await;
+    assert_eq!(app.transfer(&alice, bob.wallet_id, 100, None).await.status(), 201);
+    let (connections, encrypted): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE s.ssl)
+         FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
+         WHERE a.application_name = 'layered-wallet'",
+    )
+    .fetch_one(&app.db)
+    .await
+    .expect("pg_stat_ssl");
+    assert!(connections > 0, "the server holds no connection");
+    assert_eq!(encrypted, connections, "a server connection is not encrypted");
+    drop(app);
+
+    let plain = tokio::task::spawn_blocking(private_stores::PrivatePostgres::start)
+        .await
+        .expect("a private PostgreSQL without TLS");
+    plain.create_database("wallet").await;
+    let options: sqlx::postgres::PgConnectOptions = plain.url("wallet").parse().expect("options");
+    let mut settings = test_settings(&format!("{}?sslmode=require", plain.url("wallet")), &prefix);
+    // Started without migrating (a migration would fail at start-up the
+    // same way), so that readiness can say it.
+    settings.migrate_on_start = false;
+    let refused = spawn_with(settings, options).await;
+    let ready = refused
+        .client
+        .get(refused.url("/readyz"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(
+        ready.status(),
+        503,
+        "connected in the clear despite sslmode=require"
+    );
+}

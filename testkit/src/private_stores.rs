@@ -152,6 +152,7 @@ impl PgStopMode {
 pub struct PrivatePostgres {
     pub port: u16,
     data: PathBuf,
+    tls: bool,
     _dir: ScratchDir,
 }
 
@@ -193,8 +194,47 @@ impl PrivatePostgres {
         let cluster = Self {
             port: free_port(),
             data,
+            tls: false,
             _dir: dir,
         };
+        cluster.start_server();
+        cluster
+    }
+
+    /// A cluster that also accepts TLS, with a self-signed certificate made
+    /// for it (`openssl`), for tests of `sslmode`.
+    pub fn start_with_tls() -> Self {
+        let mut cluster = Self::start();
+        cluster.stop(PgStopMode::Fast);
+        let (cert, key) = (cluster.data.join("server.crt"), cluster.data.join("server.key"));
+        let made = Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=127.0.0.1",
+            ])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&cert)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("openssl runs (Debian's openssl package)");
+        assert!(made.success(), "openssl could not make a certificate");
+        for (path, mode) in [(&cert, "644"), (&key, "600")] {
+            let _ = Command::new("chmod").arg(mode).arg(path).status();
+            if running_as_root() {
+                let _ = Command::new("chown").arg("postgres:postgres").arg(path).status();
+            }
+        }
+        cluster.tls = true;
         cluster.start_server();
         cluster
     }
@@ -212,11 +252,14 @@ impl PrivatePostgres {
     /// an immediate stop kills processes, not the machine, so the WAL in the
     /// page cache survives it, and the tests run faster.
     fn start_server(&self) {
-        let options = format!(
+        let mut options = format!(
             "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c fsync=off -c max_connections=200",
             self.port,
             self.data_arg()
         );
+        if self.tls {
+            options.push_str(" -c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key");
+        }
         let log = self.data.join("server.log");
         let start = run_postgres_tool(
             "pg_ctl",
