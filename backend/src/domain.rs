@@ -60,6 +60,12 @@ pub struct TransferBody {
     pub amount_minor: i64,
 }
 
+/// A UUID in its canonical hyphenated form only (what the OpenAPI document
+/// promises), not the simple, braced or URN forms `Uuid` would also read.
+pub fn parse_uuid(text: &str) -> Option<Uuid> {
+    (text.len() == 36).then(|| Uuid::try_parse(text).ok()).flatten()
+}
+
 /// A transfer request that passed every check that needs no I/O.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TransferRequest {

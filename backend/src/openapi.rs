@@ -1,10 +1,22 @@
 //! The OpenAPI 3 document, generated from the handlers' annotations and
 //! served at `/api/openapi.json`.
+//!
+//! The annotations give each operation its parameters, bodies and success.
+//! `contract` then adds what the annotations cannot say once for all: every
+//! failure an operation can answer, grouped by status with the problem
+//! types from the catalogue (`problem::ProblemType`), the headers every
+//! response carries, the limits this deployment enforces (from its
+//! settings), and the links that lead from one operation's answer to the
+//! next.
 
+use serde_json::{Map, Value, json};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
+use crate::problem::ProblemType::{self, *};
 use crate::routes::{decisions, health, transfers, users, wallets};
+use crate::settings::Settings;
+use crate::state::AppState;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -12,7 +24,8 @@ use crate::routes::{decisions, health, transfers, users, wallets};
         title = "Layered Wallet",
         description = "Wallet transfers behind three stacked defenses: a Redis cooldown lock, \
                        a PostgreSQL idempotency key and a guarded balance update. Errors are \
-                       RFC 9457 problem details."
+                       RFC 9457 problem details; `GET /problems/{slug}` explains each type. \
+                       A method a path does not take answers 405 with `Allow`."
     ),
     paths(
         users::sign_up,
@@ -27,6 +40,7 @@ use crate::routes::{decisions, health, transfers, users, wallets};
         health::healthz,
         health::readyz,
     ),
+    components(schemas(crate::problem::Problem)),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
@@ -43,8 +57,226 @@ impl Modify for BearerAuth {
     }
 }
 
-pub async fn serve() -> actix_web::HttpResponse {
-    actix_web::HttpResponse::Ok()
-        .content_type("application/json")
-        .body(ApiDoc::openapi().to_json().unwrap_or_default())
+/// Failures a JSON body can meet before the operation looks at it.
+const BODY: [ProblemType; 4] = [
+    MalformedRequest,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    ValidationFailed,
+];
+/// Failures of the stores, or of the service itself.
+const STORES: [ProblemType; 2] = [ServiceUnavailable, InternalError];
+
+/// Every failure each operation can answer, besides `STORES`.
+fn failures(method: &str, path: &str) -> Vec<ProblemType> {
+    let specific: Vec<ProblemType> = match (method, path) {
+        ("post", "/api/v1/users") => [&BODY[..], &[NameTaken, TooManyAttempts]].concat(),
+        // A sign-in with a body of the wrong shape is a wrong name or
+        // password (401), so as to say nothing about which.
+        ("post", "/api/v1/tokens") => vec![
+            MalformedRequest,
+            PayloadTooLarge,
+            UnsupportedMediaType,
+            Unauthorized,
+            TooManyAttempts,
+        ],
+        ("delete", "/api/v1/tokens/current") => vec![Unauthorized, CsrfTokenInvalid],
+        ("get", "/api/v1/wallets/{id}") | ("get", "/api/v1/transfers/{id}") => vec![Unauthorized, NotFound],
+        ("post", "/api/v1/transfers") => [
+            &BODY[..],
+            &[
+                Unauthorized,
+                CsrfTokenInvalid,
+                NotYourWallet,
+                IdempotencyKeyInFlight,
+                IdempotencyKeyReused,
+                InsufficientFunds,
+                UnknownTargetWallet,
+                CurrencyMismatch,
+                CooldownActive,
+                OutcomeUnknown,
+            ],
+        ]
+        .concat(),
+        ("get", "/api/v1/transfers") | ("get", "/api/v1/decisions") => vec![Unauthorized, ValidationFailed],
+        ("get", "/api/v1/decisions/stream") => vec![Unauthorized, ValidationFailed, TooManyStreams],
+        _ => return Vec::new(),
+    };
+    [specific, STORES.to_vec()].concat()
+}
+
+/// A header as a response documents it.
+fn header(description: &str) -> Value {
+    json!({ "description": description, "schema": { "type": "string" } })
+}
+
+const UUID_PATTERN: &str = "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}";
+
+/// Completes the generated document: failures, headers, limits, links.
+fn contract(document: &mut Value, settings: &Settings) {
+    let Some(paths) = document["paths"].as_object_mut() else {
+        return;
+    };
+    for (path, item) in paths.iter_mut() {
+        let Some(operations) = item.as_object_mut() else {
+            continue;
+        };
+        for (method, operation) in operations.iter_mut() {
+            let responses = operation["responses"]
+                .as_object_mut()
+                .expect("every operation has responses");
+            add_failures(responses, &failures(method, path));
+            for (status, response) in responses.iter_mut() {
+                if response.get("description").is_none() {
+                    response["description"] = json!(if status.starts_with('2') {
+                        "Success"
+                    } else {
+                        "See the body"
+                    });
+                }
+                add_headers(response, method, path, status);
+            }
+            add_links(responses, method, path);
+            constrain_parameters(operation, settings);
+        }
+    }
+    if let Some(amount) = document.pointer_mut("/components/schemas/TransferBody/properties/amount_minor") {
+        amount["minimum"] = json!(1);
+        amount["maximum"] = json!(settings.transfer_amount_minor_max);
+    }
+}
+
+fn add_failures(responses: &mut Map<String, Value>, failures: &[ProblemType]) {
+    let mut by_status: std::collections::BTreeMap<u16, Vec<ProblemType>> = Default::default();
+    for kind in failures {
+        by_status.entry(kind.status().as_u16()).or_default().push(*kind);
+    }
+    for (status, kinds) in by_status {
+        let description = kinds
+            .iter()
+            .map(|kind| format!("`/problems/{}`: {}", kind.slug(), kind.title()))
+            .collect::<Vec<_>>()
+            .join("; ");
+        responses.insert(
+            status.to_string(),
+            json!({
+                "description": description,
+                "content": { "application/problem+json": {
+                    "schema": { "$ref": "#/components/schemas/Problem" }
+                } }
+            }),
+        );
+    }
+}
+
+fn add_headers(response: &mut Value, method: &str, path: &str, status: &str) {
+    let mut headers = Map::new();
+    headers.insert(
+        "X-Request-Id".into(),
+        header("This request's id: the one the client sent (up to 64 of [A-Za-z0-9-_.:]), or a new UUID"),
+    );
+    headers.insert(
+        "traceparent".into(),
+        header("W3C trace context of this request's server span"),
+    );
+    if matches!(status, "429" | "503") && path != "/readyz" {
+        headers.insert("Retry-After".into(), header("Seconds to wait before retrying"));
+    }
+    if status == "401" {
+        headers.insert(
+            "WWW-Authenticate".into(),
+            header("`Bearer`, with `error=\"invalid_token\"` for a bad token"),
+        );
+    }
+    if (method, path) == ("post", "/api/v1/transfers") {
+        headers.insert(
+            "Defense-Decision".into(),
+            header("Which layer decided and how, e.g. `layer=cooldown, outcome=refused`"),
+        );
+        if status == "201" {
+            headers.insert(
+                "Idempotent-Replayed".into(),
+                header("`true` when this is the stored response of an earlier request with the same key"),
+            );
+        }
+    }
+    if let Some(object) = response.as_object_mut() {
+        object.insert("headers".into(), Value::Object(headers));
+    }
+}
+
+/// Links from one answer to the operations it enables, so that a client
+/// (or a stateful fuzzer) can follow them.
+fn add_links(responses: &mut Map<String, Value>, method: &str, path: &str) {
+    let authenticated = || {
+        json!({
+            "ListTransfers": { "operationId": "list_transfers" },
+            "ListDecisions": { "operationId": "list_decisions" },
+        })
+    };
+    let links = match (method, path) {
+        ("post", "/api/v1/users") => {
+            let mut links = authenticated();
+            links["GetWallet"] = json!({
+                "operationId": "get_wallet",
+                "parameters": { "id": "$response.body#/wallet_id" }
+            });
+            links
+        }
+        ("post", "/api/v1/tokens") => authenticated(),
+        ("post", "/api/v1/transfers") => json!({
+            "GetTransfer": { "operationId": "get_transfer", "parameters": { "id": "$response.body#/id" } },
+            "GetSourceWallet": {
+                "operationId": "get_wallet",
+                "parameters": { "id": "$response.body#/from_wallet_id" }
+            },
+        }),
+        _ => return,
+    };
+    if let Some(success) = responses.get_mut("201") {
+        success["links"] = links;
+    }
+}
+
+fn constrain_parameters(operation: &mut Value, settings: &Settings) {
+    let page_max = match operation["operationId"].as_str() {
+        Some("list_transfers") => settings.transfers_page_rows_max,
+        _ => settings.decisions_page_entries_max as i64,
+    };
+    // `get_mut`, not indexing: indexing a missing key would insert a null.
+    let Some(parameters) = operation.get_mut("parameters").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for parameter in parameters {
+        match parameter["name"].as_str() {
+            Some("limit") => {
+                parameter["schema"] = json!({ "type": "integer", "minimum": 1, "maximum": page_max });
+            }
+            Some("after") => {
+                parameter["schema"] = json!({ "type": "string", "pattern": "^[0-9]{1,19}-[0-9]{1,19}$" });
+            }
+            Some("Idempotency-Key") => {
+                parameter["schema"] = json!({
+                    "type": "string",
+                    "pattern": format!("^({UUID_PATTERN}|\"{UUID_PATTERN}\")$"),
+                });
+            }
+            Some("id") => {
+                parameter["schema"] =
+                    json!({ "type": "string", "format": "uuid", "pattern": format!("^{UUID_PATTERN}$") });
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The document as this deployment serves it.
+pub fn document(settings: &Settings) -> Value {
+    let mut document = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
+    contract(&mut document, settings);
+    document
+}
+
+pub async fn serve(state: actix_web::web::Data<AppState>) -> actix_web::HttpResponse {
+    actix_web::HttpResponse::Ok().json(document(&state.settings))
 }

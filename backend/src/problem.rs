@@ -30,6 +30,7 @@ pub enum ProblemType {
     CsrfTokenInvalid,
     NotYourWallet,
     NotFound,
+    MethodNotAllowed,
     NameTaken,
     PayloadTooLarge,
     UnsupportedMediaType,
@@ -58,13 +59,14 @@ struct Entry {
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 20] = [
+    pub const ALL: [ProblemType; 21] = [
         ProblemType::MalformedRequest,
         ProblemType::ValidationFailed,
         ProblemType::Unauthorized,
         ProblemType::CsrfTokenInvalid,
         ProblemType::NotYourWallet,
         ProblemType::NotFound,
+        ProblemType::MethodNotAllowed,
         ProblemType::NameTaken,
         ProblemType::PayloadTooLarge,
         ProblemType::UnsupportedMediaType,
@@ -125,6 +127,13 @@ impl ProblemType {
                 "Not found",
                 "There is nothing here, or it is not yours.",
                 "There is nothing at this address, or it is not yours.",
+            ),
+            MethodNotAllowed => (
+                "method-not-allowed",
+                StatusCode::METHOD_NOT_ALLOWED,
+                "Method not allowed",
+                "This address does not take that kind of request.",
+                "The path exists, but not for this method. The Allow header lists the methods it takes. Nothing was changed.",
             ),
             NameTaken => (
                 "name-taken",
@@ -294,6 +303,8 @@ pub struct Problem {
     retry_after_s: Option<u64>,
     #[serde(skip)]
     www_authenticate: Option<&'static str>,
+    #[serde(skip)]
+    allow: Option<&'static str>,
 }
 
 impl Problem {
@@ -308,6 +319,7 @@ impl Problem {
             detail_is_for_people: false,
             retry_after_s: None,
             www_authenticate: None,
+            allow: None,
         }
     }
 
@@ -329,6 +341,16 @@ impl Problem {
     pub fn with_www_authenticate(mut self, challenge: &'static str) -> Self {
         self.www_authenticate = Some(challenge);
         self
+    }
+
+    /// A 405 for a path that takes only `allow` (e.g. `GET, POST`).
+    pub fn method_not_allowed(method: &str, path: &str, allow: &'static str) -> Self {
+        let mut problem = Self::new(
+            ProblemType::MethodNotAllowed,
+            format!("{path} does not take {method}; it takes {allow}."),
+        );
+        problem.allow = Some(allow);
+        problem
     }
 
     /// The detail is written for people as it stands: the browser shows it
@@ -454,6 +476,9 @@ impl ResponseError for Problem {
         }
         if let Some(challenge) = self.www_authenticate {
             response.insert_header((header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge)));
+        }
+        if let Some(allow) = self.allow {
+            response.insert_header((header::ALLOW, HeaderValue::from_static(allow)));
         }
         response.body(self.body())
     }

@@ -29,11 +29,21 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations");
 
 pub struct Application {
     port: u16,
-    server: Server,
     admin_port: u16,
-    admin_server: Server,
+    /// One server on both listeners: one set of workers, one shutdown.
+    server: Server,
     sweeper: tokio::task::JoinHandle<()>,
 }
+
+/// Which listener a connection came in on, recorded when it is accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    Public,
+    Admin,
+}
+
+/// What the admin listener serves; everything else there is a 404.
+const ADMIN_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
 
 impl Application {
     /// Validates the settings, connects lazily (the server starts even if a
@@ -129,29 +139,35 @@ impl Application {
         let workers = state.settings.http_workers;
         let grace_s = state.settings.shutdown_grace_s;
         let data = web::Data::new(state);
-        let admin_data = data.clone();
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(data.clone())
                 .wrap(security_headers())
                 .wrap(actix_web::middleware::from_fn(telemetry::trace_requests))
+                .wrap(actix_web::middleware::from_fn(keep_listeners_apart))
+                .configure(configure_admin)
                 .configure(configure)
+        })
+        .on_connect(move |connection, extensions| {
+            let local_port = connection
+                .downcast_ref::<actix_web::rt::net::TcpStream>()
+                .and_then(|stream| stream.local_addr().ok())
+                .map(|address| address.port());
+            extensions.insert(if local_port == Some(admin_port) {
+                Listener::Admin
+            } else {
+                Listener::Public
+            });
         })
         .workers(workers)
         .shutdown_timeout(grace_s)
         .listen(listener)?
+        .listen(admin_listener)?
         .run();
-        let admin_server =
-            HttpServer::new(move || App::new().app_data(admin_data.clone()).configure(configure_admin))
-                .workers(1)
-                .shutdown_timeout(grace_s)
-                .listen(admin_listener)?
-                .run();
         Ok(Self {
             port,
-            server,
             admin_port,
-            admin_server,
+            server,
             sweeper,
         })
     }
@@ -173,11 +189,7 @@ impl Application {
     /// Serves until SIGINT or SIGTERM, then drains in-flight requests for
     /// up to `shutdown_grace_s` and stops the sweeper.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        let admin = self.admin_server.handle();
-        let admin_task = tokio::spawn(self.admin_server);
         let result = self.server.await;
-        admin.stop(true).await;
-        let _ = admin_task.await;
         self.sweeper.abort();
         result
     }
@@ -197,6 +209,53 @@ fn security_headers() -> actix_web::middleware::DefaultHeaders {
         .add(("X-Frame-Options", "DENY"))
         .add(("X-Content-Type-Options", "nosniff"))
         .add(("Referrer-Policy", "same-origin"))
+}
+
+/// The methods each public path takes, for `Allow` on a 405. Kept beside
+/// the route table; a test checks that each method listed is served.
+pub const ROUTE_METHODS: [(&str, &str); 23] = [
+    ("/healthz", "GET"),
+    ("/readyz", "GET"),
+    ("/api/openapi.json", "GET"),
+    ("/api/v1/users", "POST"),
+    ("/api/v1/tokens", "POST"),
+    ("/api/v1/tokens/current", "DELETE"),
+    ("/api/v1/wallets/{id}", "GET"),
+    ("/api/v1/transfers", "GET, POST"),
+    ("/api/v1/transfers/{id}", "GET"),
+    ("/api/v1/decisions", "GET"),
+    ("/api/v1/decisions/stream", "GET"),
+    ("/", "GET"),
+    ("/signin", "GET, POST"),
+    ("/signup", "GET, POST"),
+    ("/signout", "POST"),
+    ("/wallet", "GET"),
+    ("/wallet/review", "POST"),
+    ("/wallet/transfer", "POST"),
+    ("/race-lab", "GET"),
+    ("/race-lab/recipient", "GET"),
+    ("/feed", "GET"),
+    ("/problems/{slug}", "GET"),
+    ("/static/{file}", "GET"),
+];
+
+/// The methods `path` takes, if it is a public path. A `{…}` segment of a
+/// pattern matches any one segment.
+pub fn methods_of(path: &str) -> Option<&'static str> {
+    let matches = |pattern: &str| {
+        let (mut want, mut have) = (pattern.split('/'), path.split('/'));
+        loop {
+            match (want.next(), have.next()) {
+                (None, None) => return true,
+                (Some(w), Some(h)) if w == h || (w.starts_with('{') && !h.is_empty()) => {}
+                _ => return false,
+            }
+        }
+    };
+    ROUTE_METHODS
+        .iter()
+        .find(|(pattern, _)| matches(pattern))
+        .map(|(_, methods)| *methods)
 }
 
 /// The route table.
@@ -222,12 +281,44 @@ pub fn configure(config: &mut web::ServiceConfig) {
 }
 
 /// The admin listener's routes: for operators and scrapers on the private
-/// network, never exposed by the load balancer.
+/// network, never exposed by the load balancer. They match only requests
+/// that came in on the admin listener (`keep_listeners_apart`).
 pub fn configure_admin(config: &mut web::ServiceConfig) {
-    config
-        .route("/healthz", web::get().to(health::healthz))
-        .route("/readyz", web::get().to(health::readyz_detailed))
-        .route("/metrics", web::get().to(metrics_text));
+    config.service(
+        web::scope("")
+            .guard(actix_web::guard::fn_guard(|ctx| {
+                ctx.req_data().get::<Listener>() == Some(&Listener::Admin)
+            }))
+            .route("/healthz", web::get().to(health::healthz))
+            .route("/readyz", web::get().to(health::readyz_detailed))
+            .route("/metrics", web::get().to(metrics_text)),
+    );
+}
+
+/// Tells the routes which listener a request came in on, and keeps the
+/// admin listener to its own paths: the public routes never answer there.
+async fn keep_listeners_apart(
+    request: actix_web::dev::ServiceRequest,
+    next: actix_web::middleware::Next<impl actix_web::body::MessageBody>,
+) -> Result<
+    actix_web::dev::ServiceResponse<actix_web::body::EitherBody<impl actix_web::body::MessageBody>>,
+    actix_web::Error,
+> {
+    let listener = request
+        .conn_data::<Listener>()
+        .copied()
+        .unwrap_or(Listener::Public);
+    actix_web::HttpMessage::extensions_mut(&request).insert(listener);
+    if listener == Listener::Admin && !ADMIN_PATHS.contains(&request.path()) {
+        let problem = crate::problem::Problem::not_found(format!(
+            "The admin listener serves only {}.",
+            ADMIN_PATHS.join(", ")
+        ));
+        return Ok(request
+            .into_response(problem.into_response())
+            .map_into_right_body());
+    }
+    Ok(next.call(request).await?.map_into_left_body())
 }
 
 /// Applies pending migrations, then fills in what a migration cannot

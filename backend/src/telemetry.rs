@@ -201,8 +201,13 @@ pub async fn trace_requests(
         trace_id,
         started,
     });
+    // The latency histogram is the public API's; scrapes and probes on the
+    // admin listener would only add noise to it.
+    let on_admin_listener =
+        request.extensions().get::<crate::startup::Listener>() == Some(&crate::startup::Listener::Admin);
     let metrics = request
         .app_data::<actix_web::web::Data<crate::state::AppState>>()
+        .filter(|_| !on_admin_listener)
         .map(|state| state.metrics.clone());
 
     let mut response = next.call(request).instrument(span.clone()).await?;

@@ -406,3 +406,140 @@ async fn expired_tokens_are_swept() {
         .await;
     assert_eq!(wallet["balance_minor"], 100_000);
 }
+
+/// A known path with a method it does not take: 405, `Allow`, problem+json.
+/// And every method the table lists is really served.
+#[tokio::test]
+async fn a_wrong_method_on_a_known_path_is_405_with_allow() {
+    let app = spawn_app(|_| {}).await;
+    for (method, path, allow) in [
+        ("TRACE", "/api/v1/transfers", "GET, POST"),
+        (
+            "DELETE",
+            format!("/api/v1/wallets/{}", Uuid::new_v4()).leak() as &str,
+            "GET",
+        ),
+        ("PUT", "/api/v1/users", "POST"),
+        ("GET", "/api/v1/tokens/current", "DELETE"),
+    ] {
+        let response = app
+            .client
+            .request(
+                reqwest::Method::from_bytes(method.as_bytes()).expect("method"),
+                app.url(path),
+            )
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(
+            response
+                .headers()
+                .get("allow")
+                .map(|v| v.to_str().expect("ascii")),
+            Some(allow),
+            "{method} {path}"
+        );
+        let (status, body) = problem(response).await;
+        assert_eq!(status, 405, "{method} {path}");
+        assert_eq!(body["type"], "/problems/method-not-allowed");
+    }
+    for (pattern, methods) in layered_wallet::startup::ROUTE_METHODS {
+        let path = pattern
+            .replace("{id}", &Uuid::new_v4().to_string())
+            .replace("{slug}", "not-found")
+            .replace("{file}", "app.css");
+        for method in methods.split(", ") {
+            let response = app
+                .client
+                .request(
+                    reqwest::Method::from_bytes(method.as_bytes()).expect("method"),
+                    app.url(&path),
+                )
+                .send()
+                .await
+                .expect("send");
+            assert_ne!(response.status(), 405, "{method} {path} is listed but not served");
+        }
+    }
+}
+
+/// The document promises what the server does: every failure with its
+/// problem types, the headers, the limits and the links.
+#[tokio::test]
+async fn the_openapi_document_is_the_whole_contract() {
+    let app = spawn_app(|settings| settings.transfer_amount_minor_max = 5_000_000).await;
+    let doc: Value = app.get_json("/api/openapi.json", None).await;
+    let create = &doc["paths"]["/api/v1/transfers"]["post"];
+    for status in [
+        "201", "400", "401", "403", "409", "413", "415", "422", "429", "500", "503",
+    ] {
+        let response = &create["responses"][status];
+        assert!(
+            response["description"].is_string(),
+            "POST /api/v1/transfers lacks {status}"
+        );
+        assert!(response["headers"]["X-Request-Id"].is_object(), "{status}");
+        assert!(response["headers"]["Defense-Decision"].is_object(), "{status}");
+    }
+    assert!(
+        create["responses"]["422"]["description"]
+            .as_str()
+            .expect("text")
+            .contains("/problems/insufficient-funds")
+    );
+    assert!(
+        create["responses"]["503"]["description"]
+            .as_str()
+            .expect("text")
+            .contains("/problems/outcome-unknown")
+    );
+    assert!(create["responses"]["429"]["headers"]["Retry-After"].is_object());
+    assert!(create["responses"]["201"]["headers"]["Idempotent-Replayed"].is_object());
+    assert_eq!(
+        create["responses"]["201"]["links"]["GetTransfer"]["operationId"],
+        "get_transfer"
+    );
+    let key = create["parameters"]
+        .as_array()
+        .expect("parameters")
+        .iter()
+        .find(|p| p["name"] == "Idempotency-Key")
+        .expect("the key is documented");
+    assert!(
+        key["schema"]["pattern"].as_str().expect("pattern").contains('"'),
+        "quoted form"
+    );
+    let amount = &doc["components"]["schemas"]["TransferBody"]["properties"]["amount_minor"];
+    assert_eq!(
+        (amount["minimum"].as_i64(), amount["maximum"].as_i64()),
+        (Some(1), Some(5_000_000))
+    );
+
+    let signup = &doc["paths"]["/api/v1/users"]["post"]["responses"];
+    for status in ["201", "400", "409", "413", "415", "422", "429", "503"] {
+        assert!(signup[status].is_object(), "sign-up lacks {status}");
+    }
+    assert_eq!(
+        signup["201"]["links"]["GetWallet"]["parameters"]["id"],
+        "$response.body#/wallet_id"
+    );
+    let revoke = &doc["paths"]["/api/v1/tokens/current"]["delete"]["responses"];
+    assert!(revoke["401"]["headers"]["WWW-Authenticate"].is_object());
+    assert!(
+        revoke["403"]["description"]
+            .as_str()
+            .expect("text")
+            .contains("csrf-token-invalid")
+    );
+    for path in ["/api/v1/transfers", "/api/v1/decisions"] {
+        let limit = doc["paths"][path]["get"]["parameters"]
+            .as_array()
+            .expect("parameters")
+            .iter()
+            .find(|p| p["name"] == "limit")
+            .expect("limit");
+        assert_eq!(limit["in"], "query", "{path}");
+        assert_eq!(limit["schema"]["minimum"], 1, "{path}");
+        assert!(limit["schema"]["maximum"].is_i64(), "{path}");
+    }
+}

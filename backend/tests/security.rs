@@ -72,6 +72,11 @@ async fn metrics_and_readiness_details_are_only_on_the_admin_listener() {
         app.admin_address.starts_with("http://127.0.0.1:"),
         "the admin listener is on loopback in tests as by default"
     );
+    // And it serves nothing else: not the API, not the pages.
+    for path in ["/api/v1/users", "/", "/api/openapi.json"] {
+        let response = app.client.get(app.admin_url(path)).send().await.expect("send");
+        assert_eq!(response.status(), 404, "{path} on the admin listener");
+    }
 }
 
 async fn sign_up_as(app: &TestApp, name: &str, forwarded_for: Option<&str>) -> reqwest::Response {

@@ -194,9 +194,13 @@ impl Deployment {
             StoreErrorPolicy::FailClosed => "fail_closed",
         };
         let env: Vec<(String, String)> = [
+            // Without TLS, so that the proxy can read the protocol.
             (
                 "DATABASE_URL",
-                format!("postgres://postgres@127.0.0.1:{}/wallet", proxy.port),
+                format!(
+                    "postgres://postgres@127.0.0.1:{}/wallet?sslmode=disable",
+                    proxy.port
+                ),
             ),
             ("REDIS_URL", redis.url()),
             ("WALLET_TOKEN_SIGNING_KEY", CHAOS_SIGNING_KEY.to_owned()),

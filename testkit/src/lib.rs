@@ -218,11 +218,12 @@ pub fn database_url_of(options: &PgConnectOptions) -> String {
 }
 
 /// The same URL with another host and port: through a proxy, or to a
-/// closed port.
+/// closed port. Without TLS, so that the proxy can read the protocol.
 pub fn database_url_via(options: &PgConnectOptions, port: u16) -> String {
     let mut url = url::Url::parse(&database_url_of(options)).expect("valid URL");
     url.set_host(Some("127.0.0.1")).expect("host");
     url.set_port(Some(port)).expect("port");
+    url.query_pairs_mut().append_pair("sslmode", "disable");
     url.to_string()
 }
 

@@ -264,11 +264,20 @@ impl FrontendParser {
             if self.pending.len() < total {
                 return messages;
             }
+            let body = self.pending[header..total].to_vec();
+            // An SSLRequest or GSSENCRequest comes before the start-up
+            // packet and, like it, has no type byte.
+            let negotiation = !self.started
+                && body.len() == 4
+                && matches!(
+                    u32::from_be_bytes(body[..4].try_into().expect("four bytes")),
+                    80_877_103 | 80_877_104
+                );
             messages.push(FrontendMessage {
                 kind: if self.started { self.pending[0] } else { 0 },
-                body: self.pending[header..total].to_vec(),
+                body,
             });
-            self.started = true;
+            self.started = !negotiation;
             self.pending.drain(..total);
         }
     }

@@ -50,8 +50,10 @@ impl IdempotencyKey {
             .strip_prefix('"')
             .and_then(|rest| rest.strip_suffix('"'))
             .unwrap_or(value);
-        Uuid::try_parse(unquoted).map(Self).map_err(|_| {
-            Problem::validation("The Idempotency-Key header must be a UUID, optionally in double quotes.")
+        crate::domain::parse_uuid(unquoted).map(Self).ok_or_else(|| {
+            Problem::validation(
+                "The Idempotency-Key header must be a UUID in its hyphenated form, optionally in double quotes.",
+            )
         })
     }
 

@@ -24,6 +24,7 @@ use crate::routes::authenticate;
 use crate::state::AppState;
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct FeedQuery {
     /// A stream id from an earlier page or event: only newer entries.
     pub after: Option<String>,
@@ -62,8 +63,6 @@ fn parse_query(request: &HttpRequest, max: usize) -> Result<FeedQuery, Problem> 
     params(FeedQuery),
     responses(
         (status = 200, body = FeedPage),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 503, body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -105,9 +104,6 @@ async fn read_page(request: &HttpRequest, state: &AppState, user: UserId) -> Res
     params(FeedQuery),
     responses(
         (status = 200, description = "text/event-stream"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "You hold decision_streams_per_user_max streams already", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Too many live streams, or the feed is off", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]

@@ -109,9 +109,13 @@ pub async fn authenticate(request: &HttpRequest, state: &AppState) -> Result<Ver
     Ok(token)
 }
 
-/// Any route we do not serve: a page for a browser, problem details for
+/// Any route we do not serve: a 405 with `Allow` when the path exists for
+/// other methods; otherwise a page for a browser, problem details for
 /// everyone else.
 pub async fn not_found(request: HttpRequest, state: web::Data<AppState>) -> actix_web::HttpResponse {
+    if let Some(allow) = crate::startup::methods_of(request.path()) {
+        return Problem::method_not_allowed(request.method().as_str(), request.path(), allow).into_response();
+    }
     let wants_html = request
         .headers()
         .get(header::ACCEPT)

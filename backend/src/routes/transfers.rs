@@ -37,15 +37,6 @@ const COOLDOWN_ACTION: &str = "transfer";
         description = "A UUID naming this transfer; retries with the same key replay the first response")),
     responses(
         (status = 201, description = "Transferred (or replayed, with Idempotent-Replayed: true)", body = transfer::TransferReceipt),
-        (status = 400, description = "Malformed JSON, or a required Idempotency-Key missing", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or invalid token", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "The source wallet is not yours", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "A request with this key is still in flight", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body too large", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Body not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid amount or wallets, malformed or reused key, insufficient funds, unknown target, wallets of different currencies", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "Cooldown window active", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "PostgreSQL (or, failing closed, Redis) unavailable and nothing changed (/problems/service-unavailable); or the connection broke after the transfer was sent, so it may have been made (/problems/outcome-unknown: retry with the same Idempotency-Key)", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -397,6 +388,7 @@ fn key_in_flight() -> Problem {
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct HistoryQuery {
     /// At most `transfers_page_rows_max` (default 100); default 20.
     pub limit: Option<i64>,
@@ -429,8 +421,6 @@ pub struct TransferPage {
     params(HistoryQuery),
     responses(
         (status = 200, body = TransferPage),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 422, body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -551,8 +541,6 @@ fn to_item(row: HistoryRow) -> TransferItem {
     params(("id" = Uuid, Path)),
     responses(
         (status = 200, body = TransferItem),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -563,7 +551,7 @@ pub async fn get_transfer(
 ) -> Result<HttpResponse, Problem> {
     let caller = authenticate(&request, &state).await?;
     let not_found = || Problem::not_found("You have no transfer with this id.");
-    let id = Uuid::try_parse(&path.into_inner()).map_err(|_| not_found())?;
+    let id = crate::domain::parse_uuid(&path.into_inner()).ok_or_else(not_found)?;
     let row = sqlx::query_as::<_, HistoryRow>(
         "SELECT t.id, t.from_wallet_id, t.to_wallet_id, t.amount_minor, t.created_at,
                 f.user_id = $2 AS sent,

@@ -77,8 +77,6 @@ impl Credentials {
     request_body = Credentials,
     responses(
         (status = 201, description = "Signed up", body = SignedUp),
-        (status = 409, description = "Name taken", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid name or password", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn sign_up(
@@ -173,7 +171,6 @@ pub async fn create_user(
     request_body = Credentials,
     responses(
         (status = 201, description = "Signed in", body = IssuedTokenBody),
-        (status = 401, description = "Wrong name or password", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn sign_in(
@@ -243,8 +240,6 @@ pub async fn issue_token_for(
     delete, path = "/api/v1/tokens/current", tag = "users",
     responses(
         (status = 204, description = "Revoked"),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "Session cookie without the CSRF token", body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]

@@ -22,8 +22,6 @@ pub struct Wallet {
     params(("id" = Uuid, Path, description = "Wallet id")),
     responses(
         (status = 200, body = Wallet),
-        (status = 401, body = Problem, content_type = "application/problem+json"),
-        (status = 404, body = Problem, content_type = "application/problem+json"),
     ),
     security(("bearer" = []))
 )]
@@ -34,7 +32,7 @@ pub async fn get_wallet(
 ) -> Result<HttpResponse, Problem> {
     let caller = authenticate(&request, &state).await?;
     let not_found = || Problem::not_found("You have no wallet with this id.");
-    let id = Uuid::try_parse(&path.into_inner()).map_err(|_| not_found())?;
+    let id = crate::domain::parse_uuid(&path.into_inner()).ok_or_else(not_found)?;
     let wallet = sqlx::query_as::<_, (i64, String)>(
         "SELECT balance_minor, currency FROM wallets WHERE id = $1 AND user_id = $2",
     )
