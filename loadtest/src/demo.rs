@@ -236,6 +236,10 @@ async fn start(server: &PathBuf, args: &DemoArgs, rung: &Rung) -> anyhow::Result
             .env("WALLET_IDEMPOTENCY_MODE", rung.idempotency)
             .env("WALLET_ROW_GUARD_MODE", rung.row_guard)
             .env("WALLET_IDEMPOTENCY_WAIT_MS_MAX", "5000")
+            // The transfer statement encloses the idempotency wait and the
+            // wallet-lock wait (3000 ms), plus a margin: the server refuses
+            // to start with less.
+            .env("WALLET_DB_STATEMENT_TIMEOUT_MS", "9000")
             .stdout(Stdio::null())
             .spawn()
             .with_context(|| format!("failed to start {}", server.display()))?;
