@@ -1,5 +1,5 @@
 //! Layered Wallet: wallet transfers behind three stacked defenses against
-//! duplicate and racing requests. Start at [`routes::transfers`], which
+//! duplicate and racing requests. Start at [`transfer::pipeline`], which
 //! reads as the three layers in order, and at [`defense`], one file a layer.
 
 pub mod account_limits;

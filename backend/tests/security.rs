@@ -559,7 +559,7 @@ async fn a_history_page_reads_only_its_rows() {
     for before in [None, Some(deep)] {
         let plan: Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "EXPLAIN (ANALYZE, FORMAT JSON) {}",
-            layered_wallet::routes::transfers::HISTORY_PAGE_SQL
+            layered_wallet::transfer::history::HISTORY_PAGE_SQL
         )))
         .bind(alice.user_id)
         .bind(before)

@@ -17,10 +17,11 @@ use crate::defense::idempotency::{self, IdempotencyKey, StoredResponse};
 use crate::domain::{TransferRequest, WalletId};
 use crate::names::{self, MATCHES_NAME};
 use crate::problem::{Problem, ProblemType};
-use crate::routes::transfers::{self, Answer, Decided};
 use crate::routes::users::{self, Credentials};
 use crate::state::AppState;
 use crate::telemetry::RequestContext;
+use crate::transfer::history;
+use crate::transfer::pipeline::{self, Answer, Decided};
 use crate::web::{self as site, Session, money};
 
 /// What every page shows around its content.
@@ -372,7 +373,7 @@ pub async fn sign_out(
 const WALLET_PAGE_HISTORY_ROWS: i64 = 20;
 
 async fn history(state: &AppState, session: &Session) -> Result<Vec<HistoryRow>, sqlx::Error> {
-    let rows = transfers::list_for_user(
+    let rows = history::list_for_user(
         &state.db,
         session.token.user_id.0,
         None,
@@ -645,8 +646,8 @@ pub async fn transfer(
     };
     let context = RequestContext::of(&request);
     let decided =
-        transfers::through_the_layers(&state, &context, &session.token, &request_body, Some(key)).await;
-    transfers::report(&state, &context, &decided);
+        pipeline::through_the_layers(&state, &context, &session.token, &request_body, Some(key)).await;
+    pipeline::report(&state, &context, &decided);
     let header = decided.decision.header_value();
     let currency = session.currency.clone();
 
@@ -654,7 +655,7 @@ pub async fn transfer(
     // ran. Show the first one's result rather than a refusal.
     let mut original = None;
     if let (Layer::Cooldown, Outcome::Rejected) = (decided.decision.layer, decided.decision.outcome) {
-        let fingerprint = transfers::fingerprint_of(&request_body);
+        let fingerprint = pipeline::fingerprint_of(&request_body);
         original = wait_for_original(&state, &session, key, &fingerprint).await;
     }
     // Show the balance after the transfer.

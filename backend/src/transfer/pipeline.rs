@@ -1,0 +1,336 @@
+//! The transfer pipeline, shared by the API and the browser form: a request
+//! that passed the cheap checks (caller, body, key) goes through the three
+//! layers in order, and every exit is one decision:
+//!
+//! 1. the cooldown lock (Redis), which refuses without touching PostgreSQL;
+//! 2. and 3. the idempotency claim and the row guard, in one PostgreSQL
+//!    transaction (`transaction`);
+//!
+//! then the decision is reported (span, log line, metrics, feed) and turned
+//! into an answer by the caller: JSON for the API, a page for the form.
+
+use std::time::Instant;
+
+use actix_web::HttpResponse;
+use actix_web::http::{StatusCode, header};
+use chrono::Utc;
+
+use crate::auth::VerifiedToken;
+use crate::decision::feed::FeedEntry;
+use crate::decision::{Decision, Layer, Outcome};
+use crate::defense::cooldown::{self, Cooldown, CooldownLock, CooldownUnavailable};
+use crate::defense::idempotency::{IdempotencyKey, StoredResponse};
+use crate::domain::{TransferRequest, UserId};
+use crate::problem::{PROBLEM_CONTENT_TYPE, Problem, ProblemType};
+use crate::settings::CooldownScope;
+use crate::state::AppState;
+use crate::telemetry::RequestContext;
+use crate::transfer::{self, TransferOutcome};
+
+/// The action name the cooldown window is scoped to.
+const COOLDOWN_ACTION: &str = "transfer";
+
+/// How a transfer request ended: the one decision, the answer, and what
+/// the report needs to know.
+pub struct Decided {
+    pub decision: Decision,
+    pub answer: Answer,
+    pub user: Option<UserId>,
+    pub key: Option<IdempotencyKey>,
+}
+
+pub enum Answer {
+    /// A response the transaction produced (and stored, with a key): a 201
+    /// or a business refusal, fresh or replayed.
+    Stored {
+        response: StoredResponse,
+        replayed: bool,
+    },
+    /// A refusal that was not stored.
+    Refused(Problem),
+}
+
+impl Decided {
+    pub fn refused(
+        problem: Problem,
+        layer: Layer,
+        outcome: Outcome,
+        user: Option<UserId>,
+        key: Option<IdempotencyKey>,
+    ) -> Self {
+        Self {
+            decision: Decision::new(layer, outcome),
+            answer: Answer::Refused(problem),
+            user,
+            key,
+        }
+    }
+
+    /// Refused, unstored, with a problem of this type.
+    pub fn is_refusal(&self, kind: ProblemType) -> bool {
+        matches!(&self.answer, Answer::Refused(problem) if problem.kind == kind)
+    }
+
+    pub fn status(&self) -> u16 {
+        match &self.answer {
+            Answer::Stored { response, .. } => response.status,
+            Answer::Refused(problem) => problem.status,
+        }
+    }
+
+    /// The HTTP response, with the `Defense-Decision` header. A refusal's
+    /// problem body names the layer and the trace.
+    pub fn into_response(self, context: &RequestContext) -> HttpResponse {
+        let mut response = match self.answer {
+            Answer::Stored { response, replayed } => stored_response(&response, replayed),
+            Answer::Refused(problem) => problem
+                .with_layer(self.decision.layer)
+                .with_trace_id(&context.trace_id)
+                .into_response(),
+        };
+        if let Ok(value) = header::HeaderValue::from_str(&self.decision.header_value()) {
+            response
+                .headers_mut()
+                .insert(header::HeaderName::from_static("defense-decision"), value);
+        }
+        response
+    }
+}
+
+/// The idempotency fingerprint of a transfer: the same operation whether it
+/// came from a script or the browser's form.
+pub fn fingerprint_of(transfer_request: &TransferRequest) -> [u8; 32] {
+    transfer_request.fingerprint("POST", "/api/v1/transfers")
+}
+
+/// The three layers in order, for a request that passed the cheap checks.
+/// Every exit is one decision. Shared by the API and the browser form.
+pub async fn through_the_layers(
+    state: &AppState,
+    context: &RequestContext,
+    caller: &VerifiedToken,
+    transfer_request: &TransferRequest,
+    key: Option<IdempotencyKey>,
+) -> Decided {
+    let user = Some(caller.user_id);
+
+    // Layer 1: the cooldown lock. A refusal here touches no database.
+    let started = Instant::now();
+    let cooldown = state
+        .cooldown
+        .try_acquire(caller, COOLDOWN_ACTION, &transfer_request.canonical_json())
+        .await;
+    state
+        .metrics
+        .observe_layer(Layer::Cooldown.as_str(), started.elapsed());
+    let (permit, degraded) = match cooldown {
+        Ok(Cooldown::Acquired(permit)) => (Some(permit), false),
+        Ok(Cooldown::Active {
+            retry_after_ms,
+            elapsed_ms,
+        }) => {
+            let problem = cooldown_active(&state.cooldown, retry_after_ms, elapsed_ms);
+            return Decided::refused(problem, Layer::Cooldown, Outcome::Rejected, user, key);
+        }
+        // A dead token speaks for nobody: no window, no entry in the
+        // owner's feed.
+        Ok(Cooldown::TokenRevoked) => return revoked_token_refused(),
+        Ok(Cooldown::PassedWithoutStore) => (None, true),
+        Ok(Cooldown::Disabled) => (None, false),
+        Err(CooldownUnavailable) => {
+            let problem = Problem::unavailable(
+                "The cooldown store is unavailable and this deployment fails closed. Retry shortly.",
+            );
+            return Decided::refused(problem, Layer::Cooldown, Outcome::Error, user, key);
+        }
+    };
+
+    // Layers 2 and 3: the idempotency claim and the row guard, in one
+    // transaction.
+    let fingerprint = fingerprint_of(transfer_request);
+    let outcome = transfer::execute(
+        state,
+        caller,
+        transfer_request,
+        key,
+        &fingerprint,
+        &context.trace_id,
+    )
+    .await;
+    let mut decided = match outcome {
+        Ok(TransferOutcome::Decided {
+            response,
+            mut decision,
+        }) => {
+            if degraded && decision.outcome == Outcome::Accepted {
+                decision.outcome = Outcome::Degraded;
+            }
+            Decided {
+                decision,
+                answer: Answer::Stored {
+                    response,
+                    replayed: false,
+                },
+                user,
+                key,
+            }
+        }
+        Ok(TransferOutcome::Replayed(response)) => Decided {
+            decision: Decision::new(Layer::Idempotency, Outcome::Replayed),
+            answer: Answer::Stored {
+                response,
+                replayed: true,
+            },
+            user,
+            key,
+        },
+        Ok(TransferOutcome::KeyReused) => {
+            Decided::refused(key_reused(), Layer::Idempotency, Outcome::KeyReused, user, key)
+        }
+        Ok(TransferOutcome::InFlight) => {
+            Decided::refused(key_in_flight(), Layer::Idempotency, Outcome::InFlight, user, key)
+        }
+        Err(refusal) => Decided::refused(
+            refusal.problem,
+            refusal.decision.layer,
+            refusal.decision.outcome,
+            user,
+            key,
+        ),
+    };
+
+    // Give the window back when the transfer is known not to have
+    // happened and the request should not hold it: our failure that
+    // changed nothing (so an honest retry is not blocked for the rest of
+    // the TTL), or a token the transaction found revoked (whose owner it
+    // must not lock out). When the outcome is unknown the window stays: a
+    // keyless retry inside it could pay twice.
+    let token_was_dead = decided.is_refusal(ProblemType::Unauthorized);
+    let changed_nothing = decided.status() >= 500 && !decided.is_refusal(ProblemType::OutcomeUnknown);
+    if changed_nothing || token_was_dead {
+        if let Some(permit) = &permit {
+            state.cooldown.release(permit).await;
+        }
+    }
+    if token_was_dead {
+        decided.user = None;
+    }
+    decided
+}
+
+fn revoked_token_refused() -> Decided {
+    Decided::refused(
+        Problem::invalid_token("The bearer token has been revoked or has expired."),
+        Layer::NoLayer,
+        Outcome::Unauthorized,
+        None,
+        None,
+    )
+}
+
+/// Reports the decision everywhere, the same way: the request's span, the
+/// metrics, one log line and the decision feed. (The response header is
+/// added by `Decided::into_response`.)
+pub fn report(state: &AppState, context: &RequestContext, decided: &Decided) {
+    let Decided {
+        decision, user, key, ..
+    } = *decided;
+    let status = decided.status();
+    let latency_ms = context.started.elapsed().as_secs_f64() * 1000.0;
+    let span = tracing::Span::current();
+    span.record("defense.layer", decision.layer.as_str());
+    span.record("defense.outcome", decision.outcome.as_str());
+    state.metrics.count_decision(decision);
+    tracing::info!(
+        decision.layer = decision.layer.as_str(),
+        decision.outcome = decision.outcome.as_str(),
+        http.status = status,
+        latency_ms,
+        request.id = %context.request_id,
+        trace.id = %context.trace_id,
+        user.id = user.map(|user| user.to_string()),
+        idempotency.key_hash = key.map(IdempotencyKey::hash_hex),
+        instance.id = %state.instance_id,
+        "transfer decided"
+    );
+    if let Some(user) = user {
+        state.feed.publish(
+            user,
+            FeedEntry {
+                time: Utc::now(),
+                instance_id: state.instance_id.to_string(),
+                request_id: context.request_id.clone(),
+                trace_id: context.trace_id.clone(),
+                idempotency_key: key.map(IdempotencyKey::as_uuid),
+                layer: decision.layer,
+                outcome: decision.outcome,
+                status,
+                latency_ms,
+            },
+        );
+    }
+}
+
+/// Sends a response exactly as stored: the same status and the same bytes.
+fn stored_response(stored: &StoredResponse, replayed: bool) -> HttpResponse {
+    let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let content_type = if status.is_success() {
+        "application/json"
+    } else {
+        PROBLEM_CONTENT_TYPE
+    };
+    let mut response = HttpResponse::build(status);
+    response.insert_header((header::CONTENT_TYPE, content_type));
+    if replayed {
+        response.insert_header(("Idempotent-Replayed", "true"));
+    }
+    response.body(stored.body.clone())
+}
+
+/// The 429, saying what happened and when the next transfer is possible.
+fn cooldown_active(cooldown: &CooldownLock, retry_after_ms: u64, elapsed_ms: u64) -> Problem {
+    let seconds = cooldown::retry_after_s(retry_after_ms);
+    let ago = if elapsed_ms < 1_000 {
+        "less than a second ago".to_owned()
+    } else {
+        format!("{} s ago", elapsed_ms / 1_000)
+    };
+    let spacing = human_duration(cooldown.ttl_ms());
+    let detail = match cooldown.scope() {
+        CooldownScope::UserAction => format!(
+            "You sent a transfer {ago}. Transfers are spaced at least {spacing} apart so that duplicates cannot \
+             slip through. Try again in {seconds} s."
+        ),
+        CooldownScope::UserActionBody => format!(
+            "You sent this same transfer {ago}. Identical transfers are spaced at least {spacing} apart so that \
+             duplicates cannot slip through. Try again in {seconds} s."
+        ),
+    };
+    Problem::new(ProblemType::CooldownActive, detail)
+        .detail_is_for_people()
+        .with_retry_after_s(seconds)
+}
+
+/// `5000` → `5 s`, `1500` → `1.5 s`, `300` → `300 ms`.
+fn human_duration(ms: u64) -> String {
+    match ms {
+        ms if ms < 1_000 => format!("{ms} ms"),
+        ms if ms % 1_000 == 0 => format!("{} s", ms / 1_000),
+        ms => format!("{:.1} s", ms as f64 / 1_000.0),
+    }
+}
+
+fn key_reused() -> Problem {
+    Problem::new(
+        ProblemType::IdempotencyKeyReused,
+        "This Idempotency-Key was already used for a different request. Use a new key for a new transfer.",
+    )
+}
+
+fn key_in_flight() -> Problem {
+    Problem::new(
+        ProblemType::IdempotencyKeyInFlight,
+        "A request with this Idempotency-Key is still being processed. Retry shortly to get its result.",
+    )
+    .with_retry_after_s(1)
+}
