@@ -28,34 +28,55 @@ async fn the_row_guard_refuses_an_overdraft_and_allows_the_exact_balance() {
 }
 
 /// The database repeats the guard: even a hand-written statement cannot
-/// take a balance below zero or record a self-transfer.
+/// take a balance below zero, record a self-transfer or a transfer of
+/// nothing. Each is refused by its own named constraint.
 #[tokio::test]
 async fn the_database_constraints_back_the_guard_up() {
     let app = spawn_app(|_| {}).await;
-    let alice = app.sign_up("alice").await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let refused_by = |result: Result<sqlx::postgres::PgQueryResult, sqlx::Error>| {
+        let error = result.expect_err("the statement must be refused");
+        let database = error.as_database_error().expect("a database error");
+        (
+            database.code().map(|code| code.into_owned()),
+            database.constraint().map(str::to_owned),
+        )
+    };
+    let check_violation = Some("23514".to_owned());
+
     let negative = sqlx::query("UPDATE wallets SET balance_minor = -1 WHERE id = $1")
         .bind(alice.wallet_id)
         .execute(&app.db)
         .await;
-    assert!(negative.is_err(), "a negative balance was accepted");
-    let self_transfer = sqlx::query(
-        "INSERT INTO transfers (id, from_wallet_id, to_wallet_id, amount_minor, initiated_by)
-         VALUES (gen_random_uuid(), $1, $1, 1, $2)",
-    )
-    .bind(alice.wallet_id)
-    .bind(alice.user_id)
-    .execute(&app.db)
-    .await;
-    assert!(self_transfer.is_err(), "a self-transfer was accepted");
-    let zero = sqlx::query(
-        "INSERT INTO transfers (id, from_wallet_id, to_wallet_id, amount_minor, initiated_by)
-         VALUES (gen_random_uuid(), $1, $1, 0, $2)",
-    )
-    .bind(alice.wallet_id)
-    .bind(alice.user_id)
-    .execute(&app.db)
-    .await;
-    assert!(zero.is_err(), "a zero transfer was accepted");
+    assert_eq!(
+        refused_by(negative),
+        (check_violation.clone(), Some("wallets_balance_minor_check".to_owned()))
+    );
+    let insert = "INSERT INTO transfers (id, from_wallet_id, to_wallet_id, amount_minor, initiated_by)
+                  VALUES (gen_random_uuid(), $1, $2, $3, $4)";
+    let self_transfer = sqlx::query(insert)
+        .bind(alice.wallet_id)
+        .bind(alice.wallet_id)
+        .bind(1_i64)
+        .bind(alice.user_id)
+        .execute(&app.db)
+        .await;
+    assert_eq!(
+        refused_by(self_transfer),
+        (check_violation.clone(), Some("transfers_distinct_wallets".to_owned()))
+    );
+    // Distinct wallets, so that only the amount can be what is refused.
+    let zero = sqlx::query(insert)
+        .bind(alice.wallet_id)
+        .bind(bob.wallet_id)
+        .bind(0_i64)
+        .bind(alice.user_id)
+        .execute(&app.db)
+        .await;
+    assert_eq!(
+        refused_by(zero),
+        (check_violation, Some("transfers_amount_minor_check".to_owned()))
+    );
 }
 
 /// The one-call path and the statement-by-statement path (used by the

@@ -9,7 +9,9 @@ use serde::{Deserialize, Serialize};
 
 pub mod feed;
 
-pub const HEADER: &str = "Defense-Decision";
+/// Lower-case, as `HeaderName::from_static` requires; HTTP header names are
+/// case-insensitive.
+pub const HEADER: &str = "defense-decision";
 
 /// Which defense made a decision. `None` is for requests refused before the
 /// layers (bad input, authentication) and for infrastructure failures

@@ -91,7 +91,7 @@ impl Decided {
         if let Ok(value) = header::HeaderValue::from_str(&self.decision.header_value()) {
             response
                 .headers_mut()
-                .insert(header::HeaderName::from_static("defense-decision"), value);
+                .insert(header::HeaderName::from_static(crate::decision::HEADER), value);
         }
         response
     }

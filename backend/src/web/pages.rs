@@ -696,7 +696,7 @@ pub async fn transfer(
     if let Ok(value) = header::HeaderValue::from_str(&header) {
         response
             .headers_mut()
-            .insert(header::HeaderName::from_static("defense-decision"), value);
+            .insert(header::HeaderName::from_static(crate::decision::HEADER), value);
     }
     response
 }
