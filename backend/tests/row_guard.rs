@@ -50,7 +50,10 @@ async fn the_database_constraints_back_the_guard_up() {
         .await;
     assert_eq!(
         refused_by(negative),
-        (check_violation.clone(), Some("wallets_balance_minor_check".to_owned()))
+        (
+            check_violation.clone(),
+            Some("wallets_balance_minor_check".to_owned())
+        )
     );
     let insert = "INSERT INTO transfers (id, from_wallet_id, to_wallet_id, amount_minor, initiated_by)
                   VALUES (gen_random_uuid(), $1, $2, $3, $4)";
@@ -63,7 +66,10 @@ async fn the_database_constraints_back_the_guard_up() {
         .await;
     assert_eq!(
         refused_by(self_transfer),
-        (check_violation.clone(), Some("transfers_distinct_wallets".to_owned()))
+        (
+            check_violation.clone(),
+            Some("transfers_distinct_wallets".to_owned())
+        )
     );
     // Distinct wallets, so that only the amount can be what is refused.
     let zero = sqlx::query(insert)
@@ -126,4 +132,38 @@ async fn both_transaction_paths_write_the_same_receipt_format() {
             "balance_minor_after"
         ]
     );
+}
+
+/// The invariants' one definition sees each kind of damage: a checker that
+/// cannot fail proves nothing.
+#[tokio::test]
+async fn the_money_invariants_see_each_kind_of_damage() {
+    let app = spawn_app(|_| {}).await;
+    let (alice, bob) = app.alice_and_bob().await;
+    assert_eq!(app.transfer(&alice, bob.wallet_id, 100, None).await.status(), 201);
+    assert!(money_invariant_violations(&app.db).await.is_empty());
+
+    // A transfer's ledger pair that no longer sums to zero, and a balance
+    // that no longer matches its ledger.
+    sqlx::query(
+        "UPDATE ledger_entries SET amount_minor = amount_minor + 1
+         WHERE wallet_id = $1",
+    )
+    .bind(bob.wallet_id)
+    .execute(&app.db)
+    .await
+    .expect("damage the ledger");
+    sqlx::query("UPDATE wallets SET balance_minor = balance_minor + 5 WHERE id = $1")
+        .bind(alice.wallet_id)
+        .execute(&app.db)
+        .await
+        .expect("create money");
+    let violations = money_invariant_violations(&app.db).await.join("; ");
+    for expected in [
+        "money was created or destroyed: 5 minor units",
+        "balances do not match their ledger",
+        "1 transfers are not recorded as two entries summing to zero",
+    ] {
+        assert!(violations.contains(expected), "{violations}");
+    }
 }

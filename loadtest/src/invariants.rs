@@ -17,6 +17,8 @@ pub struct Findings {
     pub negative_balances: i64,
     /// Wallets whose balance is not opening grant plus ledger entries.
     pub unexplained_balances: i64,
+    /// Transfers not recorded as two ledger entries summing to zero.
+    pub unbalanced_transfers: i64,
     /// (user, key) pairs that produced more than one transfer.
     pub keys_paid_more_than_once: i64,
     /// Extra transfers those keys produced.
@@ -34,24 +36,17 @@ pub struct Findings {
 
 pub async fn check(db: &PgPool, run_users: &[Uuid], samples: &[Sample]) -> anyhow::Result<Findings> {
     let mut findings = Findings::default();
-    let (opening, balances, negative): (i64, i64, i64) = sqlx::query_as(
-        "SELECT coalesce(sum(opening_balance_minor), 0)::bigint, coalesce(sum(balance_minor), 0)::bigint,
-                count(*) FILTER (WHERE balance_minor < 0)
-         FROM wallets WHERE user_id = ANY($1)",
-    )
-    .bind(run_users)
-    .fetch_one(db)
-    .await?;
-    findings.money_created_minor = balances - opening;
+    // The server's own definition of the money invariants, scoped to the
+    // run's users (the database may hold others').
+    let (created, negative, unexplained, unbalanced): (i64, i64, i64, i64) =
+        sqlx::query_as("SELECT * FROM money_invariants($1)")
+            .bind(run_users)
+            .fetch_one(db)
+            .await?;
+    findings.money_created_minor = created;
     findings.negative_balances = negative;
-    findings.unexplained_balances = sqlx::query_scalar(
-        "SELECT count(*) FROM wallets w
-         WHERE w.user_id = ANY($1) AND w.balance_minor <> w.opening_balance_minor
-             + coalesce((SELECT sum(amount_minor) FROM ledger_entries l WHERE l.wallet_id = w.id), 0)",
-    )
-    .bind(run_users)
-    .fetch_one(db)
-    .await?;
+    findings.unexplained_balances = unexplained;
+    findings.unbalanced_transfers = unbalanced;
     let (keys, extra): (i64, i64) = sqlx::query_as(
         "SELECT count(*), coalesce(sum(n - 1), 0)::bigint FROM (
              SELECT count(*) AS n FROM transfers
@@ -113,6 +108,12 @@ pub async fn check(db: &PgPool, run_users: &[Uuid], samples: &[Sample]) -> anyho
         violations.push(format!(
             "{} balances do not match their ledger",
             findings.unexplained_balances
+        ));
+    }
+    if findings.unbalanced_transfers > 0 {
+        violations.push(format!(
+            "{} transfers are not two ledger entries summing to zero",
+            findings.unbalanced_transfers
         ));
     }
     if findings.keys_paid_more_than_once > 0 {
