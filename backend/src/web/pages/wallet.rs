@@ -1,62 +1,28 @@
-//! The pages and the forms behind them.
+//! The wallet page, the review of a typed transfer, and Send: the
+//! browser's way through the transfer pipeline.
 
 use std::time::{Duration, Instant};
 
 use actix_web::http::{StatusCode, header};
-use actix_web::{HttpRequest, HttpResponse, Responder, web};
+use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use askama_web::WebTemplate;
-use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
-use crate::account_limits::AccountAction;
 use crate::decision::{Layer, Outcome};
 use crate::defense::idempotency::{self, IdempotencyKey, StoredResponse};
 use crate::domain::{TransferRequest, WalletId};
 use crate::names::{self, MATCHES_NAME};
 use crate::problem::{Problem, ProblemType};
-use crate::routes::users::{self, Credentials};
 use crate::state::AppState;
 use crate::telemetry::RequestContext;
 use crate::transfer::history;
 use crate::transfer::pipeline::{self, Answer, Decided};
 use crate::web::{self as site, Session, money};
 
-/// What every page shows around its content.
-pub struct Chrome {
-    pub title: String,
-    pub user: Option<String>,
-    /// The session's CSRF token, for the sign-out form and scripts.
-    pub csrf: String,
-    /// Unsafe demonstration switches in effect; shown on every page.
-    pub unsafe_modes: Vec<&'static str>,
-}
-
-impl Chrome {
-    fn new(state: &AppState, title: &str, session: Option<&Session>) -> Self {
-        Self {
-            title: title.to_owned(),
-            user: session.map(|s| s.name.clone()),
-            csrf: session
-                .map(|s| state.tokens.csrf_token(&s.token))
-                .unwrap_or_default(),
-            unsafe_modes: state.settings.unsafe_modes(),
-        }
-    }
-}
-
-#[derive(Template, WebTemplate)]
-#[template(path = "account.html")]
-struct AccountPage {
-    chrome: Chrome,
-    /// `signin` or `signup`.
-    form: &'static str,
-    csrf: String,
-    name: String,
-    error: Option<String>,
-}
+use super::*;
 
 #[derive(Template, WebTemplate)]
 #[template(path = "wallet.html")]
@@ -92,281 +58,11 @@ struct ReviewPage {
     wait_s: Option<u64>,
 }
 
-/// The result of a form submission, as the page states it.
-pub struct Notice {
-    /// `success`, `replay` or `refused`: the notice's style.
-    kind: &'static str,
-    /// Which defense decided, for a refusal.
-    layer: Option<&'static str>,
-    text: String,
-}
-
 struct HistoryRow {
     when: String,
     direction: &'static str,
     counterparty: String,
     amount: String,
-}
-
-#[derive(Template, WebTemplate)]
-#[template(path = "race_lab.html")]
-struct RaceLabPage {
-    chrome: Chrome,
-    wallet_id: Uuid,
-    balance: String,
-    currency: String,
-    trace_ui_url: String,
-    safe: bool,
-    amount_pattern: &'static str,
-}
-
-#[derive(Template, WebTemplate)]
-#[template(path = "feed.html")]
-struct FeedPage {
-    chrome: Chrome,
-}
-
-#[derive(Template, WebTemplate)]
-#[template(path = "error.html")]
-struct ErrorPage {
-    chrome: Chrome,
-    status: u16,
-    heading: String,
-    message: String,
-}
-
-#[derive(Template, WebTemplate)]
-#[template(path = "problem_type.html")]
-struct ProblemTypePage {
-    chrome: Chrome,
-    slug: String,
-    heading: String,
-    description: &'static str,
-    for_people: &'static str,
-}
-
-fn error_page(state: &AppState, status: StatusCode, heading: &str, message: &str) -> HttpResponse {
-    let page = ErrorPage {
-        chrome: Chrome::new(state, heading, None),
-        status: status.as_u16(),
-        heading: heading.to_owned(),
-        message: message.to_owned(),
-    };
-    match page.render() {
-        Ok(html) => HttpResponse::build(status)
-            .content_type("text/html; charset=utf-8")
-            .body(html),
-        Err(_) => HttpResponse::build(status)
-            .content_type("text/plain; charset=utf-8")
-            .body(message.to_owned()),
-    }
-}
-
-fn unavailable(state: &AppState, error: &sqlx::Error) -> HttpResponse {
-    tracing::error!(error = %error, "database error while rendering a page");
-    error_page(
-        state,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "The wallet is unavailable",
-        "We could not reach the database. Nothing was changed; please try again in a moment.",
-    )
-}
-
-fn redirect(to: &str) -> HttpResponse {
-    HttpResponse::SeeOther()
-        .insert_header((header::LOCATION, to.to_owned()))
-        .finish()
-}
-
-fn with_page(status: StatusCode, page: impl Template) -> HttpResponse {
-    match page.render() {
-        Ok(html) => HttpResponse::build(status)
-            .content_type("text/html; charset=utf-8")
-            .body(html),
-        Err(error) => {
-            tracing::error!(error = %error, "template rendering failed");
-            HttpResponse::InternalServerError()
-                .content_type("text/plain")
-                .body("The page could not be shown.")
-        }
-    }
-}
-
-/// Resolves the session or answers with a redirect to sign-in or an error page.
-async fn require_session(request: &HttpRequest, state: &AppState) -> Result<Session, HttpResponse> {
-    match site::session(request, state).await {
-        Ok(Some(session)) => Ok(session),
-        Ok(None) => Err(redirect("/signin")),
-        Err(error) => Err(unavailable(state, &error)),
-    }
-}
-
-/// The session behind a form that changes state, with the form's CSRF token
-/// checked against it.
-async fn session_for_form(
-    request: &HttpRequest,
-    state: &AppState,
-    csrf: &str,
-) -> Result<Session, HttpResponse> {
-    let session = require_session(request, state).await?;
-    if !state.tokens.verify_csrf(&session.token, csrf) {
-        return Err(error_page(
-            state,
-            StatusCode::FORBIDDEN,
-            "Form expired",
-            "This form expired. Go back, reload the page and try again.",
-        ));
-    }
-    Ok(session)
-}
-
-pub async fn home(request: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
-    match site::session(&request, &state).await {
-        Ok(Some(_)) => redirect("/wallet"),
-        Ok(None) => redirect("/signin"),
-        Err(error) => unavailable(&state, &error),
-    }
-}
-
-fn account_page(
-    request: &HttpRequest,
-    state: &AppState,
-    form: &'static str,
-    name: String,
-    error: Option<String>,
-    status: StatusCode,
-) -> HttpResponse {
-    let (csrf, new_cookie) = site::pre_session_csrf(request);
-    let title = if form == "signin" {
-        "Sign in"
-    } else {
-        "Create an account"
-    };
-    let mut response = with_page(
-        status,
-        AccountPage {
-            chrome: Chrome::new(state, title, None),
-            form,
-            csrf,
-            name,
-            error,
-        },
-    );
-    if let Some(cookie) = new_cookie {
-        let _ = response.add_cookie(&cookie);
-    }
-    response
-}
-
-pub async fn sign_in_page(request: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
-    account_page(&request, &state, "signin", String::new(), None, StatusCode::OK)
-}
-
-pub async fn sign_up_page(request: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
-    account_page(&request, &state, "signup", String::new(), None, StatusCode::OK)
-}
-
-/// Every field defaults to empty, so a tampered form gets a page that
-/// says what is wrong rather than a bare 400.
-#[derive(Deserialize, Default)]
-#[serde(default)]
-pub struct AccountForm {
-    name: String,
-    password: String,
-    csrf: String,
-}
-
-fn signed_in(request: &HttpRequest, state: &AppState, token: &SecretString) -> HttpResponse {
-    let mut response = redirect("/wallet");
-    let _ = response.add_cookie(&site::session_cookie(
-        request,
-        token.expose_secret(),
-        state.settings.api_token_ttl_hours,
-    ));
-    response
-}
-
-pub async fn sign_in(
-    request: HttpRequest,
-    form: web::Form<AccountForm>,
-    state: web::Data<AppState>,
-) -> HttpResponse {
-    account_form(&request, &state, "signin", form.into_inner()).await
-}
-
-pub async fn sign_up(
-    request: HttpRequest,
-    form: web::Form<AccountForm>,
-    state: web::Data<AppState>,
-) -> HttpResponse {
-    account_form(&request, &state, "signup", form.into_inner()).await
-}
-
-/// Both account forms: check the pre-session CSRF token, then sign in (an
-/// existing user) or sign up (a new one) through the API's own functions,
-/// and either set the session cookie or show the form again with the reason.
-async fn account_form(
-    request: &HttpRequest,
-    state: &AppState,
-    form_kind: &'static str,
-    form: AccountForm,
-) -> HttpResponse {
-    let again = |error: String, status| {
-        account_page(request, state, form_kind, form.name.clone(), Some(error), status)
-    };
-    if !site::pre_session_csrf_ok(request, &form.csrf) {
-        return again(
-            "This form expired. Please try again.".to_owned(),
-            StatusCode::FORBIDDEN,
-        );
-    }
-    let credentials = Credentials {
-        name: form.name.clone(),
-        password: SecretString::from(form.password.clone()),
-    };
-    let limits = &state.account_limits;
-    let token: Result<SecretString, Problem> = async {
-        if form_kind == "signin" {
-            let name_key = names::key_of(&credentials.name);
-            limits.check(AccountAction::SignIn, request, &name_key).await?;
-            Ok(users::issue_token_for(state, credentials).await?.token)
-        } else {
-            let name = credentials.validate(&state.settings)?;
-            limits.check(AccountAction::SignUp, request, &name.key).await?;
-            let signed_up = users::create_user(state, &name, credentials.password).await?;
-            Ok(SecretString::from(signed_up.token))
-        }
-    }
-    .await;
-    match token {
-        Ok(token) => signed_in(request, state, &token),
-        Err(problem) => again(problem.for_people().to_owned(), problem.status_code()),
-    }
-}
-
-/// Every field defaults to empty, so a tampered form gets a page that
-/// says what is wrong rather than a bare 400.
-#[derive(Deserialize, Default)]
-#[serde(default)]
-pub struct CsrfForm {
-    csrf: String,
-}
-
-pub async fn sign_out(
-    request: HttpRequest,
-    form: web::Form<CsrfForm>,
-    state: web::Data<AppState>,
-) -> HttpResponse {
-    let session = match session_for_form(&request, &state, &form.csrf).await {
-        Ok(session) => session,
-        Err(response) => return response,
-    };
-    if let Err(error) = users::revoke(&state, &session.token).await {
-        return unavailable(&state, &error);
-    }
-    let mut response = redirect("/signin");
-    let _ = response.add_cookie(&site::expired_session_cookie());
-    response
 }
 
 /// How many transfers the wallet page lists.
@@ -751,7 +447,10 @@ async fn owner_name(state: &AppState, wallet_id: Uuid) -> Result<Option<String>,
 }
 
 /// A user name or a wallet id → (wallet id, name to show).
-async fn resolve_recipient(state: &AppState, recipient: &str) -> Result<Option<(Uuid, String)>, sqlx::Error> {
+pub(super) async fn resolve_recipient(
+    state: &AppState,
+    recipient: &str,
+) -> Result<Option<(Uuid, String)>, sqlx::Error> {
     if let Ok(wallet_id) = Uuid::try_parse(recipient) {
         let name = owner_name(state, wallet_id).await?;
         return Ok(name.map(|name| (wallet_id, name)));
@@ -833,91 +532,5 @@ fn notice_for(decided: &Decided, recipient: &str, currency: &str) -> Notice {
             layer: layer_label(decided.decision.layer),
             text: problem.for_people().to_owned(),
         },
-    }
-}
-
-pub async fn race_lab(request: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
-    let session = match require_session(&request, &state).await {
-        Ok(session) => session,
-        Err(response) => return response,
-    };
-    with_page(
-        StatusCode::OK,
-        RaceLabPage {
-            chrome: Chrome::new(&state, "Race lab", Some(&session)),
-            wallet_id: session.wallet_id,
-            balance: money::format(session.balance_minor, &session.currency),
-            currency: session.currency.clone(),
-            trace_ui_url: state.settings.trace_ui_url.clone(),
-            safe: state.settings.unsafe_modes().is_empty(),
-            amount_pattern: money::AMOUNT_PATTERN,
-        },
-    )
-}
-
-pub async fn feed(request: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
-    match require_session(&request, &state).await {
-        Ok(session) => with_page(
-            StatusCode::OK,
-            FeedPage {
-                chrome: Chrome::new(&state, "Live feed", Some(&session)),
-            },
-        ),
-        Err(response) => response,
-    }
-}
-
-/// `GET /problems/{slug}`: what each problem `type` means.
-pub async fn problem_type(path: web::Path<String>, state: web::Data<AppState>) -> impl Responder {
-    let slug = path.into_inner();
-    let Some(kind) = ProblemType::from_slug(&slug) else {
-        return error_page(
-            &state,
-            StatusCode::NOT_FOUND,
-            "Unknown problem type",
-            "There is no problem type by this name.",
-        );
-    };
-    let heading = format!("{} ({})", kind.title(), kind.status().as_u16());
-    with_page(
-        StatusCode::OK,
-        ProblemTypePage {
-            chrome: Chrome::new(&state, &heading, None),
-            slug,
-            heading,
-            description: kind.description(),
-            for_people: kind.for_people(),
-        },
-    )
-}
-
-/// A person's 404: an HTML page for browsers, problem details otherwise.
-pub fn not_found_page(state: &AppState) -> HttpResponse {
-    error_page(
-        state,
-        StatusCode::NOT_FOUND,
-        "Page not found",
-        "There is nothing at this address.",
-    )
-}
-
-#[derive(Deserialize)]
-pub struct RecipientQuery {
-    name: String,
-}
-
-/// `GET /race-lab/recipient?name=`: the race lab's name → wallet id lookup.
-pub async fn recipient(
-    request: HttpRequest,
-    query: web::Query<RecipientQuery>,
-    state: web::Data<AppState>,
-) -> HttpResponse {
-    if let Err(response) = require_session(&request, &state).await {
-        return response;
-    }
-    match resolve_recipient(&state, query.name.trim()).await {
-        Ok(Some((wallet_id, _))) => HttpResponse::Ok().json(serde_json::json!({ "wallet_id": wallet_id })),
-        Ok(None) => HttpResponse::NotFound().json(serde_json::json!({ "error": "no such user" })),
-        Err(error) => unavailable(&state, &error),
     }
 }

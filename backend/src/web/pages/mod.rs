@@ -1,0 +1,136 @@
+//! The pages and the forms behind them: what every page shares here, and
+//! one module per part of the site.
+
+mod account;
+mod problem_types;
+mod race_lab;
+mod wallet;
+
+pub use account::{home, sign_in, sign_in_page, sign_out, sign_up, sign_up_page};
+pub use problem_types::{not_found_page, problem_type};
+pub use race_lab::{feed, race_lab, recipient};
+pub use wallet::{review, transfer, wallet};
+
+use actix_web::http::{StatusCode, header};
+use actix_web::{HttpRequest, HttpResponse};
+use askama::Template;
+use askama_web::WebTemplate;
+
+use crate::state::AppState;
+use crate::web::{self as site, Session};
+
+/// What every page shows around its content.
+pub struct Chrome {
+    pub title: String,
+    pub user: Option<String>,
+    /// The session's CSRF token, for the sign-out form and scripts.
+    pub csrf: String,
+    /// Unsafe demonstration switches in effect; shown on every page.
+    pub unsafe_modes: Vec<&'static str>,
+}
+
+impl Chrome {
+    fn new(state: &AppState, title: &str, session: Option<&Session>) -> Self {
+        Self {
+            title: title.to_owned(),
+            user: session.map(|s| s.name.clone()),
+            csrf: session
+                .map(|s| state.tokens.csrf_token(&s.token))
+                .unwrap_or_default(),
+            unsafe_modes: state.settings.unsafe_modes(),
+        }
+    }
+}
+
+/// The result of a form submission, as the page states it.
+pub struct Notice {
+    /// `success`, `replay` or `refused`: the notice's style.
+    kind: &'static str,
+    /// Which defense decided, for a refusal.
+    layer: Option<&'static str>,
+    text: String,
+}
+
+#[derive(Template, WebTemplate)]
+#[template(path = "error.html")]
+struct ErrorPage {
+    chrome: Chrome,
+    status: u16,
+    heading: String,
+    message: String,
+}
+
+fn error_page(state: &AppState, status: StatusCode, heading: &str, message: &str) -> HttpResponse {
+    let page = ErrorPage {
+        chrome: Chrome::new(state, heading, None),
+        status: status.as_u16(),
+        heading: heading.to_owned(),
+        message: message.to_owned(),
+    };
+    match page.render() {
+        Ok(html) => HttpResponse::build(status)
+            .content_type("text/html; charset=utf-8")
+            .body(html),
+        Err(_) => HttpResponse::build(status)
+            .content_type("text/plain; charset=utf-8")
+            .body(message.to_owned()),
+    }
+}
+
+fn unavailable(state: &AppState, error: &sqlx::Error) -> HttpResponse {
+    tracing::error!(error = %error, "database error while rendering a page");
+    error_page(
+        state,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "The wallet is unavailable",
+        "We could not reach the database. Nothing was changed; please try again in a moment.",
+    )
+}
+
+fn redirect(to: &str) -> HttpResponse {
+    HttpResponse::SeeOther()
+        .insert_header((header::LOCATION, to.to_owned()))
+        .finish()
+}
+
+fn with_page(status: StatusCode, page: impl Template) -> HttpResponse {
+    match page.render() {
+        Ok(html) => HttpResponse::build(status)
+            .content_type("text/html; charset=utf-8")
+            .body(html),
+        Err(error) => {
+            tracing::error!(error = %error, "template rendering failed");
+            HttpResponse::InternalServerError()
+                .content_type("text/plain")
+                .body("The page could not be shown.")
+        }
+    }
+}
+
+/// Resolves the session or answers with a redirect to sign-in or an error page.
+async fn require_session(request: &HttpRequest, state: &AppState) -> Result<Session, HttpResponse> {
+    match site::session(request, state).await {
+        Ok(Some(session)) => Ok(session),
+        Ok(None) => Err(redirect("/signin")),
+        Err(error) => Err(unavailable(state, &error)),
+    }
+}
+
+/// The session behind a form that changes state, with the form's CSRF token
+/// checked against it.
+async fn session_for_form(
+    request: &HttpRequest,
+    state: &AppState,
+    csrf: &str,
+) -> Result<Session, HttpResponse> {
+    let session = require_session(request, state).await?;
+    if !state.tokens.verify_csrf(&session.token, csrf) {
+        return Err(error_page(
+            state,
+            StatusCode::FORBIDDEN,
+            "Form expired",
+            "This form expired. Go back, reload the page and try again.",
+        ));
+    }
+    Ok(session)
+}
