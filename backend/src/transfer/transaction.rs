@@ -249,22 +249,22 @@ async fn in_one_call(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
     .fetch_one(&mut *connection)
     .await
     .map_err(Failure::at_commit)?;
-    let (
+    match row.outcome.as_str() {
+        "unauthorized" => return Err(Failure::Refused(revoked_token())),
+        "not_owner" => return Err(Failure::Refused(not_your_wallet())),
+        _ => {}
+    }
+    let OneCallRow {
         outcome,
-        status,
-        body,
+        response_status: status,
+        response_body: body,
         claim_outcome,
         claim_ms,
         guard_outcome,
         guard_ms,
         balance_minor_after,
         created_at,
-    ) = row;
-    match outcome.as_str() {
-        "unauthorized" => return Err(Failure::Refused(revoked_token())),
-        "not_owner" => return Err(Failure::Refused(not_your_wallet())),
-        _ => {}
-    }
+    } = row;
     let response = StoredResponse {
         status: status.and_then(|s| u16::try_from(s).ok()).unwrap_or(500),
         body: body.unwrap_or_default(),
@@ -329,20 +329,24 @@ fn decision_of(guarded: Guarded) -> Option<Decision> {
     Some(Decision::new(Layer::RowGuard, outcome))
 }
 
-/// `transfer()`'s row: outcome, response status and body, each layer's
-/// outcome and time in milliseconds, and an applied transfer's balance and
-/// time.
-type OneCallRow = (
-    String,
-    Option<i16>,
-    Option<String>,
-    Option<String>,
-    Option<f64>,
-    Option<String>,
-    Option<f64>,
-    Option<i64>,
-    Option<DateTime<Utc>>,
-);
+/// `transfer()`'s row, by column name.
+#[derive(sqlx::FromRow)]
+struct OneCallRow {
+    /// `unauthorized` or `not_owner` (nothing was stored), or the outcome
+    /// of the answer the transaction stored.
+    outcome: String,
+    response_status: Option<i16>,
+    response_body: Option<String>,
+    /// The idempotency claim's outcome and its time in PostgreSQL.
+    claim_outcome: Option<String>,
+    claim_ms: Option<f64>,
+    /// The row guard's outcome and its time in PostgreSQL.
+    guard_outcome: Option<String>,
+    guard_ms: Option<f64>,
+    /// An applied transfer's source balance and time.
+    balance_minor_after: Option<i64>,
+    created_at: Option<DateTime<Utc>>,
+}
 
 fn layer_span(state: &AppState, layer: Layer, outcome: &str, db_ms: Option<f64>, key_hash: Option<String>) {
     let db_ms = db_ms.unwrap_or(0.0);
