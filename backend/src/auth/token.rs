@@ -181,14 +181,12 @@ pub async fn token_is_live(
     executor: impl PgExecutor<'_>,
     token: &VerifiedToken,
 ) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar::<_, bool>(
-        "SELECT EXISTS (SELECT 1 FROM api_tokens
-                        WHERE token_hash = $1 AND user_id = $2 AND expires_at > now())",
-    )
-    .bind(&token.hash[..])
-    .bind(token.user_id.0)
-    .fetch_one(executor)
-    .await
+    // The one definition, shared with transfer() in the database.
+    sqlx::query_scalar::<_, bool>("SELECT token_is_live($1, $2)")
+        .bind(&token.hash[..])
+        .bind(token.user_id.0)
+        .fetch_one(executor)
+        .await
 }
 
 /// Deletes expired token hashes, at most `batch_rows_max` per statement,
