@@ -179,7 +179,10 @@ fn add_headers(response: &mut Value, method: &str, path: &str, status: &str) {
         "traceparent".into(),
         header("W3C trace context of this request's server span"),
     );
-    if matches!(status, "429" | "503") && path != "/readyz" {
+    // Every 429 and 503 problem says when to come back; a 503 readiness
+    // report is not a problem, and says nothing of the kind.
+    let is_problem = response.pointer("/content/application~1problem+json").is_some();
+    if matches!(status, "429" | "503") && is_problem {
         headers.insert("Retry-After".into(), header("Seconds to wait before retrying"));
     }
     if status == "401" {
@@ -270,13 +273,17 @@ fn constrain_parameters(operation: &mut Value, settings: &Settings) {
     }
 }
 
-/// The document as this deployment serves it.
+/// The document as this deployment serves it. Built once, at start-up
+/// (`AppState::api_document`): it depends only on the settings.
 pub fn document(settings: &Settings) -> Value {
     let mut document = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
     contract(&mut document, settings);
     document
 }
 
+/// `GET /api/openapi.json`: the document built once, at start-up.
 pub async fn serve(state: actix_web::web::Data<AppState>) -> actix_web::HttpResponse {
-    actix_web::HttpResponse::Ok().json(document(&state.settings))
+    actix_web::HttpResponse::Ok()
+        .content_type("application/json")
+        .body(state.api_document.clone())
 }

@@ -129,6 +129,7 @@ impl Application {
             stream_slots: Arc::new(tokio::sync::Semaphore::new(settings.decision_streams_max)),
             streams_per_user: Arc::default(),
             instance_id,
+            api_document: serde_json::to_vec(&openapi::document(&settings))?.into(),
             settings: Arc::new(settings),
         };
         let sweeper = crate::sweep::spawn_sweeper(

@@ -26,4 +26,6 @@ pub struct AppState {
     /// ...and those each user holds on it.
     pub streams_per_user: Arc<crate::routes::decisions::StreamsPerUser>,
     pub instance_id: Arc<str>,
+    /// The OpenAPI document, serialised once at start-up.
+    pub api_document: actix_web::web::Bytes,
 }

@@ -20,9 +20,9 @@ async fn transfers_with_key(app: &TestApp, key: &str) -> i64 {
 }
 
 /// Money in all wallets minus the money they were opened with: zero when
-/// nothing was created or destroyed.
+/// nothing was created or destroyed (the invariants' one definition).
 async fn money_created(app: &TestApp) -> i64 {
-    sqlx::query_scalar("SELECT (sum(balance_minor) - sum(opening_balance_minor))::bigint FROM wallets")
+    sqlx::query_scalar("SELECT money_created_minor FROM money_invariants()")
         .fetch_one(&app.db)
         .await
         .expect("sum")

@@ -184,9 +184,12 @@ ensure_redis_cluster() {
   return 1
 }
 
-# The chaos suite starts PostgreSQL clusters and Redis servers of its own,
-# so it needs their programs even where the servers run elsewhere.
+# The chaos suite and the security tests start PostgreSQL clusters and
+# Redis servers of their own (one with a self-signed certificate), so they
+# need the programs even where the servers run elsewhere.
 ensure_store_programs() {
   compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || command -v initdb >/dev/null || apt_install postgresql
   command -v redis-server >/dev/null || apt_install redis-server
+  command -v openssl >/dev/null || apt_install openssl
+  command -v runuser >/dev/null || apt_install util-linux
 }

@@ -421,7 +421,7 @@ impl Deployment {
             let to = probes[(instance + 1) % probes.len()].wallet_id;
             let mut record = KeyRecord::new(probe.user_id);
             loop {
-                let attempt = storm.attempt(instance, probe, to, 1, &record.key).await;
+                let attempt = storm.send(instance, probe, to, 1, Some(&record.key)).await;
                 let settled = attempt.outcome.settles();
                 record.attempts.push(attempt);
                 if settled || Instant::now() >= deadline {
@@ -582,17 +582,6 @@ impl Storm {
         }
     }
 
-    async fn attempt(
-        &self,
-        instance: usize,
-        user: &TestUser,
-        to: Uuid,
-        amount_minor: i64,
-        key: &str,
-    ) -> Attempt {
-        self.send(instance, user, to, amount_minor, Some(key)).await
-    }
-
     /// New keys one after another until the storm stops; each key retried
     /// until settled.
     async fn keyed_client(&self, number: usize, me: TestUser, to: Uuid) -> Vec<KeyRecord> {
@@ -603,7 +592,9 @@ impl Storm {
             let mut record = KeyRecord::new(me.user_id);
             let settle_by = Instant::now() + Duration::from_secs(SETTLE_SECONDS_MAX);
             loop {
-                let attempt = self.attempt(instance, &me, to, amount_minor, &record.key).await;
+                let attempt = self
+                    .send(instance, &me, to, amount_minor, Some(&record.key))
+                    .await;
                 // The next attempt, whatever it is, goes to the next
                 // instance: a client behind a load balancer would.
                 instance += 1;

@@ -11,11 +11,6 @@ use std::time::{Duration, Instant};
 /// How long a private server may take to accept connections after a start.
 pub const STORE_START_SECONDS_MAX: u64 = 30;
 
-/// A port nothing listens on right now.
-pub fn free_port() -> u16 {
-    crate::closed_port()
-}
-
 fn accepts_connections(port: u16) -> bool {
     std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200)).is_ok()
 }
@@ -192,7 +187,7 @@ impl PrivatePostgres {
             String::from_utf8_lossy(&init.stderr)
         );
         let cluster = Self {
-            port: free_port(),
+            port: crate::closed_port(),
             data,
             tls: false,
             _dir: dir,
@@ -342,7 +337,7 @@ impl PrivateRedis {
     /// With extra `redis-server` arguments, e.g. `["--maxmemory", "4mb"]`.
     pub fn start_with(args: &[&str]) -> Self {
         let mut redis = Self {
-            port: free_port(),
+            port: crate::closed_port(),
             child: None,
             dir: ScratchDir::new("redis"),
             extra_args: args.iter().map(|arg| (*arg).to_owned()).collect(),

@@ -76,21 +76,22 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     let body = ReadinessStatus {
         status: readiness.status,
     };
-    if readiness.is_ready() {
-        HttpResponse::Ok().json(body)
-    } else {
-        HttpResponse::ServiceUnavailable().json(body)
-    }
+    answer(readiness.is_ready(), body)
 }
 
 /// The admin listener's `/readyz`: the same verdict and status code, with
 /// each store's state, the fail-open count and the defense modes.
 pub async fn readyz_detailed(state: web::Data<AppState>) -> HttpResponse {
     let readiness = probe(&state).await;
-    if readiness.is_ready() {
-        HttpResponse::Ok().json(readiness)
+    answer(readiness.is_ready(), readiness)
+}
+
+/// 200 when ready, 503 when not, with `body` either way.
+fn answer(ready: bool, body: impl Serialize) -> HttpResponse {
+    if ready {
+        HttpResponse::Ok().json(body)
     } else {
-        HttpResponse::ServiceUnavailable().json(readiness)
+        HttpResponse::ServiceUnavailable().json(body)
     }
 }
 
