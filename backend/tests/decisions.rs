@@ -534,6 +534,21 @@ async fn no_secret_reaches_the_logs() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("start wallet-server");
+    // Drained as it is written: a debug log fills a pipe's buffer long
+    // before the test ends, and a server blocked on writing its log would
+    // stall mid-request.
+    use std::io::Read;
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut text);
+            }
+            text
+        })
+    };
+    let stdout = drain(server.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
+    let stderr = drain(server.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::new();
     let mut up = false;
@@ -596,17 +611,19 @@ async fn no_secret_reaches_the_logs() {
     let _ = std::process::Command::new("kill")
         .arg(server.id().to_string())
         .status();
-    let output = tokio::task::spawn_blocking(move || {
+    let (stdout, stderr) = tokio::task::spawn_blocking(move || {
         let _ = server.wait();
-        server.wait_with_output()
+        (
+            stdout.join().expect("stdout reader"),
+            stderr.join().expect("stderr reader"),
+        )
     })
     .await
-    .expect("join")
-    .expect("output");
+    .expect("join");
     let logs = format!(
         "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
+        String::from_utf8_lossy(&stdout),
+        String::from_utf8_lossy(&stderr)
     );
     assert!(
         logs.contains("transfer decided"),
