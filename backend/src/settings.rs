@@ -117,8 +117,10 @@ pub struct Settings {
     /// `wallet_lock_wait_ms_max` + `STATEMENT_TIMEOUT_MARGIN_MS`), so that
     /// each wait ends in its own answer (409, 503) rather than the timeout.
     pub db_statement_timeout_ms: u64,
-    /// Longest wait for a wallet row lock held by another transfer.
-    pub wallet_lock_wait_ms_max: u64,
+    /// Longest wait for a wallet row lock held by another transfer. This
+    /// and the idempotency wait and retention are `u16`: they go to
+    /// PostgreSQL as `int`, and the type makes that conversion total.
+    pub wallet_lock_wait_ms_max: u16,
     /// Retries of a transfer transaction that failed on a serialization
     /// failure or a deadlock; never surfaced to the client as a 500.
     pub transfer_retries_max: u32,
@@ -150,8 +152,8 @@ pub struct Settings {
     pub idempotency_key_required: bool,
     /// How long a request waits for a concurrent request with the same key
     /// to finish before answering 409.
-    pub idempotency_wait_ms_max: u64,
-    pub idempotency_retention_hours: u64,
+    pub idempotency_wait_ms_max: u16,
+    pub idempotency_retention_hours: u16,
     pub idempotency_sweep_interval_s: u64,
     pub idempotency_sweep_batch_rows_max: i64,
 
@@ -604,8 +606,9 @@ impl Settings {
             self.db_pool_connections_min <= self.db_pool_connections_max,
             "db_pool_connections_min must not exceed db_pool_connections_max",
         );
-        let enclosed_ms =
-            self.idempotency_wait_ms_max + self.wallet_lock_wait_ms_max + STATEMENT_TIMEOUT_MARGIN_MS;
+        let enclosed_ms = u64::from(self.idempotency_wait_ms_max)
+            + u64::from(self.wallet_lock_wait_ms_max)
+            + STATEMENT_TIMEOUT_MARGIN_MS;
         require(
             self.db_statement_timeout_ms >= enclosed_ms,
             &format!(

@@ -311,3 +311,35 @@ async fn the_sweeper_deletes_expired_keys_in_batches() {
     assert_eq!(deleted, 7);
     assert_eq!(app.count("SELECT count(*) FROM idempotency_keys").await, 3);
 }
+
+/// A retry of a completed key is answered by a read alone: the stored row
+/// is neither updated nor even locked (a claim attempt would lock it, and
+/// its `xmax` would then name the retry's transaction).
+#[tokio::test]
+async fn a_replay_is_a_read_that_writes_and_locks_nothing() {
+    let app = spawn_app(without_cooldown).await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let key = new_key();
+    let first = app.transfer(&alice, bob.wallet_id, 700, Some(&key)).await;
+    assert_eq!(first.status(), 201);
+    let key_row = || {
+        sqlx::query_as::<_, (String, String)>(
+            "SELECT xmin::text, xmax::text FROM idempotency_keys WHERE key = $1::uuid",
+        )
+        .bind(key.clone())
+        .fetch_one(&app.db)
+    };
+    let before = key_row().await.expect("the key's row");
+
+    for _ in 0..3 {
+        let retry = app.transfer(&alice, bob.wallet_id, 700, Some(&key)).await;
+        assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    }
+    assert_eq!(
+        key_row().await.expect("the key's row"),
+        before,
+        "the stored claim was touched"
+    );
+    assert_eq!(before.1, "0", "a completed claim is never locked by a retry");
+    assert_eq!(app.transfer_count().await, 1);
+}

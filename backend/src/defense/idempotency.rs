@@ -9,7 +9,9 @@
 //!
 //! A second request with the key either
 //! - finds the claim committed with the same fingerprint: it replays the
-//!   stored status and body byte for byte;
+//!   stored response (a receipt byte for byte; a refusal, stored by kind,
+//!   rendered from the catalogue with the original trace id). This is a
+//!   read alone: no insert is attempted, nothing is written;
 //! - finds a different fingerprint: 422 `idempotency-key-reused`, nothing
 //!   changes;
 //! - finds the claim still in flight: PostgreSQL makes its insert wait for
@@ -17,7 +19,7 @@
 //!   `idempotency_wait_ms_max` (a transaction-local `lock_timeout`), 409.
 //!
 //! The claim's SQL is the function `idempotency_claim()`
-//! (migrations/20261130000002_idempotency_claim.sql), so that the whole
+//! (migrations/20261201000009_typed_protocol.sql), so that the whole
 //! transfer can run in one round trip (`transfer()`); this module calls it
 //! on its own when the transfer runs step by step (demonstration modes).
 //!
@@ -33,6 +35,7 @@ use actix_web::HttpRequest;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use crate::defense::row_guard::GuardOutcome;
 use crate::domain::UserId;
 use crate::problem::Problem;
 
@@ -97,23 +100,122 @@ pub struct StoredResponse {
     pub body: String,
 }
 
+impl StoredResponse {
+    /// A business refusal as it is sent, fresh or replayed: rendered from
+    /// the catalogue, with the trace id of the request that decided it.
+    pub fn refusal(refusal: GuardOutcome, trace_id: Option<&str>) -> Result<Self, sqlx::Error> {
+        let problem = refusal
+            .refusal()
+            .ok_or_else(|| sqlx::Error::Protocol(format!("{refusal:?} was stored as a refusal")))?;
+        let problem = match trace_id {
+            Some(trace_id) => problem.with_trace_id(trace_id),
+            None => problem,
+        };
+        Ok(Self {
+            status: problem.status,
+            body: problem.body(),
+        })
+    }
+}
+
+/// The columns of `idempotency_keys` that hold a stored response, as every
+/// query that reads one returns them. A completed claim holds a receipt's
+/// body, or a business refusal's kind (rendered when sent, so that a
+/// request serialises a refusal only when it meets one).
+#[derive(Debug, Default, sqlx::FromRow)]
+pub struct StoredColumns {
+    pub response_status: Option<i16>,
+    pub response_body: Option<String>,
+    pub response_refusal: Option<GuardOutcome>,
+    pub response_trace_id: Option<String>,
+}
+
+impl StoredColumns {
+    /// The stored response, `None` while the claim is in flight. A
+    /// combination the schema's constraints rule out is a protocol error.
+    pub fn into_response(self) -> Result<Option<StoredResponse>, sqlx::Error> {
+        match (self.response_status, self.response_body, self.response_refusal) {
+            (None, None, None) => Ok(None),
+            (Some(status), Some(body), None) => Ok(Some(StoredResponse {
+                status: u16::try_from(status)
+                    .map_err(|_| sqlx::Error::Protocol(format!("stored status {status}")))?,
+                body,
+            })),
+            (Some(_), None, Some(refusal)) => {
+                StoredResponse::refusal(refusal, self.response_trace_id.as_deref()).map(Some)
+            }
+            (status, body, refusal) => Err(sqlx::Error::Protocol(format!(
+                "a stored response with status {status:?}, a body: {}, refusal {refusal:?}",
+                body.is_some()
+            ))),
+        }
+    }
+}
+
+/// A claim's answer: the PostgreSQL enum `claim_outcome`
+/// (migrations/20261201000009_typed_protocol.sql), value for value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "claim_outcome", rename_all = "snake_case")]
+pub enum ClaimOutcome {
+    Started,
+    Replayed,
+    KeyReused,
+    InFlight,
+}
+
 /// The outcome of claiming a key.
 #[derive(Debug)]
 pub enum Claim {
     /// The key is ours: do the work in this transaction, then `complete`.
     Started,
     /// A completed request with the same fingerprint: replay its response.
-    Replay(StoredResponse),
+    Replayed(StoredResponse),
     /// The key was used for a different request.
-    Mismatch,
+    KeyReused,
     /// Another request with the key did not finish within the wait. The
     /// transaction is aborted; roll it back.
     InFlight,
 }
 
+impl Claim {
+    /// Reads a claim's answer. A replay without a stored response is a
+    /// protocol error: a bug, never guessed at.
+    /// The stored response is taken from `stored` for a replay only.
+    pub fn from_columns(outcome: ClaimOutcome, stored: &mut StoredColumns) -> Result<Self, sqlx::Error> {
+        Ok(match outcome {
+            ClaimOutcome::Started => Claim::Started,
+            ClaimOutcome::KeyReused => Claim::KeyReused,
+            ClaimOutcome::InFlight => Claim::InFlight,
+            ClaimOutcome::Replayed => {
+                Claim::Replayed(std::mem::take(stored).into_response()?.ok_or_else(|| {
+                    sqlx::Error::Protocol("a replayed claim without a stored response".into())
+                })?)
+            }
+        })
+    }
+
+    /// The outcome as traces and metrics name it.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Claim::Started => "accepted",
+            Claim::Replayed(_) => "replayed",
+            Claim::KeyReused => "key_reused",
+            Claim::InFlight => "in_flight",
+        }
+    }
+}
+
+/// `idempotency_claim()`'s row.
+#[derive(sqlx::FromRow)]
+struct ClaimRow {
+    outcome: ClaimOutcome,
+    #[sqlx(flatten)]
+    stored: StoredColumns,
+}
+
 /// Claims `key` for `user` inside `tx`, waiting at most `wait_ms` for a
 /// concurrent claim of the same key (the SQL is `idempotency_claim()` in
-/// migrations/20261130000002_idempotency_claim.sql).
+/// migrations/20261201000009_typed_protocol.sql).
 #[tracing::instrument(
     name = "defense.idempotency",
     skip_all,
@@ -129,70 +231,47 @@ pub async fn claim(
     user: UserId,
     key: IdempotencyKey,
     fingerprint: &[u8; 32],
-    retention_hours: u64,
-    wait_ms: u64,
+    retention_hours: u16,
+    wait_ms: u16,
 ) -> Result<Claim, sqlx::Error> {
-    let (outcome, status, body) = sqlx::query_as::<_, (String, Option<i16>, Option<String>)>(
-        "SELECT outcome, response_status, response_body FROM idempotency_claim($1, $2, $3, $4, $5)",
+    let row: ClaimRow = sqlx::query_as(
+        "SELECT outcome, response_status, response_body, response_refusal, response_trace_id
+         FROM idempotency_claim($1, $2, $3, $4, $5)",
     )
     .bind(user.0)
     .bind(key.0)
     .bind(&fingerprint[..])
-    .bind(i32::try_from(retention_hours).unwrap_or(i32::MAX))
-    .bind(i32::try_from(wait_ms).unwrap_or(i32::MAX))
+    .bind(i32::from(retention_hours))
+    .bind(i32::from(wait_ms))
     .fetch_one(&mut *tx)
     .await?;
-    let claim = Claim::from_outcome(&outcome, status, body);
+    let mut stored = row.stored;
+    let claim = Claim::from_columns(row.outcome, &mut stored)?;
     tracing::Span::current().record("defense.outcome", claim.outcome());
     Ok(claim)
 }
 
-impl Claim {
-    /// Reads `idempotency_claim()`'s answer.
-    pub fn from_outcome(outcome: &str, status: Option<i16>, body: Option<String>) -> Self {
-        match (outcome, status, body) {
-            ("started", _, _) => Claim::Started,
-            ("mismatch", _, _) => Claim::Mismatch,
-            ("replay", Some(status), Some(body)) => Claim::Replay(StoredResponse {
-                status: u16::try_from(status).unwrap_or(500),
-                body,
-            }),
-            // 'in_flight', or anything unexpected: never guess a response.
-            _ => Claim::InFlight,
-        }
-    }
-
-    /// The outcome as traces and metrics name it.
-    pub fn outcome(&self) -> &'static str {
-        match self {
-            Claim::Started => "accepted",
-            Claim::Replay(_) => "replayed",
-            Claim::Mismatch => "key_reused",
-            Claim::InFlight => "in_flight",
-        }
-    }
-}
-
-/// Stores the response with the claim, in the transaction that did the work.
+/// Stores the response with the claim, in the transaction that did the
+/// work, through the one definition both transfer paths share
+/// (`idempotency_complete()`): a receipt's body, or a refusal's kind.
 pub async fn complete(
     tx: &mut PgConnection,
     user: UserId,
     key: IdempotencyKey,
-    response: &StoredResponse,
-    transfer_id: Option<Uuid>,
+    decided: GuardOutcome,
+    receipt: Option<&str>,
+    trace_id: &str,
+    transfer_id: Uuid,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE idempotency_keys
-         SET response_status = $3, response_body = $4, transfer_id = $5
-         WHERE user_id = $1 AND key = $2",
-    )
-    .bind(user.0)
-    .bind(key.0)
-    .bind(i16::try_from(response.status).unwrap_or(i16::MAX))
-    .bind(&response.body)
-    .bind(transfer_id)
-    .execute(&mut *tx)
-    .await?;
+    sqlx::query("SELECT idempotency_complete($1, $2, $3, $4, $5, $6)")
+        .bind(user.0)
+        .bind(key.0)
+        .bind(decided)
+        .bind(receipt)
+        .bind(trace_id)
+        .bind(transfer_id)
+        .execute(&mut *tx)
+        .await?;
     Ok(())
 }
 
@@ -205,8 +284,8 @@ pub async fn completed_response(
     key: IdempotencyKey,
     fingerprint: &[u8; 32],
 ) -> Result<Option<StoredResponse>, sqlx::Error> {
-    let row = sqlx::query_as::<_, (i16, String)>(
-        "SELECT response_status, response_body FROM idempotency_keys
+    let stored: Option<StoredColumns> = sqlx::query_as(
+        "SELECT response_status, response_body, response_refusal, response_trace_id FROM idempotency_keys
          WHERE user_id = $1 AND key = $2 AND fingerprint = $3
            AND response_status IS NOT NULL AND expires_at > now()",
     )
@@ -215,10 +294,7 @@ pub async fn completed_response(
     .bind(&fingerprint[..])
     .fetch_optional(pool)
     .await?;
-    Ok(row.map(|(status, body)| StoredResponse {
-        status: u16::try_from(status).unwrap_or(500),
-        body,
-    }))
+    Ok(stored.map(StoredColumns::into_response).transpose()?.flatten())
 }
 
 // ---------------------------------------------------------------------------
@@ -238,54 +314,62 @@ pub async fn naive_check(
     key: IdempotencyKey,
     fingerprint: &[u8; 32],
 ) -> Result<Option<Claim>, sqlx::Error> {
-    let row = sqlx::query_as::<_, (Vec<u8>, Option<i16>, Option<String>)>(
-        "SELECT fingerprint, response_status, response_body
+    #[derive(sqlx::FromRow)]
+    struct Seen {
+        fingerprint: Vec<u8>,
+        #[sqlx(flatten)]
+        stored: StoredColumns,
+    }
+    let seen: Option<Seen> = sqlx::query_as(
+        "SELECT fingerprint, response_status, response_body, response_refusal, response_trace_id
          FROM idempotency_keys WHERE user_id = $1 AND key = $2 AND expires_at > now()",
     )
     .bind(user.0)
     .bind(key.0)
     .fetch_optional(&mut *tx)
     .await?;
-    Ok(row.map(
-        |(stored, status, body)| match (stored == fingerprint, status, body) {
-            (false, _, _) => Claim::Mismatch,
-            (true, Some(status), Some(body)) => Claim::Replay(StoredResponse {
-                status: u16::try_from(status).unwrap_or(500),
-                body,
-            }),
-            (true, _, _) => Claim::InFlight,
-        },
-    ))
+    let Some(seen) = seen else { return Ok(None) };
+    if seen.fingerprint != fingerprint {
+        return Ok(Some(Claim::KeyReused));
+    }
+    Ok(Some(match seen.stored.into_response()? {
+        Some(stored) => Claim::Replayed(stored),
+        None => Claim::InFlight,
+    }))
 }
 
-/// Records the key and its response after the transfer has committed, in a
-/// statement of its own. A concurrent duplicate's record loses silently;
-/// its transfer has already happened.
+/// Records the key after the transfer has committed, in a statement of its
+/// own, then stores the response through `idempotency_complete()`. A
+/// concurrent duplicate's record loses silently; its transfer has already
+/// happened.
+#[allow(clippy::too_many_arguments)]
 pub async fn naive_record(
     pool: &PgPool,
     user: UserId,
     key: IdempotencyKey,
     fingerprint: &[u8; 32],
-    response: &StoredResponse,
-    transfer_id: Option<Uuid>,
-    retention_hours: u64,
+    decided: GuardOutcome,
+    receipt: Option<&str>,
+    trace_id: &str,
+    transfer_id: Uuid,
+    retention_hours: u16,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO idempotency_keys
-             (user_id, key, fingerprint, response_status, response_body, transfer_id, expires_at)
-         VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(hours => $7))
+    let mut tx = pool.begin().await?;
+    let inserted = sqlx::query(
+        "INSERT INTO idempotency_keys (user_id, key, fingerprint, expires_at)
+         VALUES ($1, $2, $3, now() + make_interval(hours => $4))
          ON CONFLICT (user_id, key) DO NOTHING",
     )
     .bind(user.0)
     .bind(key.0)
     .bind(&fingerprint[..])
-    .bind(i16::try_from(response.status).unwrap_or(i16::MAX))
-    .bind(&response.body)
-    .bind(transfer_id)
-    .bind(i32::try_from(retention_hours).unwrap_or(i32::MAX))
-    .execute(pool)
+    .bind(i32::from(retention_hours))
+    .execute(&mut *tx)
     .await?;
-    Ok(())
+    if inserted.rows_affected() == 1 {
+        complete(&mut tx, user, key, decided, receipt, trace_id, transfer_id).await?;
+    }
+    tx.commit().await
 }
 
 /// Deletes expired keys in batches of at most `batch_rows_max` until none
@@ -315,5 +399,54 @@ mod tests {
         assert_eq!(bare, quoted);
         assert_eq!(IdempotencyKey::parse("abc").expect_err("bad").status, 422);
         assert_eq!(IdempotencyKey::parse("\"abc").expect_err("bad").status, 422);
+    }
+}
+
+#[cfg(test)]
+mod stored_response_tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_refusal_is_rendered_from_the_catalogue_with_its_trace_id() {
+        let stored = StoredColumns {
+            response_status: Some(422),
+            response_body: None,
+            response_refusal: Some(GuardOutcome::InsufficientFunds),
+            response_trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
+        };
+        let response = stored.into_response().expect("valid").expect("completed");
+        assert_eq!(response.status, 422);
+        let body: serde_json::Value = serde_json::from_str(&response.body).expect("json");
+        assert_eq!(body["type"], "/problems/insufficient-funds");
+        assert_eq!(body["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
+    }
+
+    #[test]
+    fn a_stored_response_the_schema_rules_out_is_a_protocol_error() {
+        for stored in [
+            StoredColumns {
+                response_status: Some(201),
+                response_body: Some("{}".into()),
+                response_refusal: Some(GuardOutcome::InsufficientFunds),
+                response_trace_id: None,
+            },
+            StoredColumns {
+                response_status: None,
+                response_body: Some("{}".into()),
+                ..StoredColumns::default()
+            },
+            StoredColumns {
+                response_status: Some(422),
+                response_refusal: Some(GuardOutcome::Accepted),
+                ..StoredColumns::default()
+            },
+        ] {
+            assert!(matches!(stored.into_response(), Err(sqlx::Error::Protocol(_))));
+        }
+        let mut in_flight = StoredColumns::default();
+        assert!(matches!(
+            Claim::from_columns(ClaimOutcome::Replayed, &mut in_flight),
+            Err(sqlx::Error::Protocol(_))
+        ));
     }
 }

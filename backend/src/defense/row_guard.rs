@@ -23,7 +23,7 @@
 //! `lock_timeout` (`wallet_lock_wait_ms_max`).
 //!
 //! **Where the SQL is:** the function `row_guard_transfer()`
-//! (migrations/20261130000003_row_guard.sql), so that the whole transfer can
+//! (migrations/20261201000009_typed_protocol.sql), so that the whole transfer can
 //! run in one round trip (`transfer()`); this module calls it on its own
 //! when the transfer runs step by step (demonstration modes).
 //!
@@ -34,16 +34,17 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use crate::decision::{Layer, Outcome};
 use crate::domain::{TransferRequest, UserId};
+use crate::problem::{Problem, ProblemType};
 
-/// What the row guard decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Guarded {
+/// The row guard's answer: the PostgreSQL enum `guard_outcome`
+/// (migrations/20261201000009_typed_protocol.sql), value for value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "guard_outcome", rename_all = "snake_case")]
+pub enum GuardOutcome {
     /// Debited, credited and recorded.
-    Applied {
-        balance_minor_after: i64,
-        created_at: DateTime<Utc>,
-    },
+    Accepted,
     InsufficientFunds,
     UnknownTarget,
     /// The wallets hold different currencies: minor units never move 1:1
@@ -53,22 +54,104 @@ pub enum Guarded {
     NotOwner,
 }
 
-impl Guarded {
-    /// The outcome as traces and metrics name it.
-    pub fn outcome(self) -> &'static str {
+impl GuardOutcome {
+    /// The decision this answer makes, as traces, metrics and the feed name
+    /// it.
+    pub fn decision_outcome(self) -> Outcome {
         match self {
-            Guarded::Applied { .. } => "accepted",
-            Guarded::InsufficientFunds => "insufficient_funds",
-            Guarded::UnknownTarget | Guarded::CurrencyMismatch => "rejected",
-            Guarded::NotOwner => "unauthorized",
+            GuardOutcome::Accepted => Outcome::Accepted,
+            GuardOutcome::InsufficientFunds => Outcome::InsufficientFunds,
+            GuardOutcome::UnknownTarget | GuardOutcome::CurrencyMismatch => Outcome::Rejected,
+            GuardOutcome::NotOwner => Outcome::Unauthorized,
         }
     }
+
+    /// The business refusal this answer is: stored with the key (by kind)
+    /// and sent as a 422, rendered from the catalogue only when needed.
+    /// `None` for an accepted transfer, and for a caller who does not own
+    /// the source, who is refused without storing anything.
+    pub fn refusal(self) -> Option<Problem> {
+        let (kind, detail) = match self {
+            GuardOutcome::Accepted | GuardOutcome::NotOwner => return None,
+            GuardOutcome::InsufficientFunds => (
+                ProblemType::InsufficientFunds,
+                "The source wallet's balance is lower than the amount.",
+            ),
+            GuardOutcome::UnknownTarget => (
+                ProblemType::UnknownTargetWallet,
+                "No wallet has the id given as to_wallet_id.",
+            ),
+            GuardOutcome::CurrencyMismatch => (
+                ProblemType::CurrencyMismatch,
+                "The source and target wallets hold different currencies; money is never converted.",
+            ),
+        };
+        Some(Problem::new(kind, detail).with_layer(Layer::RowGuard))
+    }
+}
+
+/// An accepted transfer's results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Applied {
+    pub balance_minor_after: i64,
+    pub created_at: DateTime<Utc>,
+}
+
+/// What the row guard decided, with an accepted transfer's results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Guarded {
+    pub outcome: GuardOutcome,
+    /// Set exactly when `outcome` is `Accepted`.
+    pub applied: Option<Applied>,
+}
+
+impl Guarded {
+    fn refused(outcome: GuardOutcome) -> Self {
+        Self {
+            outcome,
+            applied: None,
+        }
+    }
+
+    /// Reads the row guard's columns. An accepted transfer without its
+    /// results, or a refusal with them, is a protocol error: a bug, never
+    /// guessed at.
+    pub fn from_columns(
+        outcome: GuardOutcome,
+        balance_minor_after: Option<i64>,
+        created_at: Option<DateTime<Utc>>,
+    ) -> Result<Self, sqlx::Error> {
+        match (outcome, balance_minor_after, created_at) {
+            (GuardOutcome::Accepted, Some(balance_minor_after), Some(created_at)) => Ok(Self {
+                outcome,
+                applied: Some(Applied {
+                    balance_minor_after,
+                    created_at,
+                }),
+            }),
+            (GuardOutcome::Accepted, _, _) => Err(sqlx::Error::Protocol(
+                "the row guard accepted a transfer without its balance and time".into(),
+            )),
+            (outcome, None, None) => Ok(Self::refused(outcome)),
+            (outcome, _, _) => Err(sqlx::Error::Protocol(format!(
+                "the row guard answered {outcome:?} with an accepted transfer's results"
+            ))),
+        }
+    }
+}
+
+/// `row_guard_transfer()`'s row.
+#[derive(sqlx::FromRow)]
+struct GuardRow {
+    outcome: GuardOutcome,
+    balance_minor_after: Option<i64>,
+    created_at: Option<DateTime<Utc>>,
 }
 
 /// The whole layer, in the caller's transaction: lock both wallets in id
 /// order, check ownership and the target, run the guarded debit, then
 /// credit and record. The SQL is `row_guard_transfer()` in
-/// migrations/20261130000003_row_guard.sql.
+/// migrations/20261201000009_typed_protocol.sql.
 #[tracing::instrument(
     name = "defense.row_guard",
     skip_all,
@@ -86,12 +169,9 @@ pub async fn apply(
     request: &TransferRequest,
     caller: UserId,
     idempotency_key: Option<Uuid>,
-    wait_ms: u64,
+    wait_ms: i32,
 ) -> Result<Guarded, sqlx::Error> {
-    let (outcome, balance_minor_after, created_at) = sqlx::query_as::<
-        _,
-        (String, Option<i64>, Option<DateTime<Utc>>),
-    >(
+    let row: GuardRow = sqlx::query_as(
         "SELECT outcome, balance_minor_after, created_at FROM row_guard_transfer($1, $2, $3, $4, $5, $6, $7)",
     )
     .bind(transfer_id)
@@ -100,38 +180,12 @@ pub async fn apply(
     .bind(request.to.0)
     .bind(request.amount.get())
     .bind(idempotency_key)
-    .bind(i32::try_from(wait_ms).unwrap_or(i32::MAX))
+    .bind(wait_ms)
     .fetch_one(&mut *tx)
     .await?;
-    let guarded = Guarded::from_outcome(&outcome, balance_minor_after, created_at).ok_or_else(|| {
-        sqlx::Error::Protocol(format!(
-            "row_guard_transfer() answered an unknown outcome {outcome:?}"
-        ))
-    })?;
-    tracing::Span::current().record("defense.outcome", guarded.outcome());
+    let guarded = Guarded::from_columns(row.outcome, row.balance_minor_after, row.created_at)?;
+    tracing::Span::current().record("defense.outcome", guarded.outcome.decision_outcome().as_str());
     Ok(guarded)
-}
-
-impl Guarded {
-    /// Reads `row_guard_transfer()`'s answer; `None` for an answer the
-    /// function never gives (a bug, never guessed at).
-    pub fn from_outcome(
-        outcome: &str,
-        balance_minor_after: Option<i64>,
-        created_at: Option<DateTime<Utc>>,
-    ) -> Option<Self> {
-        Some(match (outcome, balance_minor_after, created_at) {
-            ("applied", Some(balance_minor_after), Some(created_at)) => Guarded::Applied {
-                balance_minor_after,
-                created_at,
-            },
-            ("insufficient_funds", _, _) => Guarded::InsufficientFunds,
-            ("unknown_target", _, _) => Guarded::UnknownTarget,
-            ("currency_mismatch", _, _) => Guarded::CurrencyMismatch,
-            ("not_owner", _, _) => Guarded::NotOwner,
-            _ => return None,
-        })
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -177,13 +231,15 @@ pub async fn apply_read_decide_write(
     // Naive about races, not about currencies: the demonstration shows
     // double charges and overdrafts, never a conversion at 1:1.
     let guarded = match (source, target_currency) {
-        (Some((owner, _, _)), _) if owner != caller.0 => Guarded::NotOwner,
-        (None, _) => Guarded::NotOwner,
-        (Some(_), None) => Guarded::UnknownTarget,
+        (Some((owner, _, _)), _) if owner != caller.0 => Guarded::refused(GuardOutcome::NotOwner),
+        (None, _) => Guarded::refused(GuardOutcome::NotOwner),
+        (Some(_), None) => Guarded::refused(GuardOutcome::UnknownTarget),
         (Some((_, _, source_currency)), Some(target_currency)) if source_currency != target_currency => {
-            Guarded::CurrencyMismatch
+            Guarded::refused(GuardOutcome::CurrencyMismatch)
         }
-        (Some((_, balance, _)), _) if balance < request.amount.get() => Guarded::InsufficientFunds,
+        (Some((_, balance, _)), _) if balance < request.amount.get() => {
+            Guarded::refused(GuardOutcome::InsufficientFunds)
+        }
         (Some((_, balance, _)), _) => {
             tokio::time::sleep(race_window).await;
             let computed = balance - request.amount.get();
@@ -193,13 +249,16 @@ pub async fn apply_read_decide_write(
                 .execute(&mut *tx)
                 .await?;
             let created_at = credit_and_record(tx, transfer_id, request, caller, idempotency_key).await?;
-            Guarded::Applied {
-                balance_minor_after: computed,
-                created_at,
+            Guarded {
+                outcome: GuardOutcome::Accepted,
+                applied: Some(Applied {
+                    balance_minor_after: computed,
+                    created_at,
+                }),
             }
         }
     };
-    tracing::Span::current().record("defense.outcome", guarded.outcome());
+    tracing::Span::current().record("defense.outcome", guarded.outcome.decision_outcome().as_str());
     Ok(guarded)
 }
 
@@ -233,4 +292,37 @@ async fn credit_and_record(
     .bind(idempotency_key)
     .fetch_one(&mut *tx)
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `idempotency_complete()` stores every business refusal as a 422; the
+    /// catalogue must agree, or a replay would change the status.
+    #[test]
+    fn every_business_refusal_is_a_422_of_the_row_guard() {
+        for outcome in [
+            GuardOutcome::InsufficientFunds,
+            GuardOutcome::UnknownTarget,
+            GuardOutcome::CurrencyMismatch,
+        ] {
+            let problem = outcome.refusal().expect("a refusal");
+            assert_eq!(problem.status, 422, "{outcome:?}");
+            assert_eq!(problem.layer, Some(Layer::RowGuard), "{outcome:?}");
+        }
+        assert!(GuardOutcome::Accepted.refusal().is_none());
+        assert!(GuardOutcome::NotOwner.refusal().is_none());
+    }
+
+    #[test]
+    fn an_impossible_answer_is_a_protocol_error_not_a_guess() {
+        let accepted_without_results = Guarded::from_columns(GuardOutcome::Accepted, None, None);
+        assert!(matches!(accepted_without_results, Err(sqlx::Error::Protocol(_))));
+        let refused_with_results =
+            Guarded::from_columns(GuardOutcome::InsufficientFunds, Some(1), Some(Utc::now()));
+        assert!(matches!(refused_with_results, Err(sqlx::Error::Protocol(_))));
+        let refused = Guarded::from_columns(GuardOutcome::UnknownTarget, None, None).expect("a refusal");
+        assert_eq!(refused.outcome.decision_outcome(), Outcome::Rejected);
+    }
 }

@@ -21,8 +21,8 @@ use uuid::Uuid;
 
 use crate::auth::{self, VerifiedToken};
 use crate::decision::{Decision, Layer, Outcome};
-use crate::defense::idempotency::{self, Claim, IdempotencyKey, StoredResponse};
-use crate::defense::row_guard::{self, Guarded};
+use crate::defense::idempotency::{self, Claim, ClaimOutcome, IdempotencyKey, StoredColumns, StoredResponse};
+use crate::defense::row_guard::{self, GuardOutcome, Guarded};
 use crate::domain::TransferRequest;
 use crate::problem::{self, DatabaseFailure, Problem, ProblemType};
 use crate::settings::{IdempotencyMode, RowGuardMode};
@@ -132,6 +132,10 @@ pub async fn execute(
                 return Err(Refusal::new(problem, Layer::NoLayer, Outcome::Error));
             }
             Err(Failure::Refused(refusal)) => return Err(refusal),
+            Err(Failure::Protocol(what)) => {
+                tracing::error!(what, "the database's answer to a transfer broke the protocol");
+                return Err(Refusal::new(Problem::internal(), Layer::NoLayer, Outcome::Error));
+            }
             Ok(outcome) => return Ok(outcome),
         }
     }
@@ -147,6 +151,9 @@ enum Failure {
     },
     /// Refused without storing anything; the transaction rolls back.
     Refused(Refusal),
+    /// The database answered with a combination the protocol rules out: a
+    /// bug on one side, never guessed at.
+    Protocol(String),
 }
 
 impl Failure {
@@ -159,11 +166,15 @@ impl Failure {
 }
 
 /// Any statement before the commit: a broken connection there rolls back.
+/// A protocol error from reading an answer is a bug, not a failure.
 impl From<sqlx::Error> for Failure {
     fn from(error: sqlx::Error) -> Self {
-        Failure::Database {
-            error,
-            may_have_committed: false,
+        match error {
+            sqlx::Error::Protocol(what) => Failure::Protocol(what),
+            error => Failure::Database {
+                error,
+                may_have_committed: false,
+            },
         }
     }
 }
@@ -208,11 +219,39 @@ fn revoked_token() -> Refusal {
     )
 }
 
+/// Why `transfer()` refused before the layers: the PostgreSQL enum
+/// `access_refusal`, value for value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "access_refusal", rename_all = "snake_case")]
+enum AccessRefusal {
+    TokenNotLive,
+    NotOwner,
+}
+
+/// `transfer()`'s row, by column name.
+#[derive(sqlx::FromRow)]
+struct OneCallRow {
+    /// Set when access was refused; nothing else is then.
+    refused: Option<AccessRefusal>,
+    /// The idempotency claim's answer and its time in PostgreSQL.
+    claim: Option<ClaimOutcome>,
+    claim_ms: Option<f64>,
+    /// The row guard's answer and its time in PostgreSQL.
+    guard: Option<GuardOutcome>,
+    guard_ms: Option<f64>,
+    /// An accepted transfer's source balance and time.
+    balance_minor_after: Option<i64>,
+    created_at: Option<DateTime<Utc>>,
+    /// The response to send, fresh or replayed.
+    #[sqlx(flatten)]
+    stored: StoredColumns,
+}
+
 /// The production path: the whole transaction is one call of the SQL
-/// function `transfer()` (migrations/20261130000004_transfer.sql), which
-/// runs `idempotency_claim()` and then `row_guard_transfer()`: one round
-/// trip instead of one per statement, and row locks held only while the
-/// row guard's statements run.
+/// function `transfer()` (migrations/20261201000009_typed_protocol.sql),
+/// which runs `idempotency_claim()` and then `row_guard_transfer()`: one
+/// round trip instead of one per statement, and row locks held only while
+/// the row guard's statements run.
 async fn in_one_call(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
     let Call {
         state,
@@ -228,81 +267,62 @@ async fn in_one_call(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
     // have sent nothing.
     let mut connection = state.db.acquire().await?;
     let row: OneCallRow = sqlx::query_as(
-        "SELECT outcome, response_status, response_body, claim_outcome, claim_ms, guard_outcome, guard_ms,
-                balance_minor_after, created_at
-         FROM transfer($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+        "SELECT refused, claim, claim_ms, guard, guard_ms, balance_minor_after, created_at,
+                response_status, response_body, response_refusal, response_trace_id
+         FROM transfer($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
     )
     .bind(caller.user_id.0)
     .bind(&caller.hash[..])
     .bind(key.map(IdempotencyKey::as_uuid))
     .bind(&fingerprint[..])
-    .bind(i32::try_from(settings.idempotency_retention_hours).unwrap_or(i32::MAX))
-    .bind(i32::try_from(settings.idempotency_wait_ms_max).unwrap_or(i32::MAX))
-    .bind(i32::try_from(settings.wallet_lock_wait_ms_max).unwrap_or(i32::MAX))
+    .bind(i32::from(settings.idempotency_retention_hours))
+    .bind(i32::from(settings.idempotency_wait_ms_max))
+    .bind(i32::from(settings.wallet_lock_wait_ms_max))
     .bind(transfer_id)
     .bind(request.from.0)
     .bind(request.to.0)
     .bind(request.amount.get())
-    .bind(insufficient_funds().with_trace_id(trace_id).body())
-    .bind(unknown_target().with_trace_id(trace_id).body())
-    .bind(currency_mismatch().with_trace_id(trace_id).body())
+    .bind(trace_id)
     .fetch_one(&mut *connection)
     .await
     .map_err(Failure::at_commit)?;
-    match row.outcome.as_str() {
-        "unauthorized" => return Err(Failure::Refused(revoked_token())),
-        "not_owner" => return Err(Failure::Refused(not_your_wallet())),
-        _ => {}
+    match row.refused {
+        Some(AccessRefusal::TokenNotLive) => return Err(Failure::Refused(revoked_token())),
+        Some(AccessRefusal::NotOwner) => return Err(Failure::Refused(not_your_wallet())),
+        None => {}
     }
-    let OneCallRow {
-        outcome,
-        response_status: status,
-        response_body: body,
-        claim_outcome,
-        claim_ms,
-        guard_outcome,
-        guard_ms,
-        balance_minor_after,
-        created_at,
-    } = row;
-    let response = StoredResponse {
-        status: status.and_then(|s| u16::try_from(s).ok()).unwrap_or(500),
-        body: body.unwrap_or_default(),
-    };
+    let mut stored = row.stored;
 
     // The layers ran inside the database; each is reported as a span of its
     // own with the time it took there, and decides as in the step path.
-    if let (Some(claimed), Some(key)) = (claim_outcome.as_deref(), key) {
-        let claim = Claim::from_outcome(claimed, status, Some(response.body.clone()));
+    if let (Some(claimed), Some(key)) = (row.claim, key) {
+        let claim = Claim::from_columns(claimed, &mut stored)?;
         layer_span(
             state,
             Layer::Idempotency,
             claim.outcome(),
-            claim_ms,
+            row.claim_ms,
             Some(key.hash_hex()),
         );
         if let Some(ended) = ended_by_claim(claim) {
             return Ok(ended);
         }
     }
-    let Some(guarded) = guard_outcome.as_deref() else {
-        tracing::error!(outcome, "transfer() answered without a row guard outcome");
-        return Err(Failure::Refused(Refusal::new(
-            Problem::internal(),
-            Layer::NoLayer,
-            Outcome::Error,
-        )));
-    };
-    let Some(guarded) = Guarded::from_outcome(guarded, balance_minor_after, created_at) else {
-        tracing::error!(guarded, "transfer() answered with an unknown row guard outcome");
-        return Err(Failure::Refused(Refusal::new(
-            Problem::internal(),
-            Layer::NoLayer,
-            Outcome::Error,
-        )));
-    };
-    layer_span(state, Layer::RowGuard, guarded.outcome(), guard_ms, None);
-    let decision = decision_of(guarded).ok_or_else(|| Failure::Refused(not_your_wallet()))?;
+    let guard = row
+        .guard
+        .ok_or_else(|| Failure::Protocol("transfer() answered without the row guard's outcome".into()))?;
+    let guarded = Guarded::from_columns(guard, row.balance_minor_after, row.created_at)?;
+    layer_span(
+        state,
+        Layer::RowGuard,
+        guarded.outcome.decision_outcome().as_str(),
+        row.guard_ms,
+        None,
+    );
+    let decision = decision_of(guarded.outcome).ok_or_else(|| Failure::Refused(not_your_wallet()))?;
+    let response = stored
+        .into_response()?
+        .ok_or_else(|| Failure::Protocol("transfer() decided without a response".into()))?;
     Ok(TransferOutcome::Decided { response, decision })
 }
 
@@ -311,41 +331,16 @@ async fn in_one_call(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
 fn ended_by_claim(claim: Claim) -> Option<TransferOutcome> {
     match claim {
         Claim::Started => None,
-        Claim::Replay(stored) => Some(TransferOutcome::Replayed(stored)),
-        Claim::Mismatch => Some(TransferOutcome::KeyReused),
+        Claim::Replayed(stored) => Some(TransferOutcome::Replayed(stored)),
+        Claim::KeyReused => Some(TransferOutcome::KeyReused),
         Claim::InFlight => Some(TransferOutcome::InFlight),
     }
 }
 
 /// The decision the row guard's answer makes; `None` for a caller who does
 /// not own the source wallet, refused without storing anything.
-fn decision_of(guarded: Guarded) -> Option<Decision> {
-    let outcome = match guarded {
-        Guarded::Applied { .. } => Outcome::Accepted,
-        Guarded::InsufficientFunds => Outcome::InsufficientFunds,
-        Guarded::UnknownTarget | Guarded::CurrencyMismatch => Outcome::Rejected,
-        Guarded::NotOwner => return None,
-    };
-    Some(Decision::new(Layer::RowGuard, outcome))
-}
-
-/// `transfer()`'s row, by column name.
-#[derive(sqlx::FromRow)]
-struct OneCallRow {
-    /// `unauthorized` or `not_owner` (nothing was stored), or the outcome
-    /// of the answer the transaction stored.
-    outcome: String,
-    response_status: Option<i16>,
-    response_body: Option<String>,
-    /// The idempotency claim's outcome and its time in PostgreSQL.
-    claim_outcome: Option<String>,
-    claim_ms: Option<f64>,
-    /// The row guard's outcome and its time in PostgreSQL.
-    guard_outcome: Option<String>,
-    guard_ms: Option<f64>,
-    /// An applied transfer's source balance and time.
-    balance_minor_after: Option<i64>,
-    created_at: Option<DateTime<Utc>>,
+fn decision_of(outcome: GuardOutcome) -> Option<Decision> {
+    (outcome != GuardOutcome::NotOwner).then(|| Decision::new(Layer::RowGuard, outcome.decision_outcome()))
 }
 
 fn layer_span(state: &AppState, layer: Layer, outcome: &str, db_ms: Option<f64>, key_hash: Option<String>) {
@@ -439,7 +434,7 @@ async fn step_by_step(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
                 request,
                 caller.user_id,
                 key_uuid,
-                wallet_wait_ms,
+                i32::from(wallet_wait_ms),
             )
             .await?
         }
@@ -458,32 +453,24 @@ async fn step_by_step(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
     state
         .metrics
         .observe_layer(Layer::RowGuard.as_str(), started.elapsed());
-    let decision = decision_of(guarded).ok_or_else(|| Failure::Refused(not_your_wallet()))?;
-    let response = match guarded {
-        Guarded::Applied {
-            balance_minor_after,
-            created_at,
-        } => {
-            // The same receipt the one-call path stores: one format.
-            let body = sqlx::query_scalar::<_, String>("SELECT transfer_receipt($1, $2, $3, $4, $5, $6)")
+    let decision = decision_of(guarded.outcome).ok_or_else(|| Failure::Refused(not_your_wallet()))?;
+    let response = match guarded.applied {
+        // The same receipt the one-call path stores: one format.
+        Some(applied) => StoredResponse {
+            status: StatusCode::CREATED.as_u16(),
+            body: sqlx::query_scalar::<_, String>("SELECT transfer_receipt($1, $2, $3, $4, $5, $6)")
                 .bind(transfer_id)
                 .bind(request.from.0)
                 .bind(request.to.0)
                 .bind(request.amount.get())
-                .bind(created_at)
-                .bind(balance_minor_after)
+                .bind(applied.created_at)
+                .bind(applied.balance_minor_after)
                 .fetch_one(&mut *tx)
-                .await?;
-            StoredResponse {
-                status: StatusCode::CREATED.as_u16(),
-                body,
-            }
-        }
-        Guarded::UnknownTarget => refusal(unknown_target().with_trace_id(trace_id)),
-        Guarded::CurrencyMismatch => refusal(currency_mismatch().with_trace_id(trace_id)),
-        _ => refusal(insufficient_funds().with_trace_id(trace_id)),
+                .await?,
+        },
+        None => StoredResponse::refusal(guarded.outcome, Some(trace_id))?,
     };
-    let transfer_id = (decision.outcome == Outcome::Accepted).then_some(transfer_id);
+    let receipt = guarded.applied.map(|_| response.body.as_str());
 
     match (key, settings.idempotency_mode) {
         (Some(key), IdempotencyMode::CheckThenInsert) => {
@@ -493,7 +480,9 @@ async fn step_by_step(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
                 caller.user_id,
                 key,
                 fingerprint,
-                &response,
+                guarded.outcome,
+                receipt,
+                trace_id,
                 transfer_id,
                 settings.idempotency_retention_hours,
             )
@@ -502,44 +491,21 @@ async fn step_by_step(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
             .map_err(Failure::at_commit)?;
         }
         (Some(key), _) => {
-            idempotency::complete(&mut tx, caller.user_id, key, &response, transfer_id).await?;
+            idempotency::complete(
+                &mut tx,
+                caller.user_id,
+                key,
+                guarded.outcome,
+                receipt,
+                trace_id,
+                transfer_id,
+            )
+            .await?;
             tx.commit().await.map_err(Failure::at_commit)?;
         }
         (None, _) => tx.commit().await.map_err(Failure::at_commit)?,
     }
     Ok(TransferOutcome::Decided { response, decision })
-}
-
-/// A business refusal as stored and sent: its layer is the row guard's.
-fn refusal(problem: Problem) -> StoredResponse {
-    StoredResponse {
-        status: problem.status,
-        body: problem.body(),
-    }
-}
-
-pub fn insufficient_funds() -> Problem {
-    Problem::new(
-        ProblemType::InsufficientFunds,
-        "The source wallet's balance is lower than the amount.",
-    )
-    .with_layer(Layer::RowGuard)
-}
-
-pub fn unknown_target() -> Problem {
-    Problem::new(
-        ProblemType::UnknownTargetWallet,
-        "No wallet has the id given as to_wallet_id.",
-    )
-    .with_layer(Layer::RowGuard)
-}
-
-pub fn currency_mismatch() -> Problem {
-    Problem::new(
-        ProblemType::CurrencyMismatch,
-        "The source and target wallets hold different currencies; money is never converted.",
-    )
-    .with_layer(Layer::RowGuard)
 }
 
 fn sqlstate(error: &sqlx::Error) -> Option<String> {

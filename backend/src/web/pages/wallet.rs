@@ -426,7 +426,7 @@ async fn wait_for_original(
     key: IdempotencyKey,
     fingerprint: &[u8; 32],
 ) -> Option<StoredResponse> {
-    let deadline = Instant::now() + Duration::from_millis(state.settings.idempotency_wait_ms_max);
+    let deadline = Instant::now() + Duration::from_millis(state.settings.idempotency_wait_ms_max.into());
     loop {
         match idempotency::completed_response(&state.db, session.token.user_id, key, fingerprint).await {
             Ok(Some(stored)) => return Some(stored),
@@ -501,7 +501,7 @@ fn replay_notice(original: &StoredResponse, recipient: &str, currency: &str) -> 
         problem_text(&original.body)
     };
     Notice {
-        kind: "replay",
+        kind: "replayed",
         layer: Some("Idempotency key"),
         text: format!("Already processed — showing the original result. {result}"),
     }
