@@ -29,7 +29,7 @@ use redis::Script;
 use sha2::{Digest, Sha256};
 
 use crate::problem::{Problem, ProblemType};
-use crate::redis_store::RedisPool;
+use crate::redis_store::RedisStore;
 use crate::settings::{Settings, StoreErrorPolicy};
 
 /// KEYS[1]: the limit's key. ARGV[1]: the interval between attempts at the
@@ -80,7 +80,7 @@ impl Limit {
 }
 
 pub struct AccountLimits {
-    pool: Option<RedisPool>,
+    pool: Option<RedisStore>,
     key_prefix: String,
     policy: StoreErrorPolicy,
     trusted_proxies: Arc<[IpNet]>,
@@ -98,7 +98,7 @@ const MINUTE: Duration = Duration::from_secs(60);
 impl AccountLimits {
     /// `pool` is None when `account_limits_enabled` is off: every attempt
     /// passes.
-    pub fn new(settings: &Settings, pool: Option<RedisPool>, fail_open_passes: IntCounter) -> Self {
+    pub fn new(settings: &Settings, pool: Option<RedisStore>, fail_open_passes: IntCounter) -> Self {
         Self {
             pool: pool.filter(|_| settings.account_limits_enabled),
             key_prefix: settings.redis_key_prefix.clone(),
@@ -211,7 +211,7 @@ impl AccountLimits {
         Ok(())
     }
 
-    async fn take(&self, pool: &RedisPool, key: &str, limit: Limit) -> Result<u64, String> {
+    async fn take(&self, pool: &RedisStore, key: &str, limit: Limit) -> Result<u64, String> {
         let mut conn = pool.get().await?;
         self.script
             .key(key)

@@ -32,6 +32,9 @@ pub struct Metrics {
     /// Decision feed entries dropped because the queue was full or Redis
     /// failed; the transfer itself was not affected.
     pub feed_dropped: IntCounter,
+    /// Round trips to Redis: each command or pipeline sent on the shared
+    /// connection (a script is one). What a transfer costs there.
+    pub redis_round_trips: IntCounter,
     /// Pool gauges, refreshed at every scrape.
     pool_connections: IntGaugeVec,
     /// 1 while the cooldown runs without Redis (fail-open), as last seen by
@@ -80,6 +83,11 @@ impl Metrics {
             "Decision feed entries dropped (queue full or Redis unavailable)",
         )
         .expect("static metric definition");
+        let redis_round_trips = IntCounter::new(
+            "redis_round_trips_total",
+            "Commands and pipelines sent to Redis on the shared connection, each one round trip",
+        )
+        .expect("static metric definition");
         let pool_connections = IntGaugeVec::new(
             Opts::new("pool_connections", "Connections in each store's pool by state"),
             &["store", "state"],
@@ -102,6 +110,7 @@ impl Metrics {
             Box::new(cooldown_fail_open.clone()),
             Box::new(account_limits_fail_open.clone()),
             Box::new(feed_dropped.clone()),
+            Box::new(redis_round_trips.clone()),
             Box::new(pool_connections.clone()),
             Box::new(cooldown_degraded.clone()),
             Box::new(feed_over_budget.clone()),
@@ -119,6 +128,7 @@ impl Metrics {
             feed_over_budget,
             account_limits_fail_open,
             feed_dropped,
+            redis_round_trips,
             pool_connections,
             cooldown_degraded,
         }

@@ -1,113 +1,144 @@
-//! The Redis behind the cooldown lock and the decision feed: one server, or
-//! a Redis Cluster (`redis_cluster_urls`). Both give connections that the
-//! rest of the code uses the same way (`redis::aio::ConnectionLike`).
+//! The Redis behind the cooldown lock, the account limits and the decision
+//! feed: one server, or a Redis Cluster (`redis_cluster_urls`). Both give
+//! connections that the rest of the code uses the same way
+//! (`redis::aio::ConnectionLike`).
 //!
 //! Every key the service writes names one user, so each command and each
 //! pipeline touches one hash slot: nothing needs cross-slot support.
+//!
+//! **One multiplexed connection per process.** Concurrent requests'
+//! commands are pipelined on it, so a request's command costs exactly its
+//! own round trip. A pool would buy nothing (each of its connections is
+//! itself multiplexed) and would cost a health check, `UNWATCH` + `PING`,
+//! on every checkout: a second round trip on every transfer. The connection
+//! is made on first use, so the server starts without Redis, and remade
+//! after a failure; a command that meets a broken connection fails (the
+//! cooldown's policy decides what that means) and the next one reconnects.
+//! Commands in flight at once are bounded by `redis_commands_in_flight_max`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::{Runtime, Timeouts};
-use redis::aio::ConnectionLike;
+use prometheus::IntCounter;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 use secrecy::ExposeSecret;
+use tokio::sync::OnceCell;
 
 use crate::settings::Settings;
 
+/// The process's Redis: cheap to clone, every clone shares the connection.
 #[derive(Clone)]
-pub enum RedisPool {
-    Single(deadpool_redis::Pool),
-    Cluster(deadpool_redis::cluster::Pool),
+pub struct RedisStore {
+    shared: Shared,
+    round_trips: IntCounter,
 }
 
-pub enum RedisConnection {
-    Single(deadpool_redis::Connection),
-    Cluster(deadpool_redis::cluster::Connection),
+#[derive(Clone)]
+enum Shared {
+    Single(ConnectionManager),
+    Cluster(Arc<LazyCluster>),
 }
 
-/// A dedicated connection for a blocking read (a live decision stream).
+/// A cluster connection made on first use.
+pub struct LazyCluster {
+    client: ClusterClient,
+    connection: OnceCell<ClusterConnection>,
+}
+
+/// A handle on the shared connection, for one caller's commands; each
+/// command or pipeline it sends is counted as one round trip.
+pub struct RedisConnection {
+    connection: SharedConnection,
+    round_trips: IntCounter,
+}
+
+enum SharedConnection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// A dedicated connection for a blocking read (a live decision stream),
+/// which must not hold up the shared connection's other commands.
 pub enum StreamConnection {
     Single(redis::aio::MultiplexedConnection),
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
-/// Pool occupancy, for the metrics.
-pub struct PoolStatus {
-    pub size: usize,
-    pub available: usize,
-    pub max_size: usize,
-}
-
-impl RedisPool {
-    /// A pool with every limit explicit. Creating it does not connect.
+impl RedisStore {
+    /// The shared connection with every limit explicit. Creating it does
+    /// not connect.
     pub fn from_settings(settings: &Settings) -> anyhow::Result<Self> {
         let command_timeout = Duration::from_millis(settings.redis_command_timeout_ms);
-        let pool_config = deadpool_redis::PoolConfig {
-            max_size: settings.redis_pool_connections_max,
-            timeouts: Timeouts {
-                wait: Some(Duration::from_millis(settings.redis_pool_wait_ms_max)),
-                create: Some(command_timeout),
-                recycle: Some(command_timeout),
-            },
-            ..Default::default()
-        };
         if settings.redis_cluster_urls.is_empty() {
-            let mut config = deadpool_redis::Config::from_url(settings.redis_url.expose_secret());
-            config.pool = Some(pool_config);
-            let pool = config
-                .create_pool(Some(Runtime::Tokio1))
+            let client = redis::Client::open(settings.redis_url.expose_secret())
                 .map_err(|error| anyhow::anyhow!("invalid Redis configuration: {error}"))?;
-            Ok(Self::Single(pool))
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(command_timeout))
+                .set_response_timeout(Some(command_timeout))
+                .set_concurrency_limit(settings.redis_commands_in_flight_max)
+                // One attempt per use: a request never waits out a backoff;
+                // the next request tries again.
+                .set_number_of_retries(1)
+                .set_max_delay(command_timeout);
+            let manager = ConnectionManager::new_lazy_with_config(client, config)
+                .map_err(|error| anyhow::anyhow!("invalid Redis configuration: {error}"))?;
+            Ok(Self::new(Shared::Single(manager)))
         } else {
             let urls: Vec<String> = settings
                 .redis_cluster_urls
                 .iter()
                 .map(|url| url.expose_secret().to_owned())
                 .collect();
-            let mut config = deadpool_redis::cluster::Config::from_urls(urls);
-            config.pool = Some(pool_config);
-            let pool = config
-                .create_pool(Some(deadpool_redis::cluster::Runtime::Tokio1))
+            let client = redis::cluster::ClusterClientBuilder::new(urls)
+                .connection_timeout(command_timeout)
+                .response_timeout(command_timeout)
+                .build()
                 .map_err(|error| anyhow::anyhow!("invalid Redis Cluster configuration: {error}"))?;
-            Ok(Self::Cluster(pool))
+            Ok(Self::new(Shared::Cluster(Arc::new(LazyCluster {
+                client,
+                connection: OnceCell::new(),
+            }))))
         }
+    }
+
+    fn new(shared: Shared) -> Self {
+        Self {
+            shared,
+            // Counted but not exported until `count_round_trips_in`.
+            round_trips: IntCounter::new("redis_round_trips_total", "unregistered")
+                .expect("static metric definition"),
+        }
+    }
+
+    /// Counts this store's round trips in `counter` (the app's metric).
+    pub fn count_round_trips_in(mut self, counter: IntCounter) -> Self {
+        self.round_trips = counter;
+        self
     }
 
     pub fn is_cluster(&self) -> bool {
-        matches!(self, RedisPool::Cluster(_))
+        matches!(self.shared, Shared::Cluster(_))
     }
 
+    /// A handle on the shared connection; a cluster's is made on first use
+    /// (and tried again by the next caller if that fails).
     pub async fn get(&self) -> Result<RedisConnection, String> {
-        match self {
-            RedisPool::Single(pool) => pool
-                .get()
+        let connection = match &self.shared {
+            Shared::Single(manager) => SharedConnection::Single(manager.clone()),
+            Shared::Cluster(cluster) => cluster
+                .connection
+                .get_or_try_init(|| cluster.client.get_async_connection())
                 .await
-                .map(RedisConnection::Single)
-                .map_err(|e| e.to_string()),
-            RedisPool::Cluster(pool) => pool
-                .get()
-                .await
-                .map(RedisConnection::Cluster)
-                .map_err(|e| e.to_string()),
-        }
-    }
-
-    pub fn status(&self) -> PoolStatus {
-        let (size, available, max_size) = match self {
-            RedisPool::Single(pool) => {
-                let s = pool.status();
-                (s.size, s.available, s.max_size)
-            }
-            RedisPool::Cluster(pool) => {
-                let s = pool.status();
-                (s.size, s.available, s.max_size)
-            }
+                .map(|connection| SharedConnection::Cluster(connection.clone()))
+                .map_err(|e| e.to_string())?,
         };
-        PoolStatus {
-            size,
-            available,
-            max_size,
-        }
+        Ok(RedisConnection {
+            connection,
+            round_trips: self.round_trips.clone(),
+        })
     }
 }
 
@@ -144,8 +175,29 @@ macro_rules! delegate_connection_like {
     };
 }
 
-delegate_connection_like!(RedisConnection);
+delegate_connection_like!(SharedConnection);
 delegate_connection_like!(StreamConnection);
+
+impl ConnectionLike for RedisConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        self.round_trips.inc();
+        self.connection.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        self.round_trips.inc();
+        self.connection.req_packed_commands(cmd, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.connection.get_db()
+    }
+}
 
 /// Opens connections for live streams: one server or the cluster.
 #[derive(Clone)]

@@ -112,6 +112,9 @@ pub struct Settings {
     pub db_pool_connections_min: u32,
     /// How long a request waits for a free connection before answering 503.
     pub db_acquire_wait_ms_max: u64,
+    /// A pooled connection idle at least this long is pinged before use;
+    /// one used more recently is not (0: ping on every checkout).
+    pub db_idle_check_after_ms: u64,
     /// PostgreSQL `statement_timeout`. It must exceed the waits a transfer
     /// statement encloses (`idempotency_wait_ms_max` +
     /// `wallet_lock_wait_ms_max` + `STATEMENT_TIMEOUT_MARGIN_MS`), so that
@@ -129,8 +132,9 @@ pub struct Settings {
 
     // --- Redis ---
     pub redis_url: SecretString,
-    pub redis_pool_connections_max: usize,
-    pub redis_pool_wait_ms_max: u64,
+    /// Commands in flight at once on the shared Redis connection; further
+    /// ones wait (within `redis_command_timeout_ms`).
+    pub redis_commands_in_flight_max: usize,
     /// Upper bound on one Redis command, connecting included. A slow Redis is
     /// treated like an unreachable one.
     pub redis_command_timeout_ms: u64,
@@ -257,14 +261,14 @@ impl Default for Settings {
             db_pool_connections_max: 16,
             db_pool_connections_min: 2,
             db_acquire_wait_ms_max: 2_000,
+            db_idle_check_after_ms: 1_000,
             db_statement_timeout_ms: 6_000,
             wallet_lock_wait_ms_max: 3_000,
             transfer_retries_max: 3,
             migrate_on_start: true,
 
             redis_url: SecretString::from("redis://127.0.0.1:6379"),
-            redis_pool_connections_max: 32,
-            redis_pool_wait_ms_max: 200,
+            redis_commands_in_flight_max: 1_024,
             redis_command_timeout_ms: 250,
             redis_cluster_urls: Vec::new(),
             redis_key_prefix: "lw:".into(),
@@ -414,6 +418,12 @@ impl Settings {
                 60_000,
             ),
             (
+                "db_idle_check_after_ms",
+                self.db_idle_check_after_ms.into(),
+                0,
+                3_600_000,
+            ),
+            (
                 "db_statement_timeout_ms",
                 self.db_statement_timeout_ms.into(),
                 1,
@@ -427,16 +437,10 @@ impl Settings {
             ),
             ("transfer_retries_max", self.transfer_retries_max.into(), 0, 10),
             (
-                "redis_pool_connections_max",
-                self.redis_pool_connections_max as i128,
+                "redis_commands_in_flight_max",
+                self.redis_commands_in_flight_max as i128,
                 1,
-                1_000,
-            ),
-            (
-                "redis_pool_wait_ms_max",
-                self.redis_pool_wait_ms_max.into(),
-                1,
-                60_000,
+                100_000,
             ),
             (
                 "redis_command_timeout_ms",

@@ -19,7 +19,7 @@ use crate::decision::feed::{DecisionFeed, FeedSettings};
 use crate::defense::cooldown::CooldownLock;
 use crate::metrics::Metrics;
 use crate::openapi;
-use crate::redis_store::{RedisPool, StreamClient};
+use crate::redis_store::{RedisStore, StreamClient};
 use crate::routes::{self, decisions, health, transfers, users, wallets};
 use crate::settings::Settings;
 use crate::state::AppState;
@@ -85,7 +85,10 @@ impl Application {
             if settings.cooldown_enabled || settings.decision_feed_enabled || settings.account_limits_enabled
             {
                 (
-                    Some(RedisPool::from_settings(&settings)?),
+                    Some(
+                        RedisStore::from_settings(&settings)?
+                            .count_round_trips_in(metrics.redis_round_trips.clone()),
+                    ),
                     Some(StreamClient::from_settings(&settings)?),
                 )
             } else {
@@ -360,10 +363,25 @@ fn pool_for(settings: &Settings, url: &str, setting: &str) -> anyhow::Result<PgP
             "statement_timeout",
             format!("{}ms", settings.db_statement_timeout_ms),
         )]);
+    let check_idle_after = Duration::from_millis(settings.db_idle_check_after_ms);
     Ok(PgPoolOptions::new()
         .max_connections(settings.db_pool_connections_max)
         .min_connections(settings.db_pool_connections_min)
         .acquire_timeout(Duration::from_millis(settings.db_acquire_wait_ms_max))
+        // A connection in use moments ago is alive; checking it on every
+        // checkout would add a round trip to every transfer. One idle for
+        // longer may have been closed (a restart, a proxy's idle timeout):
+        // it is pinged first and replaced if that fails, so a transfer is
+        // not sent down a dead connection and answered "outcome unknown".
+        .test_before_acquire(false)
+        .before_acquire(move |connection, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= check_idle_after {
+                    sqlx::Connection::ping(connection).await?;
+                }
+                Ok(true)
+            })
+        })
         .connect_lazy_with(options))
 }
 
@@ -375,7 +393,8 @@ fn default_instance_id() -> String {
     format!("{host}-{}", &uuid::Uuid::new_v4().simple().to_string()[..6])
 }
 
-/// `GET /metrics`: Prometheus text, with the pool gauges refreshed now.
+/// `GET /metrics`: Prometheus text, with the PostgreSQL pool gauges
+/// refreshed now. (Redis has one shared connection, not a pool.)
 async fn metrics_text(state: web::Data<AppState>) -> actix_web::HttpResponse {
     let db_size = state.db.size() as usize;
     let db_idle = state.db.num_idle();
@@ -385,15 +404,6 @@ async fn metrics_text(state: web::Data<AppState>) -> actix_web::HttpResponse {
         db_idle,
         state.settings.db_pool_connections_max as usize,
     );
-    if let Some(redis) = &state.redis {
-        let status = redis.status();
-        state.metrics.set_pool(
-            "redis",
-            status.size.saturating_sub(status.available),
-            status.available,
-            status.max_size,
-        );
-    }
     actix_web::HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
         .body(state.metrics.render())

@@ -14,7 +14,7 @@ pub struct AppState {
     pub db: sqlx::PgPool,
     /// Shared by the cooldown, the decision feed and the account limits;
     /// `None` when none is enabled.
-    pub redis: Option<crate::redis_store::RedisPool>,
+    pub redis: Option<crate::redis_store::RedisStore>,
     pub cooldown: CooldownLock,
     pub account_limits: Arc<crate::account_limits::AccountLimits>,
     pub tokens: TokenSigner,

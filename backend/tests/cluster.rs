@@ -73,7 +73,7 @@ async fn two_instances_on_a_cluster_move_money_once() {
     assert_eq!(first.transfer_count().await, 1);
     first.assert_invariants().await;
 
-    let pool = layered_wallet::redis_store::RedisPool::from_settings(&first.settings).expect("cluster pool");
+    let pool = layered_wallet::redis_store::RedisStore::from_settings(&first.settings).expect("cluster pool");
     let lock = layered_wallet::defense::cooldown::CooldownLock::new(
         &first.settings,
         Some(pool),

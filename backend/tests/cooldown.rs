@@ -125,7 +125,7 @@ async fn only_the_owner_can_release_a_window() {
     assert_redis_reachable().await;
     let prefix = format!("test:{}:", Uuid::new_v4().simple());
     let settings = test_settings("postgres://unused@127.0.0.1/unused", &prefix);
-    let pool = layered_wallet::redis_store::RedisPool::from_settings(&settings).expect("pool");
+    let pool = layered_wallet::redis_store::RedisStore::from_settings(&settings).expect("pool");
     let lock = CooldownLock::new(
         &settings,
         Some(pool),

@@ -547,8 +547,18 @@ async fn no_secret_reaches_the_logs() {
             text
         })
     };
-    let stdout = drain(server.stdout.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
-    let stderr = drain(server.stderr.take().map(|p| Box::new(p) as Box<dyn std::io::Read + Send>));
+    let stdout = drain(
+        server
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+    );
+    let stderr = drain(
+        server
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn std::io::Read + Send>),
+    );
     let base = format!("http://127.0.0.1:{port}");
     let client = reqwest::Client::new();
     let mut up = false;

@@ -617,3 +617,47 @@ async fn every_problem_type_has_a_page() {
         assert!(html.contains(kind.title()), "{kind:?}");
     }
 }
+
+/// The production transfer costs one round trip to PostgreSQL on its path,
+/// counted on the wire: the whole transaction is one statement, and a
+/// connection in use moments ago is not pinged before it. sqlx pings each
+/// connection as it goes back to the pool, after the answer was sent: that
+/// second round trip is off the request's path (and not configurable). A
+/// replay costs the same.
+#[tokio::test]
+async fn a_transfer_and_its_replay_each_cost_one_postgresql_round_trip() {
+    let (app, proxy) = spawn_app_behind_proxy(|settings| {
+        without_cooldown(settings);
+        // One connection, so the statement prepared by the first transfer
+        // is the one the next transfers use.
+        settings.db_pool_connections_max = 1;
+        settings.db_pool_connections_min = 1;
+    })
+    .await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let warm_up = app.transfer(&alice, bob.wallet_id, 1, Some(&new_key())).await;
+    assert_eq!(warm_up.status(), 201);
+
+    let key = new_key();
+    for (what, replayed) in [("an accepted transfer", false), ("a replay", true)] {
+        let (statements, round_trips) = (proxy.query_messages(), proxy.round_trips());
+        let response = app.transfer(&alice, bob.wallet_id, 100, Some(&key)).await;
+        assert_eq!(response.status(), 201, "{what}");
+        assert_eq!(response.headers().get("idempotent-replayed").is_some(), replayed);
+        // The release ping follows the answer: wait for it to be counted.
+        for _ in 0..100 {
+            if proxy.round_trips() - round_trips >= 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // A cached statement is a Bind and an Execute: one statement.
+        assert_eq!(proxy.query_messages() - statements, 2, "{what}: one statement");
+        assert_eq!(
+            proxy.round_trips() - round_trips,
+            2,
+            "{what}: the statement and the release ping, no ping before it"
+        );
+    }
+    assert_eq!(app.transfer_count().await, 2);
+}

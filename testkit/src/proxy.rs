@@ -17,6 +17,7 @@ use tokio::sync::Notify;
 pub struct CountingProxy {
     pub port: u16,
     query_messages: Arc<AtomicU64>,
+    round_trips: Arc<AtomicU64>,
     refusing: Arc<AtomicBool>,
     cut: Arc<Notify>,
     lose_reply: Arc<std::sync::Mutex<Option<ReplyFault>>>,
@@ -34,12 +35,13 @@ impl CountingProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let port = listener.local_addr().expect("addr").port();
         let query_messages = Arc::new(AtomicU64::new(0));
+        let round_trips = Arc::new(AtomicU64::new(0));
         let refusing = Arc::new(AtomicBool::new(false));
         let cut = Arc::new(Notify::new());
         let lose_reply = Arc::new(std::sync::Mutex::new(None));
         let replies_lost = Arc::new(AtomicU64::new(0));
         let (counter, refuse, cut_all) = (query_messages.clone(), refusing.clone(), cut.clone());
-        let (armed, lost) = (lose_reply.clone(), replies_lost.clone());
+        let (armed, lost, waits) = (lose_reply.clone(), replies_lost.clone(), round_trips.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 if refuse.load(Ordering::SeqCst) {
@@ -53,6 +55,7 @@ impl CountingProxy {
                     client,
                     server,
                     counter.clone(),
+                    waits.clone(),
                     cut_all.clone(),
                     armed.clone(),
                     lost.clone(),
@@ -62,6 +65,7 @@ impl CountingProxy {
         Self {
             port,
             query_messages,
+            round_trips,
             refusing,
             cut,
             lose_reply,
@@ -112,6 +116,14 @@ impl CountingProxy {
         self.query_messages.load(Ordering::SeqCst)
     }
 
+    /// Round trips the app has made to PostgreSQL so far: messages after
+    /// which it waits for PostgreSQL to be ready again (a simple query, or
+    /// the Sync that ends an extended-protocol exchange; sqlx's liveness
+    /// ping is a Sync alone).
+    pub fn round_trips(&self) -> u64 {
+        self.round_trips.load(Ordering::SeqCst)
+    }
+
     /// Drops every open connection and refuses new ones: PostgreSQL is gone.
     pub fn go_down(&self) {
         self.refusing.store(true, Ordering::SeqCst);
@@ -134,6 +146,7 @@ async fn pipe(
     client: TcpStream,
     server: TcpStream,
     counter: Arc<AtomicU64>,
+    round_trips: Arc<AtomicU64>,
     cut: Arc<Notify>,
     lose_reply: Arc<std::sync::Mutex<Option<ReplyFault>>>,
     replies_lost: Arc<AtomicU64>,
@@ -154,6 +167,10 @@ async fn pipe(
             let messages = parser.feed(&buffer[..read]);
             counter.fetch_add(
                 messages.iter().filter(|m| b"QPBEF".contains(&m.kind)).count() as u64,
+                Ordering::SeqCst,
+            );
+            round_trips.fetch_add(
+                messages.iter().filter(|m| b"QS".contains(&m.kind)).count() as u64,
                 Ordering::SeqCst,
             );
             {

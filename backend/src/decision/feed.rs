@@ -34,7 +34,7 @@ use uuid::Uuid;
 use crate::decision::{Layer, Outcome};
 use crate::domain::UserId;
 use crate::metrics::Metrics;
-use crate::redis_store::{RedisPool, StreamClient, StreamConnection};
+use crate::redis_store::{RedisStore, StreamClient, StreamConnection};
 
 /// How many entries the writer sends to Redis in one pipeline.
 const WRITE_BATCH_ENTRIES_MAX: usize = 256;
@@ -66,7 +66,7 @@ pub struct StoredEntry {
 pub struct DecisionFeed {
     /// `None` when the feed is off (no Redis configured).
     queue: Option<mpsc::Sender<(UserId, FeedEntry)>>,
-    pool: Option<RedisPool>,
+    pool: Option<RedisStore>,
     /// For the live streams, each of which needs a connection of its own
     /// (a blocking `XREAD` would stall a pooled one).
     client: Option<StreamClient>,
@@ -98,7 +98,7 @@ impl MemoryBudget {
     /// Whether Redis is at or above the budget, asking it when the last
     /// answer is older than the check interval. If Redis cannot say, the
     /// last answer stands (the write itself will then fail and be counted).
-    async fn is_exceeded(&mut self, pool: &RedisPool, timeout: Duration, metrics: &Metrics) -> bool {
+    async fn is_exceeded(&mut self, pool: &RedisStore, timeout: Duration, metrics: &Metrics) -> bool {
         if self
             .last_checked
             .is_some_and(|at| at.elapsed() < self.check_every)
@@ -155,7 +155,7 @@ impl DecisionFeed {
     /// Starts the writer task. With no Redis pool the feed is off: entries
     /// are discarded and reads return nothing.
     pub fn start(
-        pool: Option<RedisPool>,
+        pool: Option<RedisStore>,
         client: Option<StreamClient>,
         settings: FeedSettings,
         metrics: Metrics,
@@ -259,7 +259,7 @@ pub fn decode((id, fields): RawEntry) -> Option<StoredEntry> {
 /// in one pipeline. Ends when every sender is gone (the app stopped).
 async fn write_batches(
     mut receiver: mpsc::Receiver<(UserId, FeedEntry)>,
-    pool: RedisPool,
+    pool: RedisStore,
     settings: FeedSettings,
     metrics: Metrics,
 ) {

@@ -12,8 +12,8 @@
 //! idempotency key and the row guard, which alone keep the money right.
 //!
 //! **Bounds:** the window is `cooldown_ttl_ms`; each Redis call is bounded by
-//! `redis_command_timeout_ms` (connecting included) and the pool wait by
-//! `redis_pool_wait_ms_max`.
+//! `redis_command_timeout_ms` (connecting and waiting for a slot on the
+//! shared connection included).
 //!
 //! **Lifecycle:** the key is not released on success or on a business
 //! refusal; it is a cooldown window, not a mutex. It is released after a
@@ -43,7 +43,7 @@ use sha2::{Digest, Sha256};
 
 use crate::auth::VerifiedToken;
 use crate::domain::UserId;
-use crate::redis_store::RedisPool;
+use crate::redis_store::RedisStore;
 use crate::settings::{CooldownScope, Settings, StoreErrorPolicy};
 
 /// The window, in one atomic script: refuse a revoked token (KEYS[2]
@@ -105,7 +105,7 @@ pub struct CooldownUnavailable;
 #[derive(Clone)]
 pub struct CooldownLock {
     /// `None` when the layer is disabled; no Redis connection is made then.
-    pool: Option<RedisPool>,
+    pool: Option<RedisStore>,
     ttl_ms: u64,
     scope: CooldownScope,
     on_store_error: StoreErrorPolicy,
@@ -121,7 +121,7 @@ impl CooldownLock {
     /// `pool` is the shared Redis pool; the layer is disabled when
     /// `cooldown_enabled` is off. Nothing connects here: the server starts
     /// (and fails open) even while Redis is down.
-    pub fn new(settings: &Settings, pool: Option<RedisPool>, fail_open_passes: IntCounter) -> Self {
+    pub fn new(settings: &Settings, pool: Option<RedisStore>, fail_open_passes: IntCounter) -> Self {
         Self {
             pool: pool.filter(|_| settings.cooldown_enabled),
             ttl_ms: settings.cooldown_ttl_ms,
@@ -206,7 +206,7 @@ impl CooldownLock {
 
     async fn ask_redis(
         &self,
-        pool: &RedisPool,
+        pool: &RedisStore,
         caller: &VerifiedToken,
         action: &str,
         canonical_body: &str,
