@@ -5,12 +5,16 @@
 #
 #   loadtest/bench.sh                 # DURATION_S=10 per measurement
 #
-# Ceilings: pgbench running the transfer as plain statements (8, 32, 64
+# Ceilings: pgbench calling the service's own transfer() directly (the
+# database alone doing exactly the service's work) and answering replays
+# with it, pgbench running the transfer as plain statements (8, 32, 64
 # clients, and one hot wallet), redis-benchmark on SET NX PX, and the
 # server's own /healthz under the same load generator. Service: accepted
 # transfers/s and latency at 8, 32 and 64 clients, one hot wallet, cooldown
 # rejections/s (with the PostgreSQL transactions they caused), replays/s,
-# and the server's peak RSS.
+# the server's peak RSS, and what one accepted transfer costs outside
+# PostgreSQL: server CPU, Redis commands and round trips, PostgreSQL
+# statements.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -19,6 +23,7 @@ ensure_services
 
 duration=${DURATION_S:-10}
 port=${BENCH_PORT:-8090}
+admin_port=$((port + 1))
 db_name=layered_wallet_bench
 out=docs/benchmarks.md
 work=.tmp/bench
@@ -51,6 +56,16 @@ done
 pg_hot=$(pgbench "$db_url" -n -M prepared -c 32 -j 2 -T "$duration" --max-tries=10 \
     -D n=$wallets -D hot=1 -f loadtest/pgbench/transfer.sql 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
 
+say "pgbench: the service's transfer() called directly (the database alone)"
+psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
+pg_fn=$(pgbench "$db_url" -n -M prepared -c 32 -j 2 -T "$duration" --max-tries=10 \
+    -D n=$wallets -D hot=0 -f loadtest/pgbench/transfer_fn.sql 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
+say "pgbench: replays answered by transfer() directly"
+psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
+psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/replay_setup.sql >/dev/null
+pg_replay=$(pgbench "$db_url" -n -M prepared -c 32 -j 2 -T "$duration" \
+    -D n=$wallets -f loadtest/pgbench/replay_fn.sql 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
+
 say "redis-benchmark: SET NX PX"
 redis_ops=$(redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -q -c 32 -n 300000 -r 1000000 \
     SET "bench:cooldown:__rand_int__" token NX PX 5000 | tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -n 1 | cut -d' ' -f1)
@@ -58,7 +73,7 @@ redis_ops=$(redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -q -c 32 -n 300000 -r 
 # --- The service --------------------------------------------------------------
 start_server() { # extra environment for the instance
   psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
-  env DATABASE_URL="$db_url" REDIS_URL="$REDIS_URL" PORT=$port RUST_LOG=warn WALLET_ADMIN_HTTP_ADDR=127.0.0.1:0 \
+  env DATABASE_URL="$db_url" REDIS_URL="$REDIS_URL" PORT=$port RUST_LOG=warn WALLET_ADMIN_HTTP_ADDR=127.0.0.1:$admin_port \
       WALLET_ACCOUNT_LIMITS_ENABLED=false \
       WALLET_TOKEN_SIGNING_KEY=bench-signing-key-bench-signing-key-0000 \
       WALLET_REDIS_KEY_PREFIX="bench:$(date +%s%N):" "$@" \
@@ -82,7 +97,12 @@ say "HTTP ceiling: /healthz"
 run healthz healthz --concurrency 32
 for clients in 8 32 64; do
   say "service: throughput at $clients clients"
-  run "throughput-$clients" throughput --concurrency "$clients" --users $((clients * 2))
+  costs=()
+  # At 32 clients, also what each transfer costs outside PostgreSQL,
+  # sampled after the sign-ups and with PostgreSQL's statistics settled.
+  [ "$clients" = 32 ] && costs=(--server-pid "$server_pid" --redis-url "$REDIS_URL"
+    --metrics-url "http://127.0.0.1:$admin_port/metrics" --settle-ms 11000)
+  run "throughput-$clients" throughput --concurrency "$clients" --users $((clients * 2)) "${costs[@]}"
 done
 say "service: one hot wallet"
 run hot hot-wallet --concurrency 32 --users 64
@@ -113,6 +133,12 @@ cooldown_rps=$(f cooldown "round(d['cooldown_rejections_per_s'])")
 cooldown_n=$(f cooldown "sum(r['count'] for r in d['outcomes'] if r['layer']=='cooldown')")
 cooldown_accepted=$(f cooldown "sum(r['count'] for r in d['outcomes'] if r['outcome']=='accepted')")
 replay_rps=$(f replay "round(d['replays_per_s'])")
+
+cpu_us=$(f throughput-32 "round(d['costs']['server_cpu_us'] / max(d['costs']['accepted'], 1))")
+redis_cmds=$(f throughput-32 "round(sum(d['costs']['redis_commands'].values()) / max(d['costs']['accepted'], 1), 2)")
+redis_by_cmd=$(f throughput-32 "', '.join(f'{k} {v / max(d[\"costs\"][\"accepted\"], 1):.2f}' for k, v in sorted(d['costs']['redis_commands'].items(), key=lambda kv: -kv[1]))")
+redis_trips=$(f throughput-32 "round(d['costs']['redis_round_trips'] / max(d['costs']['accepted'], 1), 2)")
+pg_xacts=$(f throughput-32 "round(d['costs']['pg_transactions'] / max(d['costs']['accepted'], 1), 2)")
 violations=$(python3 -c "import json,glob; print(sum(len((json.load(open(f)).get('invariants') or {}).get('violations', [])) for f in glob.glob('$work/*.json')))")
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
 
@@ -132,6 +158,8 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
     echo "| pgbench, the transfer as plain statements, $clients clients | ${pg_tps[$clients]} transfers/s |"
   done
   echo "| pgbench, one hot wallet, 32 clients | $pg_hot transfers/s |"
+  echo "| pgbench, the service's \`transfer()\` called directly (the database alone), 32 clients | $pg_fn transfers/s |"
+  echo "| pgbench, replays answered by \`transfer()\` directly, 32 clients | $pg_replay replays/s |"
   echo "| redis-benchmark, \`SET … NX PX\`, 32 clients | $redis_ops ops/s |"
   echo "| the server's \`GET /healthz\`, 32 clients, same load generator | $healthz_rps requests/s |"
   echo
@@ -141,13 +169,27 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "|---|---|---|---|---|"
   for clients in 8 32 64; do
     target="—"; [ "$clients" = 32 ] && target="≥ 1.0"
-    echo "| accepted transfers/s, $clients clients (p50 $(pct "throughput-$clients" p50_ms) ms, p99 $(pct "throughput-$clients" p99_ms) ms) | $(accepted "throughput-$clients") | ${pg_tps[$clients]} | $(ratio "$(accepted "throughput-$clients")" "${pg_tps[$clients]}") | $target |"
+    echo "| accepted transfers/s, $clients clients (p50 $(pct "throughput-$clients" p50_ms) ms, p99 $(pct "throughput-$clients" p99_ms) ms) | $(accepted "throughput-$clients") | ${pg_tps[$clients]} (statements) | $(ratio "$(accepted "throughput-$clients")" "${pg_tps[$clients]}") | $target |"
   done
+  echo "| accepted transfers/s, 32 clients, against the database alone | $(accepted throughput-32) | $pg_fn (\`transfer()\`) | $(ratio "$(accepted throughput-32)" "$pg_fn") | ≥ 0.75 |"
   echo "| one hot wallet, 32 clients | $(accepted hot) | $pg_hot | $(ratio "$(accepted hot)" "$pg_hot") | ≥ 1.5 |"
-  echo "| cooldown rejections/s, 32 clients | $cooldown_rps | $healthz_rps (/healthz) | $(ratio "$cooldown_rps" "$healthz_rps") | ≥ 0.30 |"
+  echo "| cooldown rejections/s, 32 clients | $cooldown_rps | $healthz_rps (/healthz) | $(ratio "$cooldown_rps" "$healthz_rps") | ≥ 0.5 |"
   echo "| p99 / p50 of accepted transfers, 32 clients | $(pct throughput-32 p99_ms) / $(pct throughput-32 p50_ms) ms | | $(ratio "$(pct throughput-32 p99_ms)" "$(pct throughput-32 p50_ms)") | ≤ 3.0 |"
-  echo "| replays/s, 32 clients | $replay_rps | $healthz_rps (/healthz) | $(ratio "$replay_rps" "$healthz_rps") | — |"
+  echo "| replays/s, 32 clients, against accepted transfers/s | $replay_rps | $(accepted throughput-32) | $(ratio "$replay_rps" "$(accepted throughput-32)") | ≥ 2.0 |"
+  echo "| replays/s, 32 clients, against the database alone | $replay_rps | $pg_replay (\`transfer()\`) | $(ratio "$replay_rps" "$pg_replay") | ≥ 0.5 |"
   echo "| server peak RSS under load | $((rss_kib / 1024)) MiB | | | ≤ 64 MiB |"
+  echo
+  echo "## What one accepted transfer costs outside PostgreSQL"
+  echo
+  echo "Measured over the 32-client throughput run by \`wallet-loadtest\` itself, from after its sign-ups to the end of"
+  echo "the run, and divided by the transfers it saw accepted:"
+  echo
+  echo "| figure | per accepted transfer | target |"
+  echo "|---|---|---|"
+  echo "| server CPU (user + system, \`/proc/PID/stat\`), sign-ups excluded | $cpu_us µs | ≤ 120 µs |"
+  echo "| Redis commands (\`INFO commandstats\`, commands run by scripts included: $redis_by_cmd) | $redis_cmds | ≤ 2 |"
+  echo "| Redis round trips (the server's \`wallet_redis_round_trips_total\`, feed batches included) | $redis_trips | 1 on the request path |"
+  echo "| PostgreSQL statements (\`pg_stat_database\` transactions: each statement is its own) | $pg_xacts | 1 |"
   echo
   echo "PostgreSQL transactions during the cooldown run: $((after - before)) for $cooldown_n rejected and $cooldown_accepted accepted"
   echo "requests (\`pg_stat_database.xact_commit + xact_rollback\`, read after the statistics flush): the rejections cost none."
@@ -159,10 +201,13 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo '```sh'
   echo "pgbench \"\$DB\" -n -M prepared -c {8,32,64} -j 2 -T $duration --max-tries=10 -D n=$wallets -D hot=0 -f loadtest/pgbench/transfer.sql"
   echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration --max-tries=10 -D n=$wallets -D hot=1 -f loadtest/pgbench/transfer.sql"
+  echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration --max-tries=10 -D n=$wallets -D hot=0 -f loadtest/pgbench/transfer_fn.sql"
+  echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration -D n=$wallets -f loadtest/pgbench/replay_fn.sql  # after replay_setup.sql"
   echo "redis-benchmark -q -c 32 -n 300000 -r 1000000 SET 'bench:cooldown:__rand_int__' token NX PX 5000"
   echo "WALLET_COOLDOWN_TTL_MS=1 wallet-server serve"
   echo "wallet-loadtest run healthz --concurrency 32 --duration-s $duration"
   echo "wallet-loadtest run throughput --concurrency {8,32,64} --users {16,64,128} --duration-s $duration"
+  echo "  # at 32: --server-pid PID --redis-url URL --metrics-url ADMIN/metrics --settle-ms 11000"
   echo "wallet-loadtest run hot-wallet --concurrency 32 --users 64 --duration-s $duration"
   echo "wallet-loadtest run replay --concurrency 32 --users 32 --duration-s $duration"
   echo "WALLET_COOLDOWN_TTL_MS=600000 wallet-server serve"

@@ -8,3 +8,9 @@ INSERT INTO wallets (id, user_id, currency, opening_balance_minor, balance_minor
 SELECT ('00000000-0000-0000-0001-' || lpad(to_hex(i), 12, '0'))::uuid,
        ('00000000-0000-0000-0000-' || lpad(to_hex(i), 12, '0'))::uuid, 'USD', 100000000, 100000000
 FROM generate_series(1, :n) AS i;
+-- One live token per user, hashed as the server hashes its tokens (any 32
+-- bytes will do for the database): transfer() checks it like the server's.
+INSERT INTO api_tokens (token_hash, user_id, expires_at)
+SELECT sha256(convert_to('pgbench-token-' || i, 'UTF8')),
+       ('00000000-0000-0000-0000-' || lpad(to_hex(i), 12, '0'))::uuid, now() + interval '1 day'
+FROM generate_series(1, :n) AS i;

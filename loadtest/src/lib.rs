@@ -9,6 +9,7 @@
 //! `--expect-violations`, its absence does.
 
 pub mod client;
+pub mod costs;
 pub mod demo;
 pub mod invariants;
 pub mod report;
@@ -77,6 +78,20 @@ pub struct RunArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Measure this server process's CPU time over the run (repeatable).
+    #[arg(long = "server-pid")]
+    pub server_pids: Vec<u32>,
+    /// Count Redis's commands over the run (`INFO commandstats`).
+    #[arg(long)]
+    pub redis_url: Option<String>,
+    /// Count the server's Redis round trips over the run (its admin
+    /// `/metrics`).
+    #[arg(long)]
+    pub metrics_url: Option<String>,
+    /// With the cost probes: pause this long before each sample, so that
+    /// PostgreSQL's statistics have been flushed.
+    #[arg(long, default_value_t = 0)]
+    pub settle_ms: u64,
 }
 
 impl RunArgs {
@@ -100,6 +115,10 @@ impl RunArgs {
             json: true,
             expect_violations: false,
             quiet: true,
+            server_pids: Vec::new(),
+            redis_url: None,
+            metrics_url: None,
+            settle_ms: 0,
         }
     }
 }
@@ -112,6 +131,9 @@ pub struct RunReport {
     pub summary: report::Summary,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub invariants: Option<invariants::Findings>,
+    /// What the run cost the server, when probes were given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub costs: Option<costs::Costs>,
 }
 
 pub fn print_findings(findings: Option<&invariants::Findings>) {
@@ -177,6 +199,17 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunReport> {
         }),
         args.quiet || args.json,
     );
+    let probes = costs::Probes {
+        server_pids: args.server_pids.clone(),
+        redis_url: args.redis_url.clone(),
+        metrics_url: args.metrics_url.clone(),
+        database_url: args.database_url.clone(),
+        settle: Duration::from_millis(args.settle_ms),
+    };
+    let before = match probes.any() {
+        true => Some(probes.sample().await?),
+        false => None,
+    };
     let started = Instant::now();
     let samples = if args.scenario.is_burst() {
         scenarios::run_burst(args.scenario, &api, &users, &shape, &bar).await
@@ -187,6 +220,17 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunReport> {
     bar.finish_and_clear();
 
     let summary = report::summarize(&samples, elapsed);
+    let costs = match before {
+        Some(before) => {
+            let after = probes.sample().await?;
+            let accepted = samples
+                .iter()
+                .filter(|s| (200..300).contains(&s.status) && !s.replayed)
+                .count() as u64;
+            Some(costs::Costs::between(&before, &after, accepted))
+        }
+        None => None,
+    };
     let invariants = match &args.database_url {
         Some(url) if args.scenario != Scenario::Healthz => {
             let db = PgPoolOptions::new()
@@ -208,6 +252,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunReport> {
         targets: args.targets.clone(),
         summary,
         invariants,
+        costs,
     })
 }
 

@@ -99,3 +99,35 @@ async fn the_tool_finds_the_violations_of_an_unsafe_configuration() {
     }
     assert!(found, "no violation found against naive instances");
 }
+
+/// The cost probes measure the measured phase: the server's CPU time (the
+/// test process hosts it), Redis's commands and the server's Redis round
+/// trips, each counted for the transfers the run saw accepted.
+#[tokio::test]
+async fn the_cost_probes_count_what_the_run_cost() {
+    let app = spawn_app(|settings| settings.cooldown_ttl_ms = 1).await;
+    let report = run(&RunArgs {
+        users: 4,
+        concurrency: 4,
+        duration_s: 1.0,
+        server_pids: vec![std::process::id()],
+        redis_url: Some(redis_url()),
+        metrics_url: Some(format!("{}/metrics", app.admin_address)),
+        ..RunArgs::new(
+            Scenario::Throughput,
+            vec![app.address.clone()],
+            Some(database_url_of(&app.db_options)),
+        )
+    })
+    .await
+    .expect("the run");
+    let costs = report.costs.expect("probes were given");
+    assert!(costs.accepted > 0);
+    assert!(costs.server_cpu_us > 0);
+    assert!(
+        costs.redis_round_trips >= costs.accepted,
+        "each accepted transfer took its cooldown window: {costs:?}"
+    );
+    // Other tests share this Redis, so its count is a lower bound here.
+    assert!(costs.redis_commands.values().sum::<u64>() >= costs.accepted);
+}
