@@ -368,15 +368,16 @@ fn pool_for(settings: &Settings, url: &str, setting: &str) -> anyhow::Result<PgP
         .max_connections(settings.db_pool_connections_max)
         .min_connections(settings.db_pool_connections_min)
         .acquire_timeout(Duration::from_millis(settings.db_acquire_wait_ms_max))
-        // A connection in use moments ago is alive; checking it on every
-        // checkout would add a round trip to every transfer. One idle for
-        // longer may have been closed (a restart, a proxy's idle timeout):
-        // it is pinged first and replaced if that fails, so a transfer is
-        // not sent down a dead connection and answered "outcome unknown".
+        // A connection that broke while idle (a restart, a proxy's idle
+        // timeout) must be found before a transfer is sent down it, or
+        // the client is told "outcome unknown" where nothing was sent. The
+        // check costs a round trip, so a deployment whose connections do
+        // not break while idle may skip it for connections used within
+        // `db_idle_check_after_ms` (0, the default: always check).
         .test_before_acquire(false)
         .before_acquire(move |connection, meta| {
             Box::pin(async move {
-                if meta.idle_for >= check_idle_after {
+                if check_idle_after.is_zero() || meta.idle_for >= check_idle_after {
                     sqlx::Connection::ping(connection).await?;
                 }
                 Ok(true)

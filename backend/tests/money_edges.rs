@@ -618,46 +618,59 @@ async fn every_problem_type_has_a_page() {
     }
 }
 
-/// The production transfer costs one round trip to PostgreSQL on its path,
-/// counted on the wire: the whole transaction is one statement, and a
-/// connection in use moments ago is not pinged before it. sqlx pings each
-/// connection as it goes back to the pool, after the answer was sent: that
-/// second round trip is off the request's path (and not configurable). A
-/// replay costs the same.
+/// The production transfer is one statement, counted on the wire. By
+/// default the pool pings a connection before it hands it out (so a
+/// connection that broke while idle is never used for a transfer), and
+/// sqlx pings it as it goes back, after the answer was sent: three round
+/// trips. With `db_idle_check_after_ms`, a connection used moments ago
+/// skips the first ping: two. A replay costs the same as a transfer.
 #[tokio::test]
-async fn a_transfer_and_its_replay_each_cost_one_postgresql_round_trip() {
-    let (app, proxy) = spawn_app_behind_proxy(|settings| {
-        without_cooldown(settings);
-        // One connection, so the statement prepared by the first transfer
-        // is the one the next transfers use.
-        settings.db_pool_connections_max = 1;
-        settings.db_pool_connections_min = 1;
-    })
-    .await;
-    let (alice, bob) = app.alice_and_bob().await;
-    let warm_up = app.transfer(&alice, bob.wallet_id, 1, Some(&new_key())).await;
-    assert_eq!(warm_up.status(), 201);
+async fn a_transfer_and_its_replay_each_cost_one_postgresql_statement() {
+    for (idle_check_after_ms, round_trips_per_request) in [(60_000, 2), (0, 3)] {
+        let (app, proxy) = spawn_app_behind_proxy(|settings| {
+            without_cooldown(settings);
+            settings.db_idle_check_after_ms = idle_check_after_ms;
+            // One connection, so the statement prepared by the first
+            // transfer is the one the next transfers use.
+            settings.db_pool_connections_max = 1;
+            settings.db_pool_connections_min = 1;
+        })
+        .await;
+        let (alice, bob) = app.alice_and_bob().await;
+        let warm_up = app.transfer(&alice, bob.wallet_id, 1, Some(&new_key())).await;
+        assert_eq!(warm_up.status(), 201);
 
-    let key = new_key();
-    for (what, replayed) in [("an accepted transfer", false), ("a replay", true)] {
-        let (statements, round_trips) = (proxy.query_messages(), proxy.round_trips());
-        let response = app.transfer(&alice, bob.wallet_id, 100, Some(&key)).await;
-        assert_eq!(response.status(), 201, "{what}");
-        assert_eq!(response.headers().get("idempotent-replayed").is_some(), replayed);
-        // The release ping follows the answer: wait for it to be counted.
-        for _ in 0..100 {
-            if proxy.round_trips() - round_trips >= 2 {
-                break;
+        let key = new_key();
+        for (what, replayed) in [("an accepted transfer", false), ("a replay", true)] {
+            // The previous request's release ping follows its answer: let
+            // it land before counting this request's.
+            let mut round_trips = proxy.round_trips();
+            for _ in 0..40 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                if proxy.round_trips() == round_trips {
+                    break;
+                }
+                round_trips = proxy.round_trips();
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            let statements = proxy.query_messages();
+            let response = app.transfer(&alice, bob.wallet_id, 100, Some(&key)).await;
+            assert_eq!(response.status(), 201, "{what}");
+            assert_eq!(response.headers().get("idempotent-replayed").is_some(), replayed);
+            // This request's release ping follows its answer: wait for it.
+            for _ in 0..100 {
+                if proxy.round_trips() - round_trips >= round_trips_per_request {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            // A cached statement is a Bind and an Execute: one statement.
+            assert_eq!(proxy.query_messages() - statements, 2, "{what}: one statement");
+            assert_eq!(
+                proxy.round_trips() - round_trips,
+                round_trips_per_request,
+                "{what}, idle check after {idle_check_after_ms} ms"
+            );
         }
-        // A cached statement is a Bind and an Execute: one statement.
-        assert_eq!(proxy.query_messages() - statements, 2, "{what}: one statement");
-        assert_eq!(
-            proxy.round_trips() - round_trips,
-            2,
-            "{what}: the statement and the release ping, no ping before it"
-        );
+        assert_eq!(app.transfer_count().await, 2);
     }
-    assert_eq!(app.transfer_count().await, 2);
 }
