@@ -682,3 +682,29 @@ async fn an_incoming_traceparent_is_continued() {
         "no row guard span"
     );
 }
+
+/// A user's stream expires no sooner than `decision_feed_retention_hours`
+/// after its last entry and at most two minutes later: its expiry is
+/// refreshed at most once a minute rather than with every entry.
+#[tokio::test]
+async fn a_users_stream_expires_after_the_retention_with_at_most_two_minutes_more() {
+    let app = spawn_app(without_cooldown).await;
+    let (alice, bob) = app.alice_and_bob().await;
+    for _ in 0..3 {
+        assert_eq!(app.transfer(&alice, bob.wallet_id, 1, None).await.status(), 201);
+    }
+    feed_in_redis(&app, &alice, 3).await;
+    let client = redis::Client::open(redis_url()).expect("redis url");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("redis");
+    let key = format!("{}decisions:{}", app.redis_prefix, alice.user_id);
+    let ttl_s: i64 = redis::cmd("TTL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .expect("TTL");
+    let retention_s = i64::try_from(app.settings.decision_feed_retention_hours * 3600).expect("small");
+    assert!(
+        (retention_s..=retention_s + 120).contains(&ttl_s),
+        "TTL {ttl_s} s for a retention of {retention_s} s"
+    );
+}

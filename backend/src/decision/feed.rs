@@ -3,7 +3,10 @@
 //! Each user's decisions go to a Redis stream of their own,
 //! `{prefix}decisions:{user_id}`, capped at `decision_feed_entries_per_user_max`
 //! entries (`XADD … MAXLEN ~`) and expiring `decision_feed_retention_hours`
-//! after the last write. Why Redis and not a table: the feed is high-volume,
+//! (up to two minutes more) after the last write. The expiry is refreshed
+//! at most once per stream per minute, not with every entry: under steady
+//! load a user has one entry per batch, so a per-batch `EXPIRE` was one
+//! more Redis command for every transfer. Why Redis and not a table: the feed is high-volume,
 //! disposable telemetry, and PostgreSQL is the resource the transfers
 //! compete for; a capped stream bounds its own size, and `XREAD BLOCK`
 //! pushes new entries to every instance's readers with no polling. Losing
@@ -38,6 +41,51 @@ use crate::redis_store::{RedisStore, StreamClient, StreamConnection};
 
 /// How many entries the writer sends to Redis in one pipeline.
 const WRITE_BATCH_ENTRIES_MAX: usize = 256;
+
+/// How often, at most, the writer refreshes one stream's expiry.
+const EXPIRY_REFRESH_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Streams whose expiry the writer remembers refreshing in one interval;
+/// beyond this, streams are refreshed with every batch again, so the memo
+/// stays bounded whatever the number of users.
+const EXPIRY_MEMO_STREAMS_MAX: usize = 100_000;
+
+/// Which streams had their expiry refreshed recently. Two generations, each
+/// one interval long: a stream refreshed in either is skipped, so each is
+/// refreshed at most once per interval and at least once every two while
+/// it is written. The TTL set is the retention plus two intervals, so a
+/// stream never expires sooner than the retention after its last entry.
+struct ExpiryMemo {
+    current: std::collections::HashSet<UserId>,
+    previous: std::collections::HashSet<UserId>,
+    generation_started: std::time::Instant,
+}
+
+impl ExpiryMemo {
+    fn new() -> Self {
+        Self {
+            current: std::collections::HashSet::new(),
+            previous: std::collections::HashSet::new(),
+            generation_started: std::time::Instant::now(),
+        }
+    }
+
+    /// True when `user`'s stream needs its expiry refreshed now; remembers
+    /// that it was.
+    fn needs_refresh(&mut self, user: UserId, now: std::time::Instant) -> bool {
+        if now.duration_since(self.generation_started) >= EXPIRY_REFRESH_INTERVAL {
+            self.previous = std::mem::take(&mut self.current);
+            self.generation_started = now;
+        }
+        if self.current.contains(&user) || self.previous.contains(&user) {
+            return false;
+        }
+        if self.current.len() < EXPIRY_MEMO_STREAMS_MAX {
+            self.current.insert(user);
+        }
+        true
+    }
+}
 
 /// One decision, as the feed and its readers see it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -263,7 +311,11 @@ async fn write_batches(
     settings: FeedSettings,
     metrics: Metrics,
 ) {
-    let retention_s = settings.retention_hours.saturating_mul(3600);
+    let retention_s = settings
+        .retention_hours
+        .saturating_mul(3600)
+        .saturating_add(2 * EXPIRY_REFRESH_INTERVAL.as_secs());
+    let mut expiry = ExpiryMemo::new();
     let mut budget = MemoryBudget {
         bytes_max: settings.redis_memory_bytes_max,
         check_every: settings.memory_check_interval,
@@ -312,7 +364,9 @@ async fn write_batches(
                 .ignore();
             expiring.insert(*user, (index, key));
         }
-        // One EXPIRE per stream and batch, not per entry.
+        // At most one EXPIRE per stream and interval, not per entry.
+        let now = std::time::Instant::now();
+        expiring.retain(|user, _| expiry.needs_refresh(*user, now));
         for (index, key) in expiring.values() {
             pipes[*index].cmd("EXPIRE").arg(key).arg(retention_s).ignore();
         }
@@ -349,7 +403,25 @@ async fn write_batches(
 
 #[cfg(test)]
 mod tests {
-    use super::{is_stream_id, used_memory};
+    use super::{EXPIRY_REFRESH_INTERVAL, ExpiryMemo, is_stream_id, used_memory};
+    use crate::domain::UserId;
+
+    #[test]
+    fn a_streams_expiry_is_refreshed_at_most_once_per_interval_and_at_least_once_per_two() {
+        let mut memo = ExpiryMemo::new();
+        let (alice, bob) = (UserId(uuid::Uuid::new_v4()), UserId(uuid::Uuid::new_v4()));
+        let start = memo.generation_started;
+        assert!(memo.needs_refresh(alice, start));
+        assert!(!memo.needs_refresh(alice, start));
+        assert!(memo.needs_refresh(bob, start));
+        // Within the next interval, still remembered (the previous generation).
+        let next = start + EXPIRY_REFRESH_INTERVAL;
+        assert!(!memo.needs_refresh(alice, next));
+        // Two intervals on, refreshed again.
+        let after_two = next + EXPIRY_REFRESH_INTERVAL;
+        assert!(memo.needs_refresh(alice, after_two));
+        assert!(!memo.needs_refresh(alice, after_two));
+    }
 
     #[test]
     fn used_memory_is_read_from_one_server_or_a_cluster() {
