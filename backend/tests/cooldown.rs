@@ -222,3 +222,32 @@ async fn with_redis_down_fail_closed_answers_503_and_changes_nothing() {
     let (_, body) = app.admin_readiness().await;
     assert_eq!(body["redis"], "unreachable");
 }
+
+/// A transfer's path makes one Redis round trip, accepted or refused: the
+/// cooldown script takes the window (and reads the window's remaining time
+/// only when it refuses). Counted by the server's own
+/// `wallet_redis_round_trips_total`, with the feed off so that its
+/// background batches do not count.
+#[tokio::test]
+async fn a_transfer_makes_one_redis_round_trip_accepted_or_refused() {
+    let app = spawn_app(|settings| {
+        settings.decision_feed_enabled = false;
+        settings.cooldown_ttl_ms = 60_000;
+    })
+    .await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let round_trips = || async {
+        let metrics = app.metrics().await;
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix("wallet_redis_round_trips_total "))
+            .and_then(|value| value.trim().parse::<u64>().ok())
+            .expect("the round-trip counter")
+    };
+    for (what, status) in [("accepted", 201), ("refused", 429)] {
+        let before = round_trips().await;
+        let response = app.transfer(&alice, bob.wallet_id, 100, Some(&new_key())).await;
+        assert_eq!(response.status(), status, "{what}");
+        assert_eq!(round_trips().await - before, 1, "{what}");
+    }
+}
