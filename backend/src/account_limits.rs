@@ -80,7 +80,7 @@ impl Limit {
 }
 
 pub struct AccountLimits {
-    pool: Option<RedisStore>,
+    store: Option<RedisStore>,
     key_prefix: String,
     policy: StoreErrorPolicy,
     trusted_proxies: Arc<[IpNet]>,
@@ -96,11 +96,11 @@ const HOUR: Duration = Duration::from_secs(3600);
 const MINUTE: Duration = Duration::from_secs(60);
 
 impl AccountLimits {
-    /// `pool` is None when `account_limits_enabled` is off: every attempt
+    /// `store` is None when `account_limits_enabled` is off: every attempt
     /// passes.
-    pub fn new(settings: &Settings, pool: Option<RedisStore>, fail_open_passes: IntCounter) -> Self {
+    pub fn new(settings: &Settings, store: Option<RedisStore>, fail_open_passes: IntCounter) -> Self {
         Self {
-            pool: pool.filter(|_| settings.account_limits_enabled),
+            store: store.filter(|_| settings.account_limits_enabled),
             key_prefix: settings.redis_key_prefix.clone(),
             policy: settings.cooldown_on_store_error,
             trusted_proxies: settings.trusted_proxy_networks().into(),
@@ -169,7 +169,7 @@ impl AccountLimits {
         request: &HttpRequest,
         name_key: &str,
     ) -> Result<(), Problem> {
-        let Some(pool) = &self.pool else {
+        let Some(store) = &self.store else {
             return Ok(());
         };
         let (per_address, per_name) = match action {
@@ -202,7 +202,7 @@ impl AccountLimits {
             ),
         ];
         for (key, limit) in limits {
-            match self.take(pool, &key, limit).await {
+            match self.take(store, &key, limit).await {
                 Ok(0) => {}
                 Ok(wait_ms) => return Err(too_many_attempts(wait_ms)),
                 Err(error) => return self.on_store_error(action, &error),
@@ -211,8 +211,8 @@ impl AccountLimits {
         Ok(())
     }
 
-    async fn take(&self, pool: &RedisStore, key: &str, limit: Limit) -> Result<u64, String> {
-        let mut conn = pool.get().await?;
+    async fn take(&self, store: &RedisStore, key: &str, limit: Limit) -> Result<u64, String> {
+        let mut conn = store.get().await?;
         self.script
             .key(key)
             .arg(limit.interval_ms())

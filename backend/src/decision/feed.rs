@@ -114,9 +114,9 @@ pub struct StoredEntry {
 pub struct DecisionFeed {
     /// `None` when the feed is off (no Redis configured).
     queue: Option<mpsc::Sender<(UserId, FeedEntry)>>,
-    pool: Option<RedisStore>,
+    store: Option<RedisStore>,
     /// For the live streams, each of which needs a connection of its own
-    /// (a blocking `XREAD` would stall a pooled one).
+    /// (a blocking `XREAD` would stall the shared one).
     client: Option<StreamClient>,
     key_prefix: String,
     command_timeout: Duration,
@@ -146,7 +146,7 @@ impl MemoryBudget {
     /// Whether Redis is at or above the budget, asking it when the last
     /// answer is older than the check interval. If Redis cannot say, the
     /// last answer stands (the write itself will then fail and be counted).
-    async fn is_exceeded(&mut self, pool: &RedisStore, timeout: Duration, metrics: &Metrics) -> bool {
+    async fn is_exceeded(&mut self, store: &RedisStore, timeout: Duration, metrics: &Metrics) -> bool {
         if self
             .last_checked
             .is_some_and(|at| at.elapsed() < self.check_every)
@@ -155,7 +155,7 @@ impl MemoryBudget {
         }
         self.last_checked = Some(std::time::Instant::now());
         let info = async {
-            let mut conn = pool.get().await?;
+            let mut conn = store.get().await?;
             redis::cmd("INFO")
                 .arg("memory")
                 .query_async::<redis::Value>(&mut conn)
@@ -200,22 +200,22 @@ fn used_memory_in(text: &str) -> Option<u64> {
 }
 
 impl DecisionFeed {
-    /// Starts the writer task. With no Redis pool the feed is off: entries
+    /// Starts the writer task. With no Redis the feed is off: entries
     /// are discarded and reads return nothing.
     pub fn start(
-        pool: Option<RedisStore>,
+        store: Option<RedisStore>,
         client: Option<StreamClient>,
         settings: FeedSettings,
         metrics: Metrics,
     ) -> Self {
-        let queue = pool.clone().map(|pool| {
+        let queue = store.clone().map(|store| {
             let (sender, receiver) = mpsc::channel(settings.queue_entries_max);
-            tokio::spawn(write_batches(receiver, pool, settings.clone(), metrics.clone()));
+            tokio::spawn(write_batches(receiver, store, settings.clone(), metrics.clone()));
             sender
         });
         Self {
             queue,
-            pool,
+            store,
             client,
             key_prefix: settings.key_prefix,
             command_timeout: settings.command_timeout,
@@ -250,12 +250,12 @@ impl DecisionFeed {
         after: Option<&str>,
         count: usize,
     ) -> Result<Vec<StoredEntry>, String> {
-        let Some(pool) = &self.pool else {
+        let Some(store) = &self.store else {
             return Ok(Vec::new());
         };
         let start = after.map_or_else(|| "-".to_owned(), |id| format!("({id}"));
         let read = async {
-            let mut conn = pool.get().await?;
+            let mut conn = store.get().await?;
             redis::cmd("XRANGE")
                 .arg(self.stream_key(user))
                 .arg(start)
@@ -307,7 +307,7 @@ pub fn decode((id, fields): RawEntry) -> Option<StoredEntry> {
 /// in one pipeline. Ends when every sender is gone (the app stopped).
 async fn write_batches(
     mut receiver: mpsc::Receiver<(UserId, FeedEntry)>,
-    pool: RedisStore,
+    store: RedisStore,
     settings: FeedSettings,
     metrics: Metrics,
 ) {
@@ -325,7 +325,7 @@ async fn write_batches(
     let mut batch = Vec::with_capacity(WRITE_BATCH_ENTRIES_MAX);
     while receiver.recv_many(&mut batch, WRITE_BATCH_ENTRIES_MAX).await > 0 {
         if budget
-            .is_exceeded(&pool, settings.command_timeout, &metrics)
+            .is_exceeded(&store, settings.command_timeout, &metrics)
             .await
         {
             metrics.feed_dropped.inc_by(batch.len() as u64);
@@ -339,7 +339,7 @@ async fn write_batches(
         let mut expiring: std::collections::HashMap<UserId, (usize, String)> =
             std::collections::HashMap::new();
         for (user, entry) in &batch {
-            let index = if pool.is_cluster() {
+            let index = if store.is_cluster() {
                 *per_user.entry(*user).or_insert_with(|| {
                     pipes.push(redis::pipe());
                     pipes.len() - 1
@@ -371,7 +371,7 @@ async fn write_batches(
             pipes[*index].cmd("EXPIRE").arg(key).arg(retention_s).ignore();
         }
         let write = async {
-            let mut conn = pool.get().await?;
+            let mut conn = store.get().await?;
             for pipe in &pipes {
                 pipe.query_async::<()>(&mut conn)
                     .await

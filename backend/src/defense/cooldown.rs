@@ -105,7 +105,7 @@ pub struct CooldownUnavailable;
 #[derive(Clone)]
 pub struct CooldownLock {
     /// `None` when the layer is disabled; no Redis connection is made then.
-    pool: Option<RedisStore>,
+    store: Option<RedisStore>,
     ttl_ms: u64,
     scope: CooldownScope,
     on_store_error: StoreErrorPolicy,
@@ -118,12 +118,12 @@ pub struct CooldownLock {
 }
 
 impl CooldownLock {
-    /// `pool` is the shared Redis pool; the layer is disabled when
+    /// `store` is the shared Redis connection; the layer is disabled when
     /// `cooldown_enabled` is off. Nothing connects here: the server starts
     /// (and fails open) even while Redis is down.
-    pub fn new(settings: &Settings, pool: Option<RedisStore>, fail_open_passes: IntCounter) -> Self {
+    pub fn new(settings: &Settings, store: Option<RedisStore>, fail_open_passes: IntCounter) -> Self {
         Self {
-            pool: pool.filter(|_| settings.cooldown_enabled),
+            store: store.filter(|_| settings.cooldown_enabled),
             ttl_ms: settings.cooldown_ttl_ms,
             scope: settings.cooldown_scope,
             on_store_error: settings.cooldown_on_store_error,
@@ -188,10 +188,10 @@ impl CooldownLock {
         action: &str,
         canonical_body: &str,
     ) -> Result<Cooldown, CooldownUnavailable> {
-        let Some(pool) = &self.pool else {
+        let Some(store) = &self.store else {
             return Ok(Cooldown::Disabled);
         };
-        let decided = self.ask_redis(pool, caller, action, canonical_body).await;
+        let decided = self.ask_redis(store, caller, action, canonical_body).await;
         let outcome = match &decided {
             Ok(Cooldown::Acquired(_)) => "accepted",
             Ok(Cooldown::Active { .. }) => "rejected",
@@ -206,7 +206,7 @@ impl CooldownLock {
 
     async fn ask_redis(
         &self,
-        pool: &RedisStore,
+        store: &RedisStore,
         caller: &VerifiedToken,
         action: &str,
         canonical_body: &str,
@@ -214,7 +214,7 @@ impl CooldownLock {
         let key = self.key(caller.user_id, action, canonical_body);
         let token = random_token();
         let attempt = async {
-            let mut conn = pool.get().await?;
+            let mut conn = store.get().await?;
             self.acquire_script
                 .key(&key)
                 .key(self.revocation_key(caller))
@@ -265,13 +265,13 @@ impl CooldownLock {
     /// transaction's own check still refuses the token, and the window it
     /// takes then is given back.
     pub async fn note_revoked(&self, token: &VerifiedToken) {
-        let Some(pool) = &self.pool else {
+        let Some(store) = &self.store else {
             return;
         };
         let key = self.revocation_key(token);
         let expires_at_ms = token.expires_at.timestamp_millis();
         let attempt = async {
-            let mut conn = pool.get().await?;
+            let mut conn = store.get().await?;
             redis::cmd("SET")
                 .arg(&key)
                 .arg(1)
@@ -291,11 +291,11 @@ impl CooldownLock {
     /// Gives the window back after a server-side failure, if we still own
     /// it. Best effort: if Redis is gone too, the window simply expires.
     pub async fn release(&self, permit: &CooldownPermit) -> bool {
-        let Some(pool) = &self.pool else {
+        let Some(store) = &self.store else {
             return false;
         };
         let attempt = async {
-            let mut conn = pool.get().await?;
+            let mut conn = store.get().await?;
             self.release_script
                 .key(&permit.key)
                 .arg(&permit.token)

@@ -35,6 +35,7 @@ use actix_web::HttpRequest;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use crate::decision::Outcome;
 use crate::defense::row_guard::GuardOutcome;
 use crate::domain::UserId;
 use crate::problem::Problem;
@@ -194,13 +195,14 @@ impl Claim {
         })
     }
 
-    /// The outcome as traces and metrics name it.
-    pub fn outcome(&self) -> &'static str {
+    /// The claim's outcome in the decision vocabulary, for traces: a
+    /// started claim lets the request through.
+    pub fn outcome(&self) -> Outcome {
         match self {
-            Claim::Started => "accepted",
-            Claim::Replayed(_) => "replayed",
-            Claim::KeyReused => "key_reused",
-            Claim::InFlight => "in_flight",
+            Claim::Started => Outcome::Accepted,
+            Claim::Replayed(_) => Outcome::Replayed,
+            Claim::KeyReused => Outcome::KeyReused,
+            Claim::InFlight => Outcome::InFlight,
         }
     }
 }
@@ -247,7 +249,7 @@ pub async fn claim(
     .await?;
     let mut stored = row.stored;
     let claim = Claim::from_columns(row.outcome, &mut stored)?;
-    tracing::Span::current().record("defense.outcome", claim.outcome());
+    tracing::Span::current().record("defense.outcome", claim.outcome().as_str());
     Ok(claim)
 }
 

@@ -108,9 +108,9 @@ async fn probe(state: &AppState) -> Readiness {
 
     let redis = match &state.redis {
         None => "disabled",
-        Some(pool) => {
+        Some(store) => {
             let ping = async {
-                let mut conn = pool.get().await?;
+                let mut conn = store.get().await?;
                 redis::cmd("PING")
                     .query_async::<String>(&mut conn)
                     .await

@@ -315,7 +315,7 @@ async fn in_one_call(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
     layer_span(
         state,
         Layer::RowGuard,
-        guarded.outcome.decision_outcome().as_str(),
+        guarded.outcome.decision_outcome(),
         row.guard_ms,
         None,
     );
@@ -343,7 +343,14 @@ fn decision_of(outcome: GuardOutcome) -> Option<Decision> {
     (outcome != GuardOutcome::NotOwner).then(|| Decision::new(Layer::RowGuard, outcome.decision_outcome()))
 }
 
-fn layer_span(state: &AppState, layer: Layer, outcome: &str, db_ms: Option<f64>, key_hash: Option<String>) {
+fn layer_span(
+    state: &AppState,
+    layer: Layer,
+    outcome: Outcome,
+    db_ms: Option<f64>,
+    key_hash: Option<String>,
+) {
+    let outcome = outcome.as_str();
     let db_ms = db_ms.unwrap_or(0.0);
     state.metrics.observe_layer(
         layer.as_str(),

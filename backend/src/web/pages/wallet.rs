@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use crate::decision::{Layer, Outcome};
 use crate::defense::idempotency::{self, IdempotencyKey, StoredResponse};
-use crate::domain::{TransferRequest, WalletId};
+use crate::domain::{TransferRequest, WalletId, parse_uuid};
 use crate::names::{self, MATCHES_NAME};
 use crate::problem::{Problem, ProblemType};
 use crate::state::AppState;
@@ -213,7 +213,7 @@ pub async fn review(
     if to_wallet_id == session.wallet_id {
         return refused("That is your own wallet. Choose someone else to send to.".to_owned()).await;
     }
-    let form_key = Uuid::try_parse(&form.form_key).unwrap_or_else(|_| Uuid::new_v4());
+    let form_key = parse_uuid(&form.form_key).unwrap_or_else(Uuid::new_v4);
     let draft = Draft {
         to_wallet_id,
         recipient_name,
@@ -315,7 +315,7 @@ pub async fn transfer(
         Err(response) => return response,
     };
     let (Ok(to_wallet_id), Ok(amount_minor), Ok(key)) = (
-        Uuid::try_parse(&form.to_wallet_id),
+        parse_uuid(&form.to_wallet_id).ok_or(()),
         form.amount_minor.parse::<i64>(),
         IdempotencyKey::parse(&form.idempotency_key),
     ) else {
