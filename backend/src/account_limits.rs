@@ -30,7 +30,7 @@ use sha2::{Digest, Sha256};
 
 use crate::problem::{Problem, ProblemType};
 use crate::redis_store::RedisStore;
-use crate::settings::{Settings, StoreErrorPolicy};
+use crate::settings::{Config, StoreErrorPolicy};
 
 /// KEYS[1]: the limit's key. ARGV[1]: the interval between attempts at the
 /// sustained rate (ms); ARGV[2]: the burst (how many at once).
@@ -98,26 +98,26 @@ const MINUTE: Duration = Duration::from_secs(60);
 impl AccountLimits {
     /// `store` is None when `account_limits_enabled` is off: every attempt
     /// passes.
-    pub fn new(settings: &Settings, store: Option<RedisStore>, fail_open_passes: IntCounter) -> Self {
+    pub fn new(config: &Config, store: Option<RedisStore>, fail_open_passes: IntCounter) -> Self {
         Self {
-            store: store.filter(|_| settings.account_limits_enabled),
-            key_prefix: settings.redis_key_prefix.clone(),
-            policy: settings.cooldown_on_store_error,
-            trusted_proxies: settings.trusted_proxy_networks().into(),
+            store: store.filter(|_| config.accounts.limits_enabled),
+            key_prefix: config.redis.key_prefix.clone(),
+            policy: config.cooldown.on_store_error,
+            trusted_proxies: config.http.trusted_proxies.clone().into(),
             signup_per_address: Limit {
-                attempts_max: settings.signup_per_address_per_hour_max,
+                attempts_max: config.accounts.signup_per_address_per_hour_max,
                 period: HOUR,
             },
             signup_per_name: Limit {
-                attempts_max: settings.signup_per_name_per_hour_max,
+                attempts_max: config.accounts.signup_per_name_per_hour_max,
                 period: HOUR,
             },
             signin_per_address: Limit {
-                attempts_max: settings.signin_per_address_per_minute_max,
+                attempts_max: config.accounts.signin_per_address_per_minute_max,
                 period: MINUTE,
             },
             signin_per_name: Limit {
-                attempts_max: settings.signin_per_name_per_minute_max,
+                attempts_max: config.accounts.signin_per_name_per_minute_max,
                 period: MINUTE,
             },
             script: Arc::new(Script::new(GCRA)),

@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod names;
 pub mod openapi;
 pub mod problem;
+pub mod race_lab;
 pub mod redis_store;
 pub mod routes;
 pub mod settings;

@@ -39,10 +39,10 @@ async fn main() -> anyhow::Result<()> {
         std::process::exit(if healthcheck(settings.http_port) { 0 } else { 1 });
     }
     let _telemetry = telemetry::init(settings.log_format);
-    settings.validate()?;
+    let config = settings.validate()?;
 
     if command == "migrate" {
-        let owner = startup::migration_pool(&settings)?;
+        let owner = startup::migration_pool(&config.database)?;
         startup::migrate(&owner).await?;
         tracing::info!("migrations applied");
         return Ok(());

@@ -15,7 +15,7 @@ use utoipa::{Modify, OpenApi};
 
 use crate::problem::ProblemType::{self, *};
 use crate::routes::{decisions, health, transfers, users, wallets};
-use crate::settings::Settings;
+use crate::settings::Config;
 use crate::state::AppState;
 
 #[derive(OpenApi)]
@@ -113,7 +113,7 @@ fn header(description: &str) -> Value {
 const UUID_PATTERN: &str = "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}";
 
 /// Completes the generated document: failures, headers, limits, links.
-fn contract(document: &mut Value, settings: &Settings) {
+fn contract(document: &mut Value, config: &Config) {
     let Some(paths) = document["paths"].as_object_mut() else {
         return;
     };
@@ -137,12 +137,12 @@ fn contract(document: &mut Value, settings: &Settings) {
                 add_headers(response, method, path, status);
             }
             add_links(responses, method, path);
-            constrain_parameters(operation, settings);
+            constrain_parameters(operation, config);
         }
     }
     if let Some(amount) = document.pointer_mut("/components/schemas/TransferBody/properties/amount_minor") {
         amount["minimum"] = json!(1);
-        amount["maximum"] = json!(settings.transfer_amount_minor_max);
+        amount["maximum"] = json!(config.money.transfer_amount_minor_max);
     }
 }
 
@@ -241,10 +241,10 @@ fn add_links(responses: &mut Map<String, Value>, method: &str, path: &str) {
     }
 }
 
-fn constrain_parameters(operation: &mut Value, settings: &Settings) {
+fn constrain_parameters(operation: &mut Value, config: &Config) {
     let page_max = match operation["operationId"].as_str() {
-        Some("list_transfers") => settings.transfers_page_rows_max,
-        _ => settings.decisions_page_entries_max as i64,
+        Some("list_transfers") => config.money.transfers_page_rows_max,
+        _ => config.feed.page_entries_max as i64,
     };
     // `get_mut`, not indexing: indexing a missing key would insert a null.
     let Some(parameters) = operation.get_mut("parameters").and_then(Value::as_array_mut) else {
@@ -275,9 +275,9 @@ fn constrain_parameters(operation: &mut Value, settings: &Settings) {
 
 /// The document as this deployment serves it. Built once, at start-up
 /// (`AppState::api_document`): it depends only on the settings.
-pub fn document(settings: &Settings) -> Value {
+pub fn document(config: &Config) -> Value {
     let mut document = serde_json::to_value(ApiDoc::openapi()).unwrap_or_default();
-    contract(&mut document, settings);
+    contract(&mut document, config);
     document
 }
 

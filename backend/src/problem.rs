@@ -42,6 +42,8 @@ pub enum ProblemType {
     InsufficientFunds,
     UnknownTargetWallet,
     CurrencyMismatch,
+    RaceLabSwitchesOff,
+    LabWalletsOnly,
     ServiceUnavailable,
     OutcomeUnknown,
     InternalError,
@@ -59,7 +61,7 @@ struct Entry {
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 21] = [
+    pub const ALL: [ProblemType; 23] = [
         ProblemType::MalformedRequest,
         ProblemType::ValidationFailed,
         ProblemType::Unauthorized,
@@ -78,6 +80,8 @@ impl ProblemType {
         ProblemType::InsufficientFunds,
         ProblemType::UnknownTargetWallet,
         ProblemType::CurrencyMismatch,
+        ProblemType::RaceLabSwitchesOff,
+        ProblemType::LabWalletsOnly,
         ProblemType::ServiceUnavailable,
         ProblemType::OutcomeUnknown,
         ProblemType::InternalError,
@@ -211,6 +215,20 @@ impl ProblemType {
                 "The wallets hold different currencies",
                 "The recipient's wallet holds a different currency, and this service does not convert money. Nothing was sent.",
                 "The source and target wallets hold different currencies; the row guard never moves minor units from one currency to another. Nothing moved.",
+            ),
+            RaceLabSwitchesOff => (
+                "race-lab-switches-off",
+                StatusCode::FORBIDDEN,
+                "Race-lab switches are turned off here",
+                "This deployment runs every race-lab request through all three defenses, so layers cannot be switched off. Nothing was sent.",
+                "The request carried a Race-Lab-Switches header, and this deployment has race_lab_switches_enabled off. Send the request without the header. Nothing was changed.",
+            ),
+            LabWalletsOnly => (
+                "lab-wallets-only",
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Switches apply to lab wallets only",
+                "Switching a defense off is only possible between your two lab wallets, never with real money. Nothing was sent.",
+                "The request carried a Race-Lab-Switches header, but its wallets are not both race-lab wallets. The transaction checked the wallets before doing anything, and the naive statements match lab rows only. Nothing was changed.",
             ),
             ServiceUnavailable => (
                 "service-unavailable",

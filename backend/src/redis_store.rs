@@ -27,7 +27,7 @@ use redis::{Cmd, Pipeline, RedisFuture, Value};
 use secrecy::ExposeSecret;
 use tokio::sync::OnceCell;
 
-use crate::settings::Settings;
+use crate::settings::Redis;
 
 /// The process's Redis: cheap to clone, every clone shares the connection.
 #[derive(Clone)]
@@ -70,28 +70,24 @@ pub enum StreamConnection {
 impl RedisStore {
     /// The shared connection with every limit explicit. Creating it does
     /// not connect.
-    pub fn from_settings(settings: &Settings) -> anyhow::Result<Self> {
-        let command_timeout = Duration::from_millis(settings.redis_command_timeout_ms);
-        if settings.redis_cluster_urls.is_empty() {
-            let client = redis::Client::open(settings.redis_url.expose_secret())
+    pub fn connect(config: &Redis) -> anyhow::Result<Self> {
+        let command_timeout = config.command_timeout;
+        if config.cluster_urls.is_empty() {
+            let client = redis::Client::open(config.url.expose_secret())
                 .map_err(|error| anyhow::anyhow!("invalid Redis configuration: {error}"))?;
-            let config = ConnectionManagerConfig::new()
+            let manager_config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(command_timeout))
                 .set_response_timeout(Some(command_timeout))
-                .set_concurrency_limit(settings.redis_commands_in_flight_max)
+                .set_concurrency_limit(config.commands_in_flight_max)
                 // One attempt per use: a request never waits out a backoff;
                 // the next request tries again.
                 .set_number_of_retries(1)
                 .set_max_delay(command_timeout);
-            let manager = ConnectionManager::new_lazy_with_config(client, config)
+            let manager = ConnectionManager::new_lazy_with_config(client, manager_config)
                 .map_err(|error| anyhow::anyhow!("invalid Redis configuration: {error}"))?;
             Ok(Self::new(Shared::Single(manager)))
         } else {
-            let urls: Vec<String> = settings
-                .redis_cluster_urls
-                .iter()
-                .map(|url| url.expose_secret().to_owned())
-                .collect();
+            let urls = cluster_urls(config);
             let client = redis::cluster::ClusterClientBuilder::new(urls)
                 .connection_timeout(command_timeout)
                 .response_timeout(command_timeout)
@@ -207,19 +203,11 @@ pub enum StreamClient {
 }
 
 impl StreamClient {
-    pub fn from_settings(settings: &Settings) -> anyhow::Result<Self> {
-        if settings.redis_cluster_urls.is_empty() {
-            Ok(Self::Single(redis::Client::open(
-                settings.redis_url.expose_secret(),
-            )?))
+    pub fn for_config(config: &Redis) -> anyhow::Result<Self> {
+        if config.cluster_urls.is_empty() {
+            Ok(Self::Single(redis::Client::open(config.url.expose_secret())?))
         } else {
-            Ok(Self::Cluster(
-                settings
-                    .redis_cluster_urls
-                    .iter()
-                    .map(|u| u.expose_secret().to_owned())
-                    .collect(),
-            ))
+            Ok(Self::Cluster(cluster_urls(config)))
         }
     }
 
@@ -255,4 +243,13 @@ impl StreamClient {
             }
         }
     }
+}
+
+/// The cluster's seed nodes, as the client takes them.
+fn cluster_urls(config: &Redis) -> Vec<String> {
+    config
+        .cluster_urls
+        .iter()
+        .map(|url| url.expose_secret().to_owned())
+        .collect()
 }

@@ -5,7 +5,6 @@
 use std::net::TcpListener;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix_web::dev::Server;
 use actix_web::{App, HttpServer, web};
@@ -21,7 +20,7 @@ use crate::metrics::Metrics;
 use crate::openapi;
 use crate::redis_store::{RedisStore, StreamClient};
 use crate::routes::{self, decisions, health, transfers, users, wallets};
-use crate::settings::Settings;
+use crate::settings::{Database, Settings};
 use crate::state::AppState;
 use crate::telemetry;
 
@@ -49,8 +48,8 @@ impl Application {
     /// Validates the settings, connects lazily (the server starts even if a
     /// store is down, and /readyz says so), migrates if asked, and binds.
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
-        settings.validate()?;
-        let unsafe_modes = settings.unsafe_modes();
+        let config = settings.validate()?;
+        let unsafe_modes = config.unsafe_modes();
         if !unsafe_modes.is_empty() {
             tracing::warn!(
                 modes = %unsafe_modes.join(", "),
@@ -58,90 +57,90 @@ impl Application {
                  Never run it with real money."
             );
         }
-        let db = db_pool(&settings)?;
-        if settings.migrate_on_start {
-            let owner = migration_pool(&settings)?;
+        let db = db_pool(&config.database)?;
+        if config.database.migrate_on_start {
+            let owner = migration_pool(&config.database)?;
             migrate(&owner).await?;
             owner.close().await;
         }
-        let listener =
-            TcpListener::bind((settings.http_host.as_str(), settings.http_port)).map_err(|error| {
-                anyhow::anyhow!(
-                    "failed to bind {}:{}: {error}",
-                    settings.http_host,
-                    settings.http_port
-                )
-            })?;
-        let port = listener.local_addr()?.port();
-        let admin_listener = TcpListener::bind(settings.admin_http_addr.as_str()).map_err(|error| {
+        let listener = TcpListener::bind((config.http.host.as_str(), config.http.port)).map_err(|error| {
+            anyhow::anyhow!(
+                "failed to bind {}:{}: {error}",
+                config.http.host,
+                config.http.port
+            )
+        })?;
+        let public_address = reachable_from_here(listener.local_addr()?);
+        let port = public_address.port();
+        let admin_listener = TcpListener::bind(config.http.admin_addr.as_str()).map_err(|error| {
             anyhow::anyhow!(
                 "failed to bind admin_http_addr {}: {error}",
-                settings.admin_http_addr
+                config.http.admin_addr
             )
         })?;
         let admin_port = admin_listener.local_addr()?.port();
         let metrics = Metrics::new();
-        let (redis, redis_client) =
-            if settings.cooldown_enabled || settings.decision_feed_enabled || settings.account_limits_enabled
-            {
-                (
-                    Some(
-                        RedisStore::from_settings(&settings)?
-                            .count_round_trips_in(metrics.redis_round_trips.clone()),
-                    ),
-                    Some(StreamClient::from_settings(&settings)?),
-                )
-            } else {
-                (None, None)
-            };
+        let (redis, redis_client) = if config.uses_redis() {
+            (
+                Some(
+                    RedisStore::connect(&config.redis)?
+                        .count_round_trips_in(metrics.redis_round_trips.clone()),
+                ),
+                Some(StreamClient::for_config(&config.redis)?),
+            )
+        } else {
+            (None, None)
+        };
         let feed = DecisionFeed::start(
-            redis.clone().filter(|_| settings.decision_feed_enabled),
-            redis_client.filter(|_| settings.decision_feed_enabled),
+            redis.clone().filter(|_| config.feed.enabled),
+            redis_client.filter(|_| config.feed.enabled),
             FeedSettings {
-                key_prefix: settings.redis_key_prefix.clone(),
-                queue_entries_max: settings.decision_feed_queue_entries_max,
-                entries_per_user_max: settings.decision_feed_entries_per_user_max,
-                retention_hours: settings.decision_feed_retention_hours,
-                command_timeout: Duration::from_millis(settings.redis_command_timeout_ms),
-                redis_memory_bytes_max: settings.decision_feed_redis_memory_bytes_max,
-                memory_check_interval: Duration::from_millis(settings.decision_feed_memory_check_ms),
+                key_prefix: config.redis.key_prefix.clone(),
+                queue_entries_max: config.feed.queue_entries_max,
+                entries_per_user_max: config.feed.entries_per_user_max,
+                retention: config.feed.retention,
+                command_timeout: config.redis.command_timeout,
+                redis_memory_bytes_max: config.feed.redis_memory_bytes_max,
+                memory_check_interval: config.feed.memory_check_interval,
             },
             metrics.clone(),
         );
-        let instance_id: Arc<str> = if settings.instance_id.is_empty() {
+        let instance_id: Arc<str> = if config.http.instance_id.is_empty() {
             default_instance_id().into()
         } else {
-            settings.instance_id.as_str().into()
+            config.http.instance_id.as_str().into()
         };
         let state = AppState {
-            cooldown: CooldownLock::new(&settings, redis.clone(), metrics.cooldown_fail_open.clone()),
+            cooldown: CooldownLock::new(&config, redis.clone(), metrics.cooldown_fail_open.clone()),
             account_limits: Arc::new(AccountLimits::new(
-                &settings,
+                &config,
                 redis.clone(),
                 metrics.account_limits_fail_open.clone(),
             )),
-            tokens: TokenSigner::new(&settings.token_signing_key),
+            tokens: TokenSigner::new(&config.accounts.token_signing_key),
             passwords: crate::auth::PasswordWorkers::start(
-                settings.password_hash_threads,
-                settings.password_hash_queue_max,
+                config.accounts.password_hash_threads,
+                config.accounts.password_hash_queue_max,
             ),
             db: db.clone(),
             redis,
             metrics,
             feed,
-            stream_slots: Arc::new(tokio::sync::Semaphore::new(settings.decision_streams_max)),
+            stream_slots: Arc::new(tokio::sync::Semaphore::new(config.feed.streams_max)),
+            public_address,
+            lab_runs: Arc::new(tokio::sync::Semaphore::new(config.race_lab.runs_in_flight_max)),
             streams_per_user: Arc::default(),
             instance_id,
-            api_document: serde_json::to_vec(&openapi::document(&settings))?.into(),
-            settings: Arc::new(settings),
+            api_document: serde_json::to_vec(&openapi::document(&config))?.into(),
+            config: Arc::new(config),
         };
         let sweeper = crate::sweep::spawn_sweeper(
             db,
-            Duration::from_secs(state.settings.idempotency_sweep_interval_s),
-            state.settings.idempotency_sweep_batch_rows_max,
+            state.config.idempotency.sweep_interval,
+            state.config.idempotency.sweep_batch_rows_max,
         );
-        let workers = state.settings.http_workers;
-        let grace_s = state.settings.shutdown_grace_s;
+        let workers = state.config.http.workers;
+        let grace_s = state.config.http.shutdown_grace.as_secs();
         let data = web::Data::new(state);
         let server = HttpServer::new(move || {
             App::new()
@@ -237,7 +236,7 @@ pub const ROUTE_METHODS: [(&str, &str); 23] = [
     ("/wallet/review", "POST"),
     ("/wallet/transfer", "POST"),
     ("/race-lab", "GET"),
-    ("/race-lab/recipient", "GET"),
+    ("/race-lab/runs", "POST"),
     ("/feed", "GET"),
     ("/problems/{slug}", "GET"),
     ("/static/{file}", "GET"),
@@ -340,34 +339,34 @@ pub async fn migrate(db: &PgPool) -> anyhow::Result<()> {
 
 /// A PostgreSQL pool with every limit explicit, as the server's role.
 /// Connects lazily.
-pub fn db_pool(settings: &Settings) -> anyhow::Result<PgPool> {
-    pool_for(settings, settings.database_url.expose_secret(), "database_url")
+pub fn db_pool(database: &Database) -> anyhow::Result<PgPool> {
+    pool_for(database, database.url.expose_secret(), "database_url")
 }
 
 /// A pool as the owning role, for migrations: `database_migration_url`,
 /// or `database_url` when that is empty.
-pub fn migration_pool(settings: &Settings) -> anyhow::Result<PgPool> {
-    let url = settings.database_migration_url.expose_secret();
+pub fn migration_pool(database: &Database) -> anyhow::Result<PgPool> {
+    let url = database.migration_url.expose_secret();
     if url.is_empty() {
-        db_pool(settings)
+        db_pool(database)
     } else {
-        pool_for(settings, url, "database_migration_url")
+        pool_for(database, url, "database_migration_url")
     }
 }
 
-fn pool_for(settings: &Settings, url: &str, setting: &str) -> anyhow::Result<PgPool> {
+fn pool_for(database: &Database, url: &str, setting: &str) -> anyhow::Result<PgPool> {
     let options = PgConnectOptions::from_str(url)
         .map_err(|_| anyhow::anyhow!("{setting} is not a valid PostgreSQL URL"))?
         .application_name("layered-wallet")
         .options([(
             "statement_timeout",
-            format!("{}ms", settings.db_statement_timeout_ms),
+            format!("{}ms", database.statement_timeout.as_millis()),
         )]);
-    let check_idle_after = Duration::from_millis(settings.db_idle_check_after_ms);
+    let check_idle_after = database.idle_check_after;
     Ok(PgPoolOptions::new()
-        .max_connections(settings.db_pool_connections_max)
-        .min_connections(settings.db_pool_connections_min)
-        .acquire_timeout(Duration::from_millis(settings.db_acquire_wait_ms_max))
+        .max_connections(database.pool_connections_max)
+        .min_connections(database.pool_connections_min)
+        .acquire_timeout(database.acquire_wait_max)
         // A connection that broke while idle (a restart, a proxy's idle
         // timeout) must be found before a transfer is sent down it, or
         // the client is told "outcome unknown" where nothing was sent. The
@@ -384,6 +383,20 @@ fn pool_for(settings: &Settings, url: &str, setting: &str) -> anyhow::Result<PgP
             })
         })
         .connect_lazy_with(options))
+}
+
+/// A bound address as a client on this host dials it: an unspecified
+/// address (0.0.0.0, ::) is reached through loopback.
+fn reachable_from_here(bound: std::net::SocketAddr) -> std::net::SocketAddr {
+    match bound.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+            (std::net::Ipv4Addr::LOCALHOST, bound.port()).into()
+        }
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+            (std::net::Ipv6Addr::LOCALHOST, bound.port()).into()
+        }
+        _ => bound,
+    }
 }
 
 /// The host name and a short random suffix: unique per process.
@@ -403,7 +416,7 @@ async fn metrics_text(state: web::Data<AppState>) -> actix_web::HttpResponse {
         "postgres",
         db_size.saturating_sub(db_idle),
         db_idle,
-        state.settings.db_pool_connections_max as usize,
+        state.config.database.pool_connections_max as usize,
     );
     actix_web::HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")

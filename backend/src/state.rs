@@ -6,11 +6,11 @@ use crate::auth::TokenSigner;
 use crate::decision::feed::DecisionFeed;
 use crate::defense::cooldown::CooldownLock;
 use crate::metrics::Metrics;
-use crate::settings::Settings;
+use crate::settings::Config;
 
 #[derive(Clone)]
 pub struct AppState {
-    pub settings: Arc<Settings>,
+    pub config: Arc<Config>,
     pub db: sqlx::PgPool,
     /// Shared by the cooldown, the decision feed and the account limits;
     /// `None` when none is enabled.
@@ -26,6 +26,11 @@ pub struct AppState {
     /// ...and those each user holds on it.
     pub streams_per_user: Arc<crate::routes::decisions::StreamsPerUser>,
     pub instance_id: Arc<str>,
+    /// Where this instance's public listener answers from this host: the
+    /// race lab fires its bursts at it, like any client.
+    pub public_address: std::net::SocketAddr,
+    /// Bounds the race-lab runs this instance fires at once.
+    pub lab_runs: Arc<tokio::sync::Semaphore>,
     /// The OpenAPI document, serialised once at start-up.
     pub api_document: actix_web::web::Bytes,
 }

@@ -73,10 +73,11 @@ async fn two_instances_on_a_cluster_move_money_once() {
     assert_eq!(first.transfer_count().await, 1);
     first.assert_invariants().await;
 
-    let pool = layered_wallet::redis_store::RedisStore::from_settings(&first.settings).expect("cluster pool");
+    let config = first.settings.validate().expect("valid settings");
+    let store = layered_wallet::redis_store::RedisStore::connect(&config.redis).expect("cluster connection");
     let lock = layered_wallet::defense::cooldown::CooldownLock::new(
-        &first.settings,
-        Some(pool),
+        &config,
+        Some(store),
         prometheus::IntCounter::new("t", "t").expect("counter"),
     );
     let user = layered_wallet::domain::UserId(uuid::Uuid::new_v4());

@@ -125,10 +125,11 @@ async fn only_the_owner_can_release_a_window() {
     assert_redis_reachable().await;
     let prefix = format!("test:{}:", Uuid::new_v4().simple());
     let settings = test_settings("postgres://unused@127.0.0.1/unused", &prefix);
-    let pool = layered_wallet::redis_store::RedisStore::from_settings(&settings).expect("pool");
+    let config = settings.validate().expect("valid settings");
+    let store = layered_wallet::redis_store::RedisStore::connect(&config.redis).expect("Redis connection");
     let lock = CooldownLock::new(
-        &settings,
-        Some(pool),
+        &config,
+        Some(store),
         prometheus::IntCounter::new("t", "t").expect("counter"),
     );
     let user = UserId(Uuid::new_v4());

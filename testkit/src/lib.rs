@@ -449,7 +449,7 @@ impl TestApp {
 
     /// The wallet of the user called `name`.
     pub async fn wallet_of(&self, name: &str) -> Uuid {
-        sqlx::query_scalar("SELECT w.id FROM wallets w JOIN users u ON u.id = w.user_id WHERE u.name = $1")
+        sqlx::query_scalar("SELECT w.id FROM wallets w JOIN users u ON u.id = w.user_id WHERE u.name = $1 AND w.lab_slot IS NULL")
             .bind(name)
             .fetch_one(&self.db)
             .await

@@ -128,7 +128,7 @@ pub struct FeedSettings {
     pub key_prefix: String,
     pub queue_entries_max: usize,
     pub entries_per_user_max: u64,
-    pub retention_hours: u64,
+    pub retention: Duration,
     pub command_timeout: Duration,
     pub redis_memory_bytes_max: u64,
     pub memory_check_interval: Duration,
@@ -311,10 +311,7 @@ async fn write_batches(
     settings: FeedSettings,
     metrics: Metrics,
 ) {
-    let retention_s = settings
-        .retention_hours
-        .saturating_mul(3600)
-        .saturating_add(2 * EXPIRY_REFRESH_INTERVAL.as_secs());
+    let retention_s = (settings.retention + 2 * EXPIRY_REFRESH_INTERVAL).as_secs();
     let mut expiry = ExpiryMemo::new();
     let mut budget = MemoryBudget {
         bytes_max: settings.redis_memory_bytes_max,

@@ -44,7 +44,7 @@ use sha2::{Digest, Sha256};
 use crate::auth::VerifiedToken;
 use crate::domain::UserId;
 use crate::redis_store::RedisStore;
-use crate::settings::{CooldownScope, Settings, StoreErrorPolicy};
+use crate::settings::{Config, CooldownScope, StoreErrorPolicy};
 
 /// The window, in one atomic script: refuse a revoked token (KEYS[2]
 /// exists), else `SET KEYS[1] ARGV[1] NX PX ARGV[2]`; on refusal, the
@@ -76,9 +76,9 @@ pub enum Cooldown {
     /// Another request holds it; refuse with 429.
     Active {
         /// Until the window ends.
-        retry_after_ms: u64,
+        retry_after: Duration,
         /// Since the window began: since the transfer that holds it.
-        elapsed_ms: u64,
+        elapsed: Duration,
     },
     /// The token was revoked: refused before it could take the window.
     TokenRevoked,
@@ -106,7 +106,7 @@ pub struct CooldownUnavailable;
 pub struct CooldownLock {
     /// `None` when the layer is disabled; no Redis connection is made then.
     store: Option<RedisStore>,
-    ttl_ms: u64,
+    ttl: Duration,
     scope: CooldownScope,
     on_store_error: StoreErrorPolicy,
     key_prefix: String,
@@ -121,14 +121,14 @@ impl CooldownLock {
     /// `store` is the shared Redis connection; the layer is disabled when
     /// `cooldown_enabled` is off. Nothing connects here: the server starts
     /// (and fails open) even while Redis is down.
-    pub fn new(settings: &Settings, store: Option<RedisStore>, fail_open_passes: IntCounter) -> Self {
+    pub fn new(config: &Config, store: Option<RedisStore>, fail_open_passes: IntCounter) -> Self {
         Self {
-            store: store.filter(|_| settings.cooldown_enabled),
-            ttl_ms: settings.cooldown_ttl_ms,
-            scope: settings.cooldown_scope,
-            on_store_error: settings.cooldown_on_store_error,
-            key_prefix: settings.redis_key_prefix.clone(),
-            command_timeout: Duration::from_millis(settings.redis_command_timeout_ms),
+            store: store.filter(|_| config.cooldown.enabled),
+            ttl: config.cooldown.ttl,
+            scope: config.cooldown.scope,
+            on_store_error: config.cooldown.on_store_error,
+            key_prefix: config.redis.key_prefix.clone(),
+            command_timeout: config.redis.command_timeout,
             acquire_script: Arc::new(Script::new(ACQUIRE)),
             release_script: Arc::new(Script::new(RELEASE_IF_OWNER)),
             fail_open_passes,
@@ -139,8 +139,8 @@ impl CooldownLock {
         self.fail_open_passes.get()
     }
 
-    pub fn ttl_ms(&self) -> u64 {
-        self.ttl_ms
+    pub fn ttl(&self) -> Duration {
+        self.ttl
     }
 
     pub fn scope(&self) -> CooldownScope {
@@ -219,7 +219,7 @@ impl CooldownLock {
                 .key(&key)
                 .key(self.revocation_key(caller))
                 .arg(&token)
-                .arg(self.ttl_ms)
+                .arg(self.ttl.as_millis())
                 .invoke_async::<(i64, i64)>(&mut conn)
                 .await
                 .map_err(|e| e.to_string())
@@ -230,10 +230,11 @@ impl CooldownLock {
             // A window always has a TTL (the script sets none without one),
             // so a negative PTTL cannot happen; clamp it anyway.
             Ok(Ok((_, remaining_ms))) => {
-                let retry_after_ms = u64::try_from(remaining_ms).unwrap_or(0).min(self.ttl_ms);
+                let retry_after =
+                    Duration::from_millis(u64::try_from(remaining_ms).unwrap_or(0)).min(self.ttl);
                 Ok(Cooldown::Active {
-                    retry_after_ms,
-                    elapsed_ms: self.ttl_ms - retry_after_ms,
+                    retry_after,
+                    elapsed: self.ttl - retry_after,
                 })
             }
             Ok(Err(error)) => self.store_failed(&error),
@@ -337,20 +338,23 @@ fn random_token() -> String {
 }
 
 /// Seconds for a `Retry-After` header: rounded up, never zero.
-pub fn retry_after_s(remaining_ms: u64) -> u64 {
-    remaining_ms.div_ceil(1000).max(1)
+pub fn retry_after_s(remaining: Duration) -> u64 {
+    let started_second = u64::from(remaining.subsec_nanos() > 0);
+    (remaining.as_secs() + started_second).max(1)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::retry_after_s;
 
     #[test]
     fn retry_after_rounds_up_and_is_never_zero() {
-        assert_eq!(retry_after_s(0), 1);
-        assert_eq!(retry_after_s(1), 1);
-        assert_eq!(retry_after_s(1000), 1);
-        assert_eq!(retry_after_s(1001), 2);
-        assert_eq!(retry_after_s(4999), 5);
+        assert_eq!(retry_after_s(Duration::from_millis(0)), 1);
+        assert_eq!(retry_after_s(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_s(Duration::from_millis(1000)), 1);
+        assert_eq!(retry_after_s(Duration::from_millis(1001)), 2);
+        assert_eq!(retry_after_s(Duration::from_millis(4999)), 5);
     }
 }

@@ -217,17 +217,25 @@ pub async fn apply_read_decide_write(
     caller: UserId,
     idempotency_key: Option<Uuid>,
     race_window: std::time::Duration,
+    lab_only: bool,
 ) -> Result<Guarded, sqlx::Error> {
+    // With `lab_only` (a race-lab run's switch), every statement here
+    // matches lab rows only: a real wallet is not even seen, let alone
+    // written.
     let source = sqlx::query_as::<_, (Uuid, i64, String)>(
-        "SELECT user_id, balance_minor, currency FROM wallets WHERE id = $1",
+        "SELECT user_id, balance_minor, currency FROM wallets WHERE id = $1 AND (lab_slot IS NOT NULL OR NOT $2)",
     )
     .bind(request.from.0)
+    .bind(lab_only)
     .fetch_optional(&mut *tx)
     .await?;
-    let target_currency = sqlx::query_scalar::<_, String>("SELECT currency FROM wallets WHERE id = $1")
-        .bind(request.to.0)
-        .fetch_optional(&mut *tx)
-        .await?;
+    let target_currency = sqlx::query_scalar::<_, String>(
+        "SELECT currency FROM wallets WHERE id = $1 AND (lab_slot IS NOT NULL OR NOT $2)",
+    )
+    .bind(request.to.0)
+    .bind(lab_only)
+    .fetch_optional(&mut *tx)
+    .await?;
     // Naive about races, not about currencies: the demonstration shows
     // double charges and overdrafts, never a conversion at 1:1.
     let guarded = match (source, target_currency) {
@@ -243,11 +251,17 @@ pub async fn apply_read_decide_write(
         (Some((_, balance, _)), _) => {
             tokio::time::sleep(race_window).await;
             let computed = balance - request.amount.get();
-            sqlx::query("UPDATE wallets SET balance_minor = $2 WHERE id = $1")
-                .bind(request.from.0)
-                .bind(computed)
-                .execute(&mut *tx)
-                .await?;
+            let written = sqlx::query(
+                "UPDATE wallets SET balance_minor = $2 WHERE id = $1 AND (lab_slot IS NOT NULL OR NOT $3)",
+            )
+            .bind(request.from.0)
+            .bind(computed)
+            .bind(lab_only)
+            .execute(&mut *tx)
+            .await?;
+            if written.rows_affected() != 1 {
+                return Ok(Guarded::refused(GuardOutcome::NotOwner));
+            }
             let created_at = credit_and_record(tx, transfer_id, request, caller, idempotency_key).await?;
             Guarded {
                 outcome: GuardOutcome::Accepted,

@@ -77,7 +77,7 @@ pub async fn list_decisions(
 
 /// One page of `user`'s stream after `?after=`.
 async fn read_page(request: &HttpRequest, state: &AppState, user: UserId) -> Result<FeedPage, Problem> {
-    let max = state.settings.decisions_page_entries_max;
+    let max = state.config.feed.page_entries_max;
     let query = parse_query(request, max)?;
     let items = state
         .feed
@@ -172,8 +172,8 @@ async fn open_stream(
     state: &AppState,
     token: VerifiedToken,
 ) -> Result<HttpResponse, Problem> {
-    let settings = state.settings.clone();
-    let query = parse_query(request, settings.decisions_page_entries_max)?;
+    let config = state.config.clone();
+    let query = parse_query(request, config.feed.page_entries_max)?;
     let last_event_id = request
         .headers()
         .get("last-event-id")
@@ -184,14 +184,14 @@ async fn open_stream(
     let user_slot = StreamsPerUser::claim(
         &state.streams_per_user,
         token.user_id,
-        settings.decision_streams_per_user_max,
+        config.feed.streams_per_user_max,
     )
     .ok_or_else(|| {
         Problem::new(
             ProblemType::TooManyStreams,
             format!(
                 "You have {} live feeds open already. Close one and try again.",
-                settings.decision_streams_per_user_max
+                config.feed.streams_per_user_max
             ),
         )
         .detail_is_for_people()
@@ -202,7 +202,7 @@ async fn open_stream(
         .clone()
         .try_acquire_owned()
         .map_err(|_| Problem::unavailable("Too many live streams on this instance. Retry shortly."))?;
-    let keepalive = Duration::from_millis(settings.decision_stream_keepalive_ms);
+    let keepalive = config.feed.stream_keepalive;
     let unavailable = |error: String| {
         tracing::warn!(error, "could not open a decision stream");
         Problem::unavailable("The decision feed is unavailable. Retry shortly.")
@@ -221,8 +221,8 @@ async fn open_stream(
         None => newest_id(&mut connection, &key).await.map_err(unavailable)?,
     };
 
-    let token_check = Duration::from_secs(settings.decision_stream_token_check_s);
-    let lifetime = Duration::from_secs(settings.decision_stream_lifetime_s);
+    let token_check = config.feed.stream_token_check;
+    let lifetime = config.feed.stream_lifetime;
     let db = state.db.clone();
     let now = Instant::now();
     let live = LiveStream {

@@ -1,11 +1,9 @@
 //! Liveness and readiness.
 
-use std::time::Duration;
-
 use actix_web::{HttpResponse, web};
 use serde::Serialize;
 
-use crate::settings::{IdempotencyMode, RowGuardMode, Settings, StoreErrorPolicy};
+use crate::settings::{Config, IdempotencyMode, RowGuardMode, StoreErrorPolicy};
 use crate::state::AppState;
 
 /// The process is up. Touches nothing else, so an orchestrator does not
@@ -39,13 +37,13 @@ pub struct DefenseMode {
 }
 
 impl DefenseMode {
-    pub fn of(settings: &Settings) -> Self {
-        let unsafe_modes = settings.unsafe_modes();
+    pub fn of(config: &Config) -> Self {
+        let unsafe_modes = config.unsafe_modes();
         Self {
             safe: unsafe_modes.is_empty(),
-            cooldown: if settings.cooldown_enabled { "on" } else { "off" },
-            idempotency: settings.idempotency_mode,
-            row_guard: settings.row_guard_mode,
+            cooldown: if config.cooldown.enabled { "on" } else { "off" },
+            idempotency: config.idempotency.mode,
+            row_guard: config.row_guard.mode,
             unsafe_modes,
         }
     }
@@ -102,7 +100,7 @@ impl Readiness {
 }
 
 async fn probe(state: &AppState) -> Readiness {
-    let probe_timeout = Duration::from_millis(state.settings.db_acquire_wait_ms_max);
+    let probe_timeout = state.config.database.acquire_wait_max;
     let postgres = tokio::time::timeout(probe_timeout, sqlx::query("SELECT 1").execute(&state.db)).await;
     let postgres_ok = matches!(postgres, Ok(Ok(_)));
 
@@ -116,10 +114,10 @@ async fn probe(state: &AppState) -> Readiness {
                     .await
                     .map_err(|e| e.to_string())
             };
-            let timeout = Duration::from_millis(state.settings.redis_command_timeout_ms);
+            let timeout = state.config.redis.command_timeout;
             match tokio::time::timeout(timeout, ping).await {
                 Ok(Ok(_)) => "ok",
-                _ if state.settings.cooldown_on_store_error == StoreErrorPolicy::FailOpen => "degraded",
+                _ if state.config.cooldown.on_store_error == StoreErrorPolicy::FailOpen => "degraded",
                 _ => "unreachable",
             }
         }
@@ -138,6 +136,6 @@ async fn probe(state: &AppState) -> Readiness {
         postgres: if postgres_ok { "ok" } else { "unreachable" },
         redis,
         cooldown_fail_open_passes: state.cooldown.fail_open_passes(),
-        mode: DefenseMode::of(&state.settings),
+        mode: DefenseMode::of(&state.config),
     }
 }

@@ -1,8 +1,6 @@
 //! HTTP routes. Handlers parse at the edge, call into the domain, and map
 //! every outcome to a status and an RFC 9457 body.
 
-use std::time::Duration;
-
 use actix_web::HttpRequest;
 use actix_web::http::header;
 use actix_web::web::{self, Bytes, BytesMut};
@@ -10,7 +8,7 @@ use futures::StreamExt;
 
 use crate::auth::{self, VerifiedToken};
 use crate::problem::{self, Problem};
-use crate::settings::Settings;
+use crate::settings::Config;
 use crate::state::AppState;
 
 pub mod decisions;
@@ -31,9 +29,9 @@ pub mod wallets;
 pub async fn read_json_body(
     request: &HttpRequest,
     mut payload: web::Payload,
-    settings: &Settings,
+    config: &Config,
 ) -> Result<Bytes, Problem> {
-    let limit_bytes = settings.request_body_bytes_max;
+    let limit_bytes = config.http.request_body_bytes_max;
     let is_json = request
         .headers()
         .get(header::CONTENT_TYPE)
@@ -44,7 +42,7 @@ pub async fn read_json_body(
             media.eq_ignore_ascii_case("application/json") || media.to_ascii_lowercase().ends_with("+json")
         });
     if !is_json {
-        drain(&mut payload, settings).await;
+        drain(&mut payload, config).await;
         return Err(Problem::unsupported_media_type());
     }
     let declared = request
@@ -53,7 +51,7 @@ pub async fn read_json_body(
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse::<usize>().ok());
     if declared.is_some_and(|length| length > limit_bytes) {
-        drain(&mut payload, settings).await;
+        drain(&mut payload, config).await;
         return Err(Problem::payload_too_large(limit_bytes));
     }
     let mut body = BytesMut::new();
@@ -61,7 +59,7 @@ pub async fn read_json_body(
         let chunk =
             chunk.map_err(|error| Problem::bad_request(format!("Could not read the body: {error}.")))?;
         if body.len() + chunk.len() > limit_bytes {
-            drain(&mut payload, settings).await;
+            drain(&mut payload, config).await;
             return Err(Problem::payload_too_large(limit_bytes));
         }
         body.extend_from_slice(&chunk);
@@ -73,9 +71,9 @@ pub async fn read_json_body(
 /// bounds. Past them the connection is closed with the body unread, as
 /// before: the bounds keep a client from holding a worker with an endless
 /// body.
-async fn drain(payload: &mut web::Payload, settings: &Settings) {
-    let bytes_max = settings.oversized_body_drain_bytes_max;
-    let deadline = tokio::time::sleep(Duration::from_millis(settings.oversized_body_drain_ms_max));
+async fn drain(payload: &mut web::Payload, config: &Config) {
+    let bytes_max = config.http.oversized_body_drain_bytes_max;
+    let deadline = tokio::time::sleep(config.http.oversized_body_drain_max);
     tokio::pin!(deadline);
     let mut drained = 0usize;
     loop {

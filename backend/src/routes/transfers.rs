@@ -12,7 +12,8 @@ use uuid::Uuid;
 use crate::decision::{Layer, Outcome};
 use crate::defense::idempotency::IdempotencyKey;
 use crate::domain::TransferRequest;
-use crate::problem::{self, Problem};
+use crate::problem::{self, Problem, ProblemType};
+use crate::race_lab::{self, Switches};
 use crate::routes::{authenticate, read_json_body};
 use crate::state::AppState;
 use crate::telemetry::RequestContext;
@@ -25,7 +26,9 @@ use crate::transfer::pipeline::{self, Decided};
     post, path = "/api/v1/transfers", tag = "transfers",
     request_body = crate::domain::TransferBody,
     params(("Idempotency-Key" = Option<Uuid>, Header,
-        description = "A UUID naming this transfer; retries with the same key replay the first response")),
+        description = "A UUID naming this transfer; retries with the same key replay the first response"),
+        ("Race-Lab-Switches" = Option<String>, Header,
+        description = "Race lab only: e.g. `cooldown=off, idempotency=check_then_insert, row_guard=read_decide_write`. Honoured for transfers between two race-lab wallets and refused for any other wallet")),
     responses(
         (status = 201, description = "Transferred (or replayed, with Idempotent-Replayed: true)", body = transfer::TransferReceipt),
     ),
@@ -58,19 +61,48 @@ async fn decide(
     if let Err(problem) = state.tokens.require_csrf_header(request, &caller) {
         return Decided::refused(problem, Layer::NoLayer, Outcome::Unauthorized, user, None);
     }
-    let body = match read_json_body(request, payload, &state.settings).await {
+    let body = match read_json_body(request, payload, &state.config).await {
         Ok(body) => body,
         Err(problem) => return Decided::refused(problem, Layer::NoLayer, Outcome::Invalid, user, None),
     };
-    let transfer_request = match TransferRequest::parse(&body, state.settings.transfer_amount_minor_max) {
+    let transfer_request = match TransferRequest::parse(&body, state.config.money.transfer_amount_minor_max) {
         Ok(parsed) => parsed,
         Err(problem) => return Decided::refused(problem, Layer::NoLayer, Outcome::Invalid, user, None),
     };
-    let key = match IdempotencyKey::from_request(request, state.settings.idempotency_key_required) {
+    let key = match IdempotencyKey::from_request(request, state.config.idempotency.key_required) {
         Ok(key) => key,
         Err(problem) => return Decided::refused(problem, Layer::Idempotency, Outcome::Invalid, user, None),
     };
-    pipeline::through_the_layers(state, context, &caller, &transfer_request, key).await
+    let lab = match lab_switches(request, state) {
+        Ok(lab) => lab,
+        Err(problem) => return Decided::refused(problem, Layer::NoLayer, Outcome::Invalid, user, key),
+    };
+    pipeline::through_the_layers(state, context, &caller, &transfer_request, key, lab).await
+}
+
+/// A race-lab request's switches, from its `Race-Lab-Switches` header.
+fn lab_switches(request: &HttpRequest, state: &AppState) -> Result<Option<Switches>, Problem> {
+    let Some(value) = request.headers().get(race_lab::switches::HEADER) else {
+        return Ok(None);
+    };
+    if !state.config.race_lab.switches_enabled {
+        return Err(Problem::new(
+            ProblemType::RaceLabSwitchesOff,
+            "This deployment does not let race-lab requests switch layers off. Nothing was changed.",
+        ));
+    }
+    value
+        .to_str()
+        .ok()
+        .and_then(Switches::parse)
+        .map(Some)
+        .ok_or_else(|| {
+            Problem::new(
+                ProblemType::ValidationFailed,
+                "Race-Lab-Switches must read like \"cooldown=off, idempotency=check_then_insert, \
+                 row_guard=read_decide_write\" (each optional). Nothing was changed.",
+            )
+        })
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -117,7 +149,7 @@ pub async fn list_transfers(
     let caller = authenticate(&request, &state).await?;
     let query = web::Query::<HistoryQuery>::from_query(request.query_string())
         .map_err(|error| Problem::validation(format!("Invalid query: {error}.")))?;
-    let max = state.settings.transfers_page_rows_max;
+    let max = state.config.money.transfers_page_rows_max;
     let limit = query.limit.unwrap_or(20.min(max));
     if !(1..=max).contains(&limit) {
         return Err(Problem::validation(format!("limit must be between 1 and {max}.")));

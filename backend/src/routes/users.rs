@@ -13,7 +13,7 @@ use crate::domain::{UserId, WalletId};
 use crate::names::{self, ComparableName, MATCHES_NAME};
 use crate::problem::{self, Problem, ProblemType};
 use crate::routes::{authenticate, read_json_body};
-use crate::settings::Settings;
+use crate::settings::Config;
 use crate::state::AppState;
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -42,7 +42,7 @@ pub struct IssuedTokenBody {
 }
 
 impl Credentials {
-    fn parse(body: &[u8], settings: &Settings) -> Result<(Self, ComparableName), Problem> {
+    fn parse(body: &[u8], config: &Config) -> Result<(Self, ComparableName), Problem> {
         let credentials: Credentials = serde_json::from_slice(body).map_err(|error| {
             if error.is_data() {
                 Problem::validation(format!("Send {{\"name\": …, \"password\": …}}: {error}."))
@@ -50,20 +50,22 @@ impl Credentials {
                 Problem::bad_request(format!("The body is not valid JSON: {error}."))
             }
         })?;
-        let name = credentials.validate(settings)?;
+        let name = credentials.validate(config)?;
         Ok((credentials, name))
     }
 
     /// The account rules, for the API and the browser form alike: the
     /// name's (`names`) and the password's length.
-    pub fn validate(&self, settings: &Settings) -> Result<ComparableName, Problem> {
-        let name = ComparableName::parse(&self.name, settings.user_name_chars_max)?;
+    pub fn validate(&self, config: &Config) -> Result<ComparableName, Problem> {
+        let name = ComparableName::parse(&self.name, config.accounts.user_name_chars_max)?;
         use secrecy::ExposeSecret;
         let password_chars = self.password.expose_secret().chars().count();
-        if password_chars < settings.password_chars_min || password_chars > settings.password_chars_max {
+        if password_chars < config.accounts.password_chars_min
+            || password_chars > config.accounts.password_chars_max
+        {
             return Err(Problem::validation(format!(
                 "A password has {} to {} characters.",
-                settings.password_chars_min, settings.password_chars_max
+                config.accounts.password_chars_min, config.accounts.password_chars_max
             ))
             .detail_is_for_people());
         }
@@ -84,8 +86,8 @@ pub async fn sign_up(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, Problem> {
-    let body = read_json_body(&request, payload, &state.settings).await?;
-    let (credentials, name) = Credentials::parse(&body, &state.settings)?;
+    let body = read_json_body(&request, payload, &state.config).await?;
+    let (credentials, name) = Credentials::parse(&body, &state.config)?;
     state
         .account_limits
         .check(AccountAction::SignUp, &request, &name.key)
@@ -112,11 +114,8 @@ pub async fn create_user(
         })?;
     let user_id = UserId(Uuid::now_v7());
     let wallet_id = WalletId(Uuid::now_v7());
-    let grant = state.settings.signup_grant_minor;
-    let issued = state.tokens.issue(
-        user_id,
-        chrono::Duration::hours(to_i64(state.settings.api_token_ttl_hours)),
-    );
+    let grant = state.config.money.signup_grant_minor;
+    let issued = state.tokens.issue(user_id, state.config.accounts.api_token_ttl);
 
     let result: Result<(), sqlx::Error> = async {
         let mut tx = state.db.begin().await?;
@@ -136,7 +135,7 @@ pub async fn create_user(
         )
         .bind(wallet_id.0)
         .bind(user_id.0)
-        .bind(&state.settings.currency)
+        .bind(&state.config.money.currency)
         .bind(grant)
         .execute(&mut *tx)
         .await?;
@@ -178,8 +177,8 @@ pub async fn sign_in(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, Problem> {
-    let body = read_json_body(&request, payload, &state.settings).await?;
-    let (credentials, _) = Credentials::parse(&body, &state.settings)
+    let body = read_json_body(&request, payload, &state.config).await?;
+    let (credentials, _) = Credentials::parse(&body, &state.config)
         .map_err(|_| Problem::unauthorized("Wrong name or password.").detail_is_for_people())?;
     state
         .account_limits
@@ -223,10 +222,7 @@ pub async fn issue_token_for(
     let (true, Some(user_id)) = (matches, user_id) else {
         return Err(Problem::unauthorized("Wrong name or password.").detail_is_for_people());
     };
-    let issued = state.tokens.issue(
-        user_id,
-        chrono::Duration::hours(to_i64(state.settings.api_token_ttl_hours)),
-    );
+    let issued = state.tokens.issue(user_id, state.config.accounts.api_token_ttl);
     auth::store_token(&state.db, user_id, &issued)
         .await
         .map_err(|error| problem::from_database_error(&error, "storing a token"))?;
@@ -267,8 +263,4 @@ pub async fn revoke(state: &AppState, token: &auth::VerifiedToken) -> Result<(),
 /// Every password worker is busy: shed the sign-in rather than queue it.
 fn busy() -> Problem {
     Problem::unavailable("Too many sign-ins at once. Retry in a moment.")
-}
-
-fn to_i64(hours: u64) -> i64 {
-    i64::try_from(hours).unwrap_or(i64::MAX / 3600)
 }

@@ -14,7 +14,7 @@ use uuid::Uuid;
 /// user's transfer id gives the same empty page as an id that does not
 /// exist, so it reveals nothing.
 pub const HISTORY_PAGE_SQL: &str = "
-WITH mine AS (SELECT id FROM wallets WHERE user_id = $1),
+WITH mine AS (SELECT id FROM wallets WHERE user_id = $1 AND lab_slot IS NULL),
 cursor AS (
     SELECT 'infinity'::timestamptz AS created_at, 'ffffffff-ffff-ffff-ffff-ffffffffffff'::uuid AS id
     WHERE $2::uuid IS NULL

@@ -9,7 +9,7 @@
 //! then the decision is reported (span, log line, metrics, feed) and turned
 //! into an answer by the caller: JSON for the API, a page for the form.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix_web::HttpResponse;
 use actix_web::http::{StatusCode, header};
@@ -22,6 +22,7 @@ use crate::defense::cooldown::{self, Cooldown, CooldownLock, CooldownUnavailable
 use crate::defense::idempotency::{IdempotencyKey, StoredResponse};
 use crate::domain::{TransferRequest, UserId};
 use crate::problem::{PROBLEM_CONTENT_TYPE, Problem, ProblemType};
+use crate::race_lab::Switches;
 use crate::settings::CooldownScope;
 use crate::state::AppState;
 use crate::telemetry::RequestContext;
@@ -29,6 +30,9 @@ use crate::transfer::{self, TransferOutcome};
 
 /// The action name the cooldown window is scoped to.
 const COOLDOWN_ACTION: &str = "transfer";
+/// ...and for race-lab requests, so that a lab run and the visitor's real
+/// transfers never hold each other's window.
+const LAB_COOLDOWN_ACTION: &str = "race-lab-transfer";
 
 /// How a transfer request ended: the one decision, the answer, and what
 /// the report needs to know.
@@ -105,31 +109,47 @@ pub fn fingerprint_of(transfer_request: &TransferRequest) -> [u8; 32] {
 
 /// The three layers in order, for a request that passed the cheap checks.
 /// Every exit is one decision. Shared by the API and the browser form.
+/// `lab` is a race-lab request's switches; the transaction refuses them
+/// for anything but lab wallets.
 pub async fn through_the_layers(
     state: &AppState,
     context: &RequestContext,
     caller: &VerifiedToken,
     transfer_request: &TransferRequest,
     key: Option<IdempotencyKey>,
+    lab: Option<Switches>,
 ) -> Decided {
     let user = Some(caller.user_id);
 
     // Layer 1: the cooldown lock. A refusal here touches no database.
     let started = Instant::now();
-    let cooldown = state
-        .cooldown
-        .try_acquire(caller, COOLDOWN_ACTION, &transfer_request.canonical_json())
-        .await;
+    let cooldown = match lab {
+        Some(switches) if !switches.cooldown => Ok(Cooldown::Disabled),
+        Some(switches) => {
+            // Each named run has windows of its own.
+            let action = match switches.run {
+                Some(run) => format!("{LAB_COOLDOWN_ACTION}:{run}"),
+                None => LAB_COOLDOWN_ACTION.to_owned(),
+            };
+            state
+                .cooldown
+                .try_acquire(caller, &action, &transfer_request.canonical_json())
+                .await
+        }
+        None => {
+            state
+                .cooldown
+                .try_acquire(caller, COOLDOWN_ACTION, &transfer_request.canonical_json())
+                .await
+        }
+    };
     state
         .metrics
         .observe_layer(Layer::Cooldown.as_str(), started.elapsed());
     let (permit, degraded) = match cooldown {
         Ok(Cooldown::Acquired(permit)) => (Some(permit), false),
-        Ok(Cooldown::Active {
-            retry_after_ms,
-            elapsed_ms,
-        }) => {
-            let problem = cooldown_active(&state.cooldown, retry_after_ms, elapsed_ms);
+        Ok(Cooldown::Active { retry_after, elapsed }) => {
+            let problem = cooldown_active(&state.cooldown, retry_after, elapsed);
             return Decided::refused(problem, Layer::Cooldown, Outcome::Rejected, user, key);
         }
         // A dead token speaks for nobody: no window, no entry in the
@@ -155,6 +175,7 @@ pub async fn through_the_layers(
         key,
         &fingerprint,
         &context.trace_id,
+        lab,
     )
     .await;
     let mut decided = match outcome {
@@ -288,14 +309,14 @@ fn stored_response(stored: &StoredResponse, replayed: bool) -> HttpResponse {
 }
 
 /// The 429, saying what happened and when the next transfer is possible.
-fn cooldown_active(cooldown: &CooldownLock, retry_after_ms: u64, elapsed_ms: u64) -> Problem {
-    let seconds = cooldown::retry_after_s(retry_after_ms);
-    let ago = if elapsed_ms < 1_000 {
+fn cooldown_active(cooldown: &CooldownLock, retry_after: Duration, elapsed: Duration) -> Problem {
+    let seconds = cooldown::retry_after_s(retry_after);
+    let ago = if elapsed.as_secs() == 0 {
         "less than a second ago".to_owned()
     } else {
-        format!("{} s ago", elapsed_ms / 1_000)
+        format!("{} s ago", elapsed.as_secs())
     };
-    let spacing = human_duration(cooldown.ttl_ms());
+    let spacing = human_duration(cooldown.ttl());
     let detail = match cooldown.scope() {
         CooldownScope::UserAction => format!(
             "You sent a transfer {ago}. Transfers are spaced at least {spacing} apart so that duplicates cannot \
@@ -312,8 +333,8 @@ fn cooldown_active(cooldown: &CooldownLock, retry_after_ms: u64, elapsed_ms: u64
 }
 
 /// `5000` → `5 s`, `1500` → `1.5 s`, `300` → `300 ms`.
-fn human_duration(ms: u64) -> String {
-    match ms {
+fn human_duration(duration: Duration) -> String {
+    match duration.as_millis() {
         ms if ms < 1_000 => format!("{ms} ms"),
         ms if ms % 1_000 == 0 => format!("{} s", ms / 1_000),
         ms => format!("{:.1} s", ms as f64 / 1_000.0),

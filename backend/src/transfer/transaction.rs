@@ -25,6 +25,7 @@ use crate::defense::idempotency::{self, Claim, ClaimOutcome, IdempotencyKey, Sto
 use crate::defense::row_guard::{self, GuardOutcome, Guarded};
 use crate::domain::TransferRequest;
 use crate::problem::{self, DatabaseFailure, Problem, ProblemType};
+use crate::race_lab::Switches;
 use crate::settings::{IdempotencyMode, RowGuardMode};
 use crate::state::AppState;
 
@@ -85,6 +86,7 @@ pub async fn execute(
     key: Option<IdempotencyKey>,
     fingerprint: &[u8; 32],
     trace_id: &str,
+    lab: Option<Switches>,
 ) -> Result<TransferOutcome, Refusal> {
     let call = Call {
         state,
@@ -93,12 +95,13 @@ pub async fn execute(
         key,
         fingerprint,
         trace_id,
+        lab,
     };
     let mut attempt = 0;
     loop {
         match execute_once(&call).await {
             Err(Failure::Database { error, .. })
-                if is_retryable(&error) && attempt < state.settings.transfer_retries_max =>
+                if is_retryable(&error) && attempt < state.config.database.transfer_retries_max =>
             {
                 attempt += 1;
                 tracing::info!(attempt, error = %error, "retrying a transfer transaction");
@@ -187,17 +190,54 @@ struct Call<'a> {
     key: Option<IdempotencyKey>,
     fingerprint: &'a [u8; 32],
     trace_id: &'a str,
+    /// A race-lab request's switches: honoured for lab wallets only.
+    lab: Option<Switches>,
+}
+
+/// Which variant of each layer a transaction runs, and on which wallets.
+#[derive(Clone, Copy)]
+struct Variants {
+    idempotency: IdempotencyMode,
+    row_guard: RowGuardMode,
+    naive_window: std::time::Duration,
+    /// Lab wallets only: the transaction refuses any other wallet before
+    /// doing anything, and the naive statements match lab rows only.
+    lab_only: bool,
 }
 
 async fn execute_once(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
-    let settings = &call.state.settings;
-    if settings.idempotency_mode == IdempotencyMode::Atomic
-        && settings.row_guard_mode == RowGuardMode::Guarded
-    {
-        in_one_call(call).await
-    } else {
-        step_by_step(call).await
-    }
+    let config = &call.state.config;
+    let variants = match call.lab {
+        Some(switches) => Variants {
+            idempotency: switches.idempotency,
+            row_guard: switches.row_guard,
+            naive_window: config.race_lab.naive_window,
+            lab_only: true,
+        },
+        None if config.idempotency.mode == IdempotencyMode::Atomic
+            && config.row_guard.mode == RowGuardMode::Guarded =>
+        {
+            return in_one_call(call).await;
+        }
+        None => Variants {
+            idempotency: config.idempotency.mode,
+            row_guard: config.row_guard.mode,
+            naive_window: config.demo.naive_window,
+            lab_only: false,
+        },
+    };
+    step_by_step(call, variants).await
+}
+
+fn lab_wallets_only() -> Refusal {
+    Refusal::new(
+        Problem::new(
+            ProblemType::LabWalletsOnly,
+            "Race-lab switches apply only to transfers between race-lab wallets. Nothing was changed.",
+        ),
+        Layer::NoLayer,
+        Outcome::Invalid,
+    )
 }
 
 fn not_your_wallet() -> Refusal {
@@ -260,8 +300,9 @@ async fn in_one_call(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
         key,
         fingerprint,
         trace_id,
+        lab: _,
     } = *call;
-    let settings = &state.settings;
+    let config = &state.config;
     let transfer_id = Uuid::now_v7();
     // Acquired apart from the statement, so that an error here is known to
     // have sent nothing.
@@ -275,9 +316,9 @@ async fn in_one_call(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
     .bind(&caller.hash[..])
     .bind(key.map(IdempotencyKey::as_uuid))
     .bind(&fingerprint[..])
-    .bind(i32::from(settings.idempotency_retention_hours))
-    .bind(i32::from(settings.idempotency_wait_ms_max))
-    .bind(i32::from(settings.wallet_lock_wait_ms_max))
+    .bind(i32::from(config.idempotency.retention_hours))
+    .bind(i32::from(config.idempotency.wait_ms_max))
+    .bind(i32::from(config.database.wallet_lock_wait_ms_max))
     .bind(transfer_id)
     .bind(request.from.0)
     .bind(request.to.0)
@@ -376,7 +417,7 @@ fn layer_span(
 
 /// The demonstration path: one statement at a time, so that a naive
 /// variant can stand in for either layer.
-async fn step_by_step(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
+async fn step_by_step(call: &Call<'_>, variants: Variants) -> Result<TransferOutcome, Failure> {
     let Call {
         state,
         caller,
@@ -384,10 +425,11 @@ async fn step_by_step(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
         key,
         fingerprint,
         trace_id,
+        lab: _,
     } = *call;
-    let settings = &state.settings;
-    let naive_window = std::time::Duration::from_millis(settings.naive_window_ms);
-    let wallet_wait_ms = settings.wallet_lock_wait_ms_max;
+    let config = &state.config;
+    let naive_window = variants.naive_window;
+    let wallet_wait_ms = config.database.wallet_lock_wait_ms_max;
     let mut tx = state
         .db
         .begin_with(AssertSqlSafe(format!(
@@ -398,12 +440,15 @@ async fn step_by_step(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
     if !auth::token_is_live(&mut *tx, caller).await? {
         return Err(Failure::Refused(revoked_token()));
     }
+    if variants.lab_only && !crate::race_lab::both_are_lab_wallets(&mut tx, request).await? {
+        return Err(Failure::Refused(lab_wallets_only()));
+    }
 
     // Layer 2: claim the key.
-    let key = key.filter(|_| settings.idempotency_mode != IdempotencyMode::Off);
+    let key = key.filter(|_| variants.idempotency != IdempotencyMode::Off);
     if let Some(key) = key {
         let started = Instant::now();
-        let claim = match settings.idempotency_mode {
+        let claim = match variants.idempotency {
             IdempotencyMode::CheckThenInsert => {
                 let seen = idempotency::naive_check(&mut tx, caller.user_id, key, fingerprint).await?;
                 tokio::time::sleep(naive_window).await;
@@ -415,8 +460,8 @@ async fn step_by_step(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
                     caller.user_id,
                     key,
                     fingerprint,
-                    settings.idempotency_retention_hours,
-                    settings.idempotency_wait_ms_max,
+                    config.idempotency.retention_hours,
+                    config.idempotency.wait_ms_max,
                 )
                 .await?
             }
@@ -433,7 +478,7 @@ async fn step_by_step(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
     let transfer_id = Uuid::now_v7();
     let started = Instant::now();
     let key_uuid = key.map(IdempotencyKey::as_uuid);
-    let guarded = match settings.row_guard_mode {
+    let guarded = match variants.row_guard {
         RowGuardMode::Guarded => {
             row_guard::apply(
                 &mut tx,
@@ -453,6 +498,7 @@ async fn step_by_step(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
                 caller.user_id,
                 key_uuid,
                 naive_window,
+                variants.lab_only,
             )
             .await?
         }
@@ -479,7 +525,7 @@ async fn step_by_step(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
     };
     let receipt = guarded.applied.map(|_| response.body.as_str());
 
-    match (key, settings.idempotency_mode) {
+    match (key, variants.idempotency) {
         (Some(key), IdempotencyMode::CheckThenInsert) => {
             tx.commit().await.map_err(Failure::at_commit)?;
             idempotency::naive_record(
@@ -491,7 +537,7 @@ async fn step_by_step(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
                 receipt,
                 trace_id,
                 transfer_id,
-                settings.idempotency_retention_hours,
+                config.idempotency.retention_hours,
             )
             .await
             // The transfer is committed; only its key's record failed.

@@ -35,7 +35,7 @@ pub fn configure(config: &mut web::ServiceConfig) {
         .route("/wallet/review", web::post().to(pages::review))
         .route("/wallet/transfer", web::post().to(pages::transfer))
         .route("/race-lab", web::get().to(pages::race_lab))
-        .route("/race-lab/recipient", web::get().to(pages::recipient))
+        .route("/race-lab/runs", web::post().to(pages::fire_race_lab_run))
         .route("/feed", web::get().to(pages::feed))
         .route("/problems/{slug}", web::get().to(pages::problem_type))
         .route("/static/{file}", web::get().to(static_file));
@@ -66,7 +66,7 @@ pub async fn session(request: &HttpRequest, state: &AppState) -> Result<Option<S
         "SELECT u.name, w.id, w.balance_minor, w.currency
          FROM api_tokens t
          JOIN users u ON u.id = t.user_id
-         JOIN wallets w ON w.user_id = u.id
+         JOIN wallets w ON w.user_id = u.id AND w.lab_slot IS NULL
          WHERE t.token_hash = $1 AND t.user_id = $2 AND t.expires_at > now()
          ORDER BY w.created_at LIMIT 1",
     )
@@ -85,13 +85,13 @@ pub async fn session(request: &HttpRequest, state: &AppState) -> Result<Option<S
 
 /// The session cookie for a fresh token; `Secure` when the request came
 /// over TLS (directly or, per `Forwarded`/`X-Forwarded-Proto`, via a proxy).
-pub fn session_cookie(request: &HttpRequest, token: &str, ttl_hours: u64) -> Cookie<'static> {
+pub fn session_cookie(request: &HttpRequest, token: &str, ttl: chrono::TimeDelta) -> Cookie<'static> {
     Cookie::build(auth::SESSION_COOKIE, token.to_owned())
         .path("/")
         .http_only(true)
         .same_site(SameSite::Strict)
         .secure(request.connection_info().scheme() == "https")
-        .max_age(time::Duration::hours(i64::try_from(ttl_hours).unwrap_or(24)))
+        .max_age(time::Duration::seconds(ttl.num_seconds()))
         .finish()
 }
 

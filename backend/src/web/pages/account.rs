@@ -88,7 +88,7 @@ fn signed_in(request: &HttpRequest, state: &AppState, token: &SecretString) -> H
     let _ = response.add_cookie(&site::session_cookie(
         request,
         token.expose_secret(),
-        state.settings.api_token_ttl_hours,
+        state.config.accounts.api_token_ttl,
     ));
     response
 }
@@ -138,7 +138,7 @@ async fn account_form(
             limits.check(AccountAction::SignIn, request, &name_key).await?;
             Ok(users::issue_token_for(state, credentials).await?.token)
         } else {
-            let name = credentials.validate(&state.settings)?;
+            let name = credentials.validate(&state.config)?;
             limits.check(AccountAction::SignUp, request, &name.key).await?;
             let signed_up = users::create_user(state, &name, credentials.password).await?;
             Ok(SecretString::from(signed_up.token))

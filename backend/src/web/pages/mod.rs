@@ -8,7 +8,7 @@ mod wallet;
 
 pub use account::{home, sign_in, sign_in_page, sign_out, sign_up, sign_up_page};
 pub use problem_types::{not_found_page, problem_type};
-pub use race_lab::{feed, race_lab, recipient};
+pub use race_lab::{feed, fire as fire_race_lab_run, race_lab};
 pub use wallet::{review, transfer, wallet};
 
 use actix_web::http::{StatusCode, header};
@@ -37,7 +37,7 @@ impl Chrome {
             csrf: session
                 .map(|s| state.tokens.csrf_token(&s.token))
                 .unwrap_or_default(),
-            unsafe_modes: state.settings.unsafe_modes(),
+            unsafe_modes: state.config.unsafe_modes(),
         }
     }
 }

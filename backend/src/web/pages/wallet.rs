@@ -73,7 +73,7 @@ async fn history(state: &AppState, session: &Session) -> Result<Vec<HistoryRow>,
         &state.db,
         session.token.user_id.0,
         None,
-        WALLET_PAGE_HISTORY_ROWS.min(state.settings.transfers_page_rows_max),
+        WALLET_PAGE_HISTORY_ROWS.min(state.config.money.transfers_page_rows_max),
     )
     .await?;
     Ok(rows
@@ -198,7 +198,7 @@ pub async fn review(
     };
     let amount_minor = match money::parse_typed(
         &form.amount,
-        state.settings.transfer_amount_minor_max,
+        state.config.money.transfer_amount_minor_max,
         &session.currency,
     ) {
         Ok(minor) => minor,
@@ -328,7 +328,7 @@ pub async fn transfer(
         WalletId(session.wallet_id),
         WalletId(to_wallet_id),
         amount_minor,
-        state.settings.transfer_amount_minor_max,
+        state.config.money.transfer_amount_minor_max,
     ) {
         Ok(parsed) => parsed,
         Err(problem) => {
@@ -342,7 +342,7 @@ pub async fn transfer(
     };
     let context = RequestContext::of(&request);
     let decided =
-        pipeline::through_the_layers(&state, &context, &session.token, &request_body, Some(key)).await;
+        pipeline::through_the_layers(&state, &context, &session.token, &request_body, Some(key), None).await;
     pipeline::report(&state, &context, &decided);
     let header = decided.decision.header_value();
     let currency = session.currency.clone();
@@ -426,7 +426,7 @@ async fn wait_for_original(
     key: IdempotencyKey,
     fingerprint: &[u8; 32],
 ) -> Option<StoredResponse> {
-    let deadline = Instant::now() + Duration::from_millis(state.settings.idempotency_wait_ms_max.into());
+    let deadline = Instant::now() + state.config.idempotency.wait_max();
     loop {
         match idempotency::completed_response(&state.db, session.token.user_id, key, fingerprint).await {
             Ok(Some(stored)) => return Some(stored),
@@ -459,7 +459,7 @@ pub(super) async fn resolve_recipient(
     // first; the name shown is the account's own, never what was typed.
     sqlx::query_as::<_, (Uuid, String)>(AssertSqlSafe(format!(
         "SELECT w.id, u.name FROM users u JOIN wallets w ON w.user_id = u.id
-         WHERE {MATCHES_NAME}
+         WHERE {MATCHES_NAME} AND w.lab_slot IS NULL
          ORDER BY u.name = $1 DESC, w.created_at LIMIT 1"
     )))
     .bind(recipient)

@@ -3,16 +3,24 @@
 //!
 //! Every limit is a named setting with its unit last in the name
 //! (`cooldown_ttl_ms`, `request_body_bytes_max`) and a default that suits one
-//! small machine. `Settings::validate` runs at start-up, so a bad value stops
-//! the server before it accepts a request instead of misbehaving under load.
+//! small machine. `Settings` is the operator's flat format; the server reads
+//! `Config` (`sections.rs`), one section per concern, which
+//! `Settings::validate` builds at start-up, so a bad value stops the server
+//! before it accepts a request instead of misbehaving under load.
 //!
 //! Environment variables: `WALLET_<SETTING>` for any setting (for example
 //! `WALLET_COOLDOWN_TTL_MS=2000`), plus the conventional `DATABASE_URL`,
 //! `REDIS_URL`, `PORT` and `LOG_FORMAT`, which win over everything else.
 
+mod sections;
+
 use std::path::Path;
 
-use secrecy::{ExposeSecret, SecretString};
+use secrecy::SecretString;
+
+pub use sections::{
+    Accounts, Config, Cooldown, Database, Demo, Feed, Http, Idempotency, Money, RaceLab, Redis, RowGuard,
+};
 use serde::Deserialize;
 
 /// What a transfer statement's timeout must leave beyond the waits it
@@ -176,6 +184,25 @@ pub struct Settings {
     /// they allow are reliable rather than lucky.
     pub naive_window_ms: u64,
 
+    // --- Race lab ---
+    /// Lets a race-lab run switch layers off for its own lab wallets; real
+    /// wallets refuse the switches whatever this says. Off: every run goes
+    /// through all three layers.
+    pub race_lab_switches_enabled: bool,
+    /// Requests one race-lab run fires at once.
+    pub race_lab_requests_max: usize,
+    /// Race-lab runs one instance fires at once; a further one is refused.
+    pub race_lab_runs_in_flight_max: usize,
+    /// What each of a visitor's two lab wallets holds when a run starts.
+    pub race_lab_balance_minor: i64,
+    /// A run's requests are given up after this long (the retry preset
+    /// waits out the cooldown window inside it).
+    pub race_lab_run_ms_max: u64,
+    /// The pause inside a lab run's naive race windows (check-then-insert,
+    /// read-decide-write), so that the race a switched-off layer allows
+    /// shows on every run rather than by luck.
+    pub race_lab_naive_window_ms: u64,
+
     // --- Browser demo ---
     /// A trace viewer's URL with `{trace_id}` in it, e.g.
     /// `http://127.0.0.1:16686/trace/{trace_id}` for Jaeger; the race lab
@@ -292,6 +319,13 @@ impl Default for Settings {
             allow_unsafe_demo_modes: false,
             naive_window_ms: 0,
 
+            race_lab_switches_enabled: true,
+            race_lab_requests_max: 200,
+            race_lab_runs_in_flight_max: 2,
+            race_lab_balance_minor: 10_000,
+            race_lab_run_ms_max: 30_000,
+            race_lab_naive_window_ms: 50,
+
             trace_ui_url: String::new(),
 
             decision_feed_enabled: true,
@@ -359,316 +393,10 @@ impl Settings {
         Ok(settings)
     }
 
-    /// `trusted_proxies` parsed; entries that do not parse are reported by
-    /// `validate` and left out here.
-    pub fn trusted_proxy_networks(&self) -> Vec<ipnet::IpNet> {
-        self.trusted_proxies
-            .iter()
-            .filter_map(|entry| parse_network(entry))
-            .collect()
-    }
-
-    /// Checks every limit once, at start-up. Returns all problems at once so
-    /// an operator fixes a config file in one pass.
-    pub fn validate(&self) -> Result<(), SettingsError> {
-        let mut problems = Vec::new();
-        let mut require = |ok: bool, message: &str| {
-            if !ok {
-                problems.push(message.to_owned());
-            }
-        };
-        const MIB: i128 = 1024 * 1024;
-        // Every number has a floor and a ceiling: a typo such as an extra
-        // zero is refused at start-up rather than met at run time (a token
-        // lifetime that overflows, a pool PostgreSQL cannot serve).
-        let ranges: [(&str, i128, i128, i128); 44] = [
-            ("http_workers", self.http_workers as i128, 1, 256),
-            (
-                "request_body_bytes_max",
-                self.request_body_bytes_max as i128,
-                256,
-                MIB,
-            ),
-            (
-                "oversized_body_drain_bytes_max",
-                self.oversized_body_drain_bytes_max as i128,
-                0,
-                256 * MIB,
-            ),
-            (
-                "oversized_body_drain_ms_max",
-                self.oversized_body_drain_ms_max.into(),
-                0,
-                60_000,
-            ),
-            ("shutdown_grace_s", self.shutdown_grace_s.into(), 0, 3_600),
-            (
-                "db_pool_connections_max",
-                self.db_pool_connections_max.into(),
-                1,
-                1_000,
-            ),
-            (
-                "db_pool_connections_min",
-                self.db_pool_connections_min.into(),
-                0,
-                1_000,
-            ),
-            (
-                "db_acquire_wait_ms_max",
-                self.db_acquire_wait_ms_max.into(),
-                1,
-                60_000,
-            ),
-            (
-                "db_idle_check_after_ms",
-                self.db_idle_check_after_ms.into(),
-                0,
-                3_600_000,
-            ),
-            (
-                "db_statement_timeout_ms",
-                self.db_statement_timeout_ms.into(),
-                1,
-                600_000,
-            ),
-            (
-                "wallet_lock_wait_ms_max",
-                self.wallet_lock_wait_ms_max.into(),
-                1,
-                60_000,
-            ),
-            ("transfer_retries_max", self.transfer_retries_max.into(), 0, 10),
-            (
-                "redis_commands_in_flight_max",
-                self.redis_commands_in_flight_max as i128,
-                1,
-                100_000,
-            ),
-            (
-                "redis_command_timeout_ms",
-                self.redis_command_timeout_ms.into(),
-                1,
-                60_000,
-            ),
-            ("cooldown_ttl_ms", self.cooldown_ttl_ms.into(), 1, 86_400_000),
-            (
-                "idempotency_wait_ms_max",
-                self.idempotency_wait_ms_max.into(),
-                1,
-                60_000,
-            ),
-            (
-                "idempotency_retention_hours",
-                self.idempotency_retention_hours.into(),
-                1,
-                8_760,
-            ),
-            (
-                "idempotency_sweep_interval_s",
-                self.idempotency_sweep_interval_s.into(),
-                1,
-                86_400,
-            ),
-            (
-                "idempotency_sweep_batch_rows_max",
-                self.idempotency_sweep_batch_rows_max.into(),
-                1,
-                100_000,
-            ),
-            ("naive_window_ms", self.naive_window_ms.into(), 0, 10_000),
-            (
-                "decision_feed_queue_entries_max",
-                self.decision_feed_queue_entries_max as i128,
-                1,
-                1_000_000,
-            ),
-            (
-                "decision_feed_entries_per_user_max",
-                self.decision_feed_entries_per_user_max.into(),
-                1,
-                100_000,
-            ),
-            (
-                "decision_feed_retention_hours",
-                self.decision_feed_retention_hours.into(),
-                1,
-                720,
-            ),
-            (
-                "decision_feed_redis_memory_bytes_max",
-                self.decision_feed_redis_memory_bytes_max.into(),
-                MIB,
-                1024 * 1024 * MIB,
-            ),
-            (
-                "decision_feed_memory_check_ms",
-                self.decision_feed_memory_check_ms.into(),
-                10,
-                60_000,
-            ),
-            (
-                "decisions_page_entries_max",
-                self.decisions_page_entries_max as i128,
-                1,
-                1_000,
-            ),
-            (
-                "decision_streams_max",
-                self.decision_streams_max as i128,
-                1,
-                10_000,
-            ),
-            (
-                "decision_stream_token_check_s",
-                self.decision_stream_token_check_s.into(),
-                1,
-                300,
-            ),
-            (
-                "decision_stream_lifetime_s",
-                self.decision_stream_lifetime_s.into(),
-                1,
-                86_400,
-            ),
-            (
-                "decision_streams_per_user_max",
-                self.decision_streams_per_user_max as i128,
-                1,
-                1_000,
-            ),
-            (
-                "decision_stream_keepalive_ms",
-                self.decision_stream_keepalive_ms.into(),
-                100,
-                300_000,
-            ),
-            (
-                "signup_grant_minor",
-                self.signup_grant_minor.into(),
-                0,
-                1_000_000_000_000_000,
-            ),
-            (
-                "transfer_amount_minor_max",
-                self.transfer_amount_minor_max.into(),
-                1,
-                1_000_000_000_000_000,
-            ),
-            (
-                "transfers_page_rows_max",
-                self.transfers_page_rows_max.into(),
-                1,
-                1_000,
-            ),
-            ("user_name_chars_max", self.user_name_chars_max as i128, 1, 64),
-            ("password_chars_min", self.password_chars_min as i128, 1, 1_024),
-            ("password_chars_max", self.password_chars_max as i128, 1, 1_024),
-            ("api_token_ttl_hours", self.api_token_ttl_hours.into(), 1, 8_760),
-            ("password_hash_threads", self.password_hash_threads as i128, 1, 64),
-            (
-                "password_hash_queue_max",
-                self.password_hash_queue_max as i128,
-                1,
-                100_000,
-            ),
-            (
-                "signup_per_address_per_hour_max",
-                self.signup_per_address_per_hour_max.into(),
-                1,
-                1_000_000,
-            ),
-            (
-                "signup_per_name_per_hour_max",
-                self.signup_per_name_per_hour_max.into(),
-                1,
-                1_000_000,
-            ),
-            (
-                "signin_per_address_per_minute_max",
-                self.signin_per_address_per_minute_max.into(),
-                1,
-                1_000_000,
-            ),
-            (
-                "signin_per_name_per_minute_max",
-                self.signin_per_name_per_minute_max.into(),
-                1,
-                1_000_000,
-            ),
-        ];
-        for (name, value, min, max) in ranges {
-            require(
-                (min..=max).contains(&value),
-                &format!("{name} must be between {min} and {max} (it is {value})"),
-            );
-        }
-        for entry in &self.trusted_proxies {
-            require(
-                parse_network(entry).is_some(),
-                &format!("trusted_proxies: {entry:?} is not an IP address or a CIDR network"),
-            );
-        }
-        require(
-            self.db_pool_connections_min <= self.db_pool_connections_max,
-            "db_pool_connections_min must not exceed db_pool_connections_max",
-        );
-        let enclosed_ms = u64::from(self.idempotency_wait_ms_max)
-            + u64::from(self.wallet_lock_wait_ms_max)
-            + STATEMENT_TIMEOUT_MARGIN_MS;
-        require(
-            self.db_statement_timeout_ms >= enclosed_ms,
-            &format!(
-                "db_statement_timeout_ms ({}) must be at least idempotency_wait_ms_max + wallet_lock_wait_ms_max + \
-                 {STATEMENT_TIMEOUT_MARGIN_MS} ms = {enclosed_ms}, so that each wait ends in its own answer",
-                self.db_statement_timeout_ms
-            ),
-        );
-        require(
-            self.currency.len() == 3 && self.currency.bytes().all(|b| b.is_ascii_uppercase()),
-            "currency must be three upper-case letters, e.g. USD",
-        );
-        require(
-            self.password_chars_min <= self.password_chars_max,
-            "password_chars_min must not exceed password_chars_max",
-        );
-        let key_len = self.token_signing_key.expose_secret().len();
-        require(
-            key_len == 0 || key_len >= 32,
-            "token_signing_key must be empty (random per process) or at least 32 bytes",
-        );
-        let unsafe_modes = self.unsafe_modes();
-        if !unsafe_modes.is_empty() && !self.allow_unsafe_demo_modes {
-            problems.push(format!(
-                "unsafe demonstration modes ({}) need allow_unsafe_demo_modes = true; never use them in production",
-                unsafe_modes.join(", ")
-            ));
-        }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(SettingsError(problems))
-        }
-    }
-}
-
-impl Settings {
-    /// The switches that make this deployment unsafe, by name; empty for
-    /// the safe configuration.
-    pub fn unsafe_modes(&self) -> Vec<&'static str> {
-        let mut modes = Vec::new();
-        if !self.cooldown_enabled {
-            modes.push("cooldown off");
-        }
-        match self.idempotency_mode {
-            IdempotencyMode::Atomic => {}
-            IdempotencyMode::CheckThenInsert => modes.push("idempotency check-then-insert"),
-            IdempotencyMode::Off => modes.push("idempotency off"),
-        }
-        if self.row_guard_mode == RowGuardMode::ReadDecideWrite {
-            modes.push("row guard off (read-decide-write)");
-        }
-        modes
+    /// Checks every limit once, at start-up, and builds the sections the
+    /// server reads. Returns all problems at once.
+    pub fn validate(&self) -> Result<Config, SettingsError> {
+        Config::from_settings(self)
     }
 }
 
@@ -705,8 +433,8 @@ mod tests {
             allow_unsafe_demo_modes: true,
             ..naive
         };
-        allowed.validate().expect("allowed explicitly");
-        assert_eq!(allowed.unsafe_modes(), vec!["row guard off (read-decide-write)"]);
+        let config = allowed.validate().expect("allowed explicitly");
+        assert_eq!(config.unsafe_modes(), vec!["row guard off (read-decide-write)"]);
     }
 
     #[test]
@@ -742,6 +470,28 @@ mod tests {
                 .to_string()
                 .contains("api_token_ttl_hours must be between 1 and 8760"),
             "{error}"
+        );
+    }
+
+    #[test]
+    fn the_sections_hold_typed_durations() {
+        let config = Settings {
+            cooldown_ttl_ms: 2_500,
+            decision_stream_token_check_s: 7,
+            decision_feed_retention_hours: 3,
+            api_token_ttl_hours: 48,
+            idempotency_wait_ms_max: 1_200,
+            ..Settings::default()
+        }
+        .validate()
+        .expect("valid");
+        assert_eq!(config.cooldown.ttl, std::time::Duration::from_millis(2_500));
+        assert_eq!(config.feed.stream_token_check, std::time::Duration::from_secs(7));
+        assert_eq!(config.feed.retention, std::time::Duration::from_secs(3 * 3_600));
+        assert_eq!(config.accounts.api_token_ttl, chrono::TimeDelta::hours(48));
+        assert_eq!(
+            config.idempotency.wait_max(),
+            std::time::Duration::from_millis(1_200)
         );
     }
 

@@ -1,0 +1,106 @@
+//! The race lab: a visitor fires N transfers at once through the real
+//! public endpoint and watches which defense decides each one.
+//!
+//! - **Lab wallets** (`migrations/20261201000010_race_lab.sql`): two per
+//!   visitor, holding lab money (the currency `LAB`), emptied and refilled
+//!   at the start of each run. The currency guard keeps lab money and real
+//!   money apart on every path that moves money.
+//! - **Switches** (`switches`): per run, a layer can be switched off or made
+//!   naive, for lab wallets only.
+//! - **Presets** (`presets`): the shapes of burst that reach each layer, each
+//!   with what it should show, checked after the run against the database.
+//! - **The burst** (`burst`): N requests over N connections opened first,
+//!   released together, the last byte of each written at once.
+
+pub mod burst;
+pub mod presets;
+pub mod run;
+pub mod switches;
+
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::domain::{TransferRequest, UserId};
+
+pub use switches::Switches;
+
+/// The currency of lab money. No deployment may use it for real money
+/// (`settings` refuses it), so the row guard's currency check is the wall
+/// between the sandbox and real wallets.
+pub const LAB_CURRENCY: &str = "LAB";
+
+/// A visitor's two lab wallets.
+#[derive(Debug, Clone, Copy)]
+pub struct LabWallets {
+    pub a: Uuid,
+    pub b: Uuid,
+}
+
+/// Makes the visitor's lab wallets on first use and empties them for a new
+/// run: both start again at `balance_minor`.
+pub async fn reset(db: &sqlx::PgPool, user: UserId, balance_minor: i64) -> Result<LabWallets, sqlx::Error> {
+    let (a, b): (Uuid, Uuid) = sqlx::query_as("SELECT wallet_a, wallet_b FROM race_lab_reset($1, $2)")
+        .bind(user.0)
+        .bind(balance_minor)
+        .fetch_one(db)
+        .await?;
+    Ok(LabWallets { a, b })
+}
+
+/// What a run did to the lab wallets, read from the database after it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct LabState {
+    pub wallet_a_balance_minor: i64,
+    pub wallet_b_balance_minor: i64,
+    /// The sum of the transfers recorded between the lab wallets.
+    pub moved_minor: i64,
+    pub transfers: i64,
+    /// Balances minus opening balances: zero when no money was created.
+    pub money_created_minor: i64,
+    pub negative_balances: i64,
+    /// Wallets whose balance their ledger does not explain (lost updates).
+    pub unexplained_balances: i64,
+    pub unbalanced_transfers: i64,
+}
+
+impl LabState {
+    pub async fn read(db: &sqlx::PgPool, user: UserId) -> Result<Self, sqlx::Error> {
+        sqlx::query_as("SELECT * FROM race_lab_state($1)")
+            .bind(user.0)
+            .fetch_one(db)
+            .await
+    }
+
+    /// Each money invariant, in words, and whether it held.
+    pub fn invariants(&self) -> [(&'static str, bool); 4] {
+        [
+            ("No money was created or destroyed", self.money_created_minor == 0),
+            ("No balance is negative", self.negative_balances == 0),
+            (
+                "Each balance matches its ledger (no lost update)",
+                self.unexplained_balances == 0,
+            ),
+            (
+                "Each transfer is two ledger entries that sum to zero",
+                self.unbalanced_transfers == 0,
+            ),
+        ]
+    }
+
+    pub fn invariants_hold(&self) -> bool {
+        self.invariants().iter().all(|(_, held)| *held)
+    }
+}
+
+/// Whether both wallets of a transfer are lab wallets: the first statement
+/// of a transaction that carries race-lab switches.
+pub async fn both_are_lab_wallets(
+    tx: &mut PgConnection,
+    request: &TransferRequest,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT count(*) = 2 FROM wallets WHERE id IN ($1, $2) AND lab_slot IS NOT NULL")
+        .bind(request.from.0)
+        .bind(request.to.0)
+        .fetch_one(tx)
+        .await
+}

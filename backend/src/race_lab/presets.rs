@@ -1,0 +1,309 @@
+//! The shapes of burst that reach each layer, and what each should show.
+//!
+//! A preset fixes the wallets, the amount, the timing and its default
+//! switches; the visitor may change the switches and the key strategy to
+//! watch a layer alone, or the damage when it is off. After the run the
+//! page checks the preset's promise against the database.
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use super::burst::{Answer, Shot};
+use super::{LabState, LabWallets, Switches};
+use crate::decision::{Layer, Outcome};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Preset {
+    /// A client retrying one transfer: N copies at once, one key.
+    SameKey,
+    /// Double clicks: N copies at once, no key.
+    DoubleClick,
+    /// One transfer, then, once the cooldown window has passed, N − 1
+    /// retries with its key.
+    RetryAfterWindow,
+    /// N different transfers whose sum is about twice the balance.
+    Overdraw,
+    /// Transfers both ways between the two lab wallets at once.
+    Crossing,
+}
+
+/// Which idempotency keys the requests of a run carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyStrategy {
+    Same,
+    NewPerRequest,
+    None,
+}
+
+/// The requests of a run: a first wave, then, after `pause`, a second.
+pub struct Plan {
+    pub waves: Vec<Vec<Shot>>,
+    pub pause: Duration,
+    /// What each request moves, in lab minor units.
+    pub amount_minor: i64,
+}
+
+impl Preset {
+    pub const ALL: [Preset; 5] = [
+        Preset::SameKey,
+        Preset::DoubleClick,
+        Preset::RetryAfterWindow,
+        Preset::Overdraw,
+        Preset::Crossing,
+    ];
+
+    pub fn slug(self) -> &'static str {
+        match self {
+            Preset::SameKey => "same-key",
+            Preset::DoubleClick => "double-click",
+            Preset::RetryAfterWindow => "retry-after-window",
+            Preset::Overdraw => "overdraw",
+            Preset::Crossing => "crossing",
+        }
+    }
+
+    pub fn from_slug(slug: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|preset| preset.slug() == slug)
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Preset::SameKey => "A client retrying: the same transfer, the same key, all at once",
+            Preset::DoubleClick => "Double clicks: the same transfer, no key, all at once",
+            Preset::RetryAfterWindow => {
+                "Retry after the window: one transfer, then retries with its key once the cooldown has passed"
+            }
+            Preset::Overdraw => "Overdraw: different transfers adding up to twice the balance, all at once",
+            Preset::Crossing => "Crossing: transfers from A to B and from B to A, all at once",
+        }
+    }
+
+    /// The switches a preset starts with: the cooldown lets one request per
+    /// window through, so the presets aimed at the row guard switch it off.
+    pub fn default_switches(self) -> Switches {
+        match self {
+            Preset::Overdraw | Preset::Crossing => Switches {
+                cooldown: false,
+                ..Switches::ALL_ON
+            },
+            _ => Switches::ALL_ON,
+        }
+    }
+
+    pub fn default_keys(self) -> KeyStrategy {
+        match self {
+            Preset::SameKey | Preset::RetryAfterWindow => KeyStrategy::Same,
+            Preset::DoubleClick => KeyStrategy::None,
+            Preset::Overdraw | Preset::Crossing => KeyStrategy::NewPerRequest,
+        }
+    }
+
+    /// What the run should show, as the page states it before the verdict.
+    pub fn promise(self) -> &'static str {
+        match self {
+            Preset::SameKey | Preset::DoubleClick => {
+                "Exactly one transfer moves money, however many copies arrive together."
+            }
+            Preset::RetryAfterWindow => {
+                "One transfer moves money; the retry that arrives after the cooldown window is answered with the \
+                 stored result (a replay) and moves nothing."
+            }
+            Preset::Overdraw => {
+                "No more than the balance leaves wallet A: the row guard refuses the transfers the balance cannot \
+                 cover."
+            }
+            Preset::Crossing => {
+                "Every transfer moves or is refused cleanly, without a deadlock, and no money is created or lost."
+            }
+        }
+    }
+
+    /// The requests of a run of `count` against wallets of `balance_minor`.
+    pub fn plan(
+        self,
+        wallets: LabWallets,
+        count: usize,
+        balance_minor: i64,
+        keys: KeyStrategy,
+        window: Duration,
+    ) -> Plan {
+        let shared_key = Uuid::new_v4();
+        let key = |_: usize| match keys {
+            KeyStrategy::Same => Some(shared_key),
+            KeyStrategy::NewPerRequest => Some(Uuid::new_v4()),
+            KeyStrategy::None => None,
+        };
+        let count_i64 = i64::try_from(count).unwrap_or(i64::MAX);
+        let amount_minor = match self {
+            // N × amount ≈ 2 × balance: about half must be refused.
+            Preset::Overdraw => ((2 * balance_minor + count_i64 - 1) / count_i64.max(1)).max(1),
+            _ => (balance_minor / 20).max(1),
+        };
+        let shot = |index: usize, from: Uuid, to: Uuid| Shot {
+            from,
+            to,
+            amount_minor,
+            key: key(index),
+        };
+        let (waves, pause) = match self {
+            Preset::RetryAfterWindow => {
+                let first = vec![shot(0, wallets.a, wallets.b)];
+                let retries = (1..count).map(|i| shot(i, wallets.a, wallets.b)).collect();
+                // Past the window, with a margin for clocks and queues.
+                (vec![first, retries], window + Duration::from_millis(250))
+            }
+            Preset::Crossing => {
+                let both_ways = (0..count)
+                    .map(|i| {
+                        if i % 2 == 0 {
+                            shot(i, wallets.a, wallets.b)
+                        } else {
+                            shot(i, wallets.b, wallets.a)
+                        }
+                    })
+                    .collect();
+                (vec![both_ways], Duration::ZERO)
+            }
+            _ => (
+                vec![(0..count).map(|i| shot(i, wallets.a, wallets.b)).collect()],
+                Duration::ZERO,
+            ),
+        };
+        Plan {
+            waves,
+            pause,
+            amount_minor,
+        }
+    }
+
+    /// Whether the run showed what the preset promises, judged from the
+    /// database and the answers.
+    pub fn kept(self, funnel: &Funnel, state: &LabState, plan: &Plan, balance_minor: i64) -> bool {
+        let clean = state.invariants_hold();
+        clean
+            && match self {
+                Preset::SameKey | Preset::DoubleClick => {
+                    state.transfers == 1 && state.moved_minor == plan.amount_minor
+                }
+                Preset::RetryAfterWindow => state.transfers == 1 && funnel.replayed >= 1,
+                Preset::Overdraw => state.moved_minor <= balance_minor && funnel.guard >= 1,
+                Preset::Crossing => funnel.failed == 0,
+            }
+    }
+}
+
+impl KeyStrategy {
+    pub fn slug(self) -> &'static str {
+        match self {
+            KeyStrategy::Same => "same",
+            KeyStrategy::NewPerRequest => "new",
+            KeyStrategy::None => "none",
+        }
+    }
+
+    pub fn from_slug(slug: &str) -> Option<Self> {
+        [KeyStrategy::Same, KeyStrategy::NewPerRequest, KeyStrategy::None]
+            .into_iter()
+            .find(|strategy| strategy.slug() == slug)
+    }
+}
+
+/// Where the requests of a run stopped.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Funnel {
+    pub sent: usize,
+    /// Refused by the cooldown window.
+    pub cooldown: usize,
+    /// Stopped by the idempotency key: replays, keys in flight or reused.
+    pub key: usize,
+    /// ...of which replays.
+    pub replayed: usize,
+    /// Refused by the row guard (insufficient funds and the like).
+    pub guard: usize,
+    /// Moved money.
+    pub moved: usize,
+    /// No answer, or an error answer.
+    pub failed: usize,
+}
+
+/// The stage of the funnel where a request stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Stage {
+    Cooldown,
+    Key,
+    Guard,
+    Moved,
+    Other,
+}
+
+impl Stage {
+    pub fn of(answer: &Answer) -> Stage {
+        match answer.decision {
+            Some(decision)
+                if decision.outcome == Outcome::Accepted || decision.outcome == Outcome::Degraded =>
+            {
+                Stage::Moved
+            }
+            Some(decision) => match decision.layer {
+                Layer::Cooldown if decision.outcome == Outcome::Rejected => Stage::Cooldown,
+                Layer::Idempotency
+                    if matches!(
+                        decision.outcome,
+                        Outcome::Replayed | Outcome::InFlight | Outcome::KeyReused
+                    ) =>
+                {
+                    Stage::Key
+                }
+                Layer::RowGuard if answer.status < 500 => Stage::Guard,
+                _ => Stage::Other,
+            },
+            None => Stage::Other,
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Stage::Cooldown => "Stopped by the cooldown lock",
+            Stage::Key => "Stopped by the idempotency key",
+            Stage::Guard => "Stopped by the row guard",
+            Stage::Moved => "Moved money",
+            Stage::Other => "Failed or refused for another reason",
+        }
+    }
+
+    /// The style class, for colour.
+    pub fn class(self) -> &'static str {
+        match self {
+            Stage::Cooldown => "cooldown",
+            Stage::Key => "key",
+            Stage::Guard => "guard",
+            Stage::Moved => "moved",
+            Stage::Other => "other",
+        }
+    }
+}
+
+impl Funnel {
+    pub fn of(answers: &[Answer]) -> Self {
+        let mut funnel = Funnel {
+            sent: answers.len(),
+            ..Funnel::default()
+        };
+        for answer in answers {
+            match Stage::of(answer) {
+                Stage::Cooldown => funnel.cooldown += 1,
+                Stage::Key => {
+                    funnel.key += 1;
+                    if answer.replayed {
+                        funnel.replayed += 1;
+                    }
+                }
+                Stage::Guard => funnel.guard += 1,
+                Stage::Moved => funnel.moved += 1,
+                Stage::Other => funnel.failed += 1,
+            }
+        }
+        funnel
+    }
+}

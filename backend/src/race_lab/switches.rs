@@ -1,0 +1,146 @@
+//! Per-run switches: which variant of each layer a race-lab request goes
+//! through.
+//!
+//! A request carries them in the `Race-Lab-Switches` header, e.g.
+//! `cooldown=off, idempotency=check_then_insert, row_guard=read_decide_write`,
+//! and may name the run (`run=<uuid>`), so that each run starts with its own
+//! cooldown window instead of the one the previous run left behind.
+//! They apply to lab wallets only: a request that carries them runs its
+//! transaction step by step, and the transaction's first statement refuses
+//! any wallet that is not a lab wallet (`transfer::transaction`); the naive
+//! row-guard statements themselves only ever match lab rows. The
+//! deployment-wide demonstration modes in `settings` are a different thing,
+//! kept for the command-line ladder.
+
+use uuid::Uuid;
+
+use crate::settings::{IdempotencyMode, RowGuardMode};
+
+pub const HEADER: &str = "race-lab-switches";
+
+/// The variants one lab run uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Switches {
+    /// Layer 1 on or off. Off, the lab request takes no window.
+    pub cooldown: bool,
+    /// Layer 2: atomic, or the naive check-then-insert.
+    pub idempotency: IdempotencyMode,
+    /// Layer 3: guarded, or the naive read-decide-write.
+    pub row_guard: RowGuardMode,
+    /// The run the request belongs to, if named.
+    pub run: Option<Uuid>,
+}
+
+impl Switches {
+    /// Every layer on, as in production.
+    pub const ALL_ON: Switches = Switches {
+        cooldown: true,
+        idempotency: IdempotencyMode::Atomic,
+        row_guard: RowGuardMode::Guarded,
+        run: None,
+    };
+
+    /// Parses the header's value; `None` for anything but the grammar
+    /// above (each name at most once, every name optional, defaults on).
+    pub fn parse(value: &str) -> Option<Switches> {
+        let mut switches = Switches::ALL_ON;
+        let mut seen = [false; 4];
+        for member in value.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+            let (name, setting) = member.split_once('=')?;
+            let slot = match (name.trim(), setting.trim()) {
+                ("cooldown", "on") => {
+                    switches.cooldown = true;
+                    0
+                }
+                ("cooldown", "off") => {
+                    switches.cooldown = false;
+                    0
+                }
+                ("idempotency", "atomic") => {
+                    switches.idempotency = IdempotencyMode::Atomic;
+                    1
+                }
+                ("idempotency", "check_then_insert") => {
+                    switches.idempotency = IdempotencyMode::CheckThenInsert;
+                    1
+                }
+                ("row_guard", "guarded") => {
+                    switches.row_guard = RowGuardMode::Guarded;
+                    2
+                }
+                ("row_guard", "read_decide_write") => {
+                    switches.row_guard = RowGuardMode::ReadDecideWrite;
+                    2
+                }
+                ("run", run) => {
+                    switches.run = Some(Uuid::try_parse(run).ok()?);
+                    3
+                }
+                _ => return None,
+            };
+            if std::mem::replace(&mut seen[slot], true) {
+                return None;
+            }
+        }
+        Some(switches)
+    }
+
+    pub fn header_value(&self) -> String {
+        let run = self.run.map(|run| format!(", run={run}")).unwrap_or_default();
+        format!(
+            "cooldown={}, idempotency={}, row_guard={}{run}",
+            if self.cooldown { "on" } else { "off" },
+            match self.idempotency {
+                IdempotencyMode::CheckThenInsert => "check_then_insert",
+                _ => "atomic",
+            },
+            match self.row_guard {
+                RowGuardMode::Guarded => "guarded",
+                RowGuardMode::ReadDecideWrite => "read_decide_write",
+            },
+        )
+    }
+
+    /// The layers switched off, in words for the page.
+    pub fn off(&self) -> Vec<&'static str> {
+        let mut off = Vec::new();
+        if !self.cooldown {
+            off.push("the cooldown lock is off");
+        }
+        if self.idempotency != IdempotencyMode::Atomic {
+            off.push("the idempotency key is checked, then inserted (naive)");
+        }
+        if self.row_guard != RowGuardMode::Guarded {
+            off.push("the balance is read, decided on and written back (naive)");
+        }
+        off
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_header_round_trips_and_refuses_anything_else() {
+        let naive = Switches {
+            cooldown: false,
+            idempotency: IdempotencyMode::CheckThenInsert,
+            row_guard: RowGuardMode::ReadDecideWrite,
+            run: Some(Uuid::new_v4()),
+        };
+        assert_eq!(Switches::parse(&naive.header_value()), Some(naive));
+        assert_eq!(Switches::parse(""), Some(Switches::ALL_ON));
+        assert_eq!(Switches::parse("cooldown=off").map(|s| s.cooldown), Some(false));
+        for bad in [
+            "cooldown",
+            "cooldown=maybe",
+            "idempotency=off",
+            "cooldown=off, cooldown=on",
+            "guard=guarded",
+            "run=42",
+        ] {
+            assert_eq!(Switches::parse(bad), None, "{bad}");
+        }
+    }
+}
