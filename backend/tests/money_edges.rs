@@ -96,18 +96,14 @@ async fn a_typed_amount_means_what_it_says() {
     app.assert_invariants().await;
 }
 
-/// The form's HTML pattern is the server's grammar, word for word.
+/// The wallet form's HTML pattern is the server's grammar, word for word.
 #[tokio::test]
-async fn the_form_and_the_race_lab_use_the_servers_grammar() {
+async fn the_form_uses_the_servers_grammar() {
     let app = spawn_app(|_| {}).await;
     let mut alice = signed_up(&app, "alice").await;
     let pattern = money::AMOUNT_PATTERN;
-    for page in ["/wallet", "/race-lab"] {
-        let (_, html) = alice.get(page).await;
-        assert!(html.contains(&format!("pattern=\"{pattern}\"")), "{page}");
-    }
-    let (_, lab) = alice.get("/race-lab").await;
-    assert!(lab.contains(&format!("data-amount-pattern=\"{pattern}\"")));
+    let (_, html) = alice.get("/wallet").await;
+    assert!(html.contains(&format!("pattern=\"{pattern}\"")));
 }
 
 /// The connection breaks after PostgreSQL committed the transfer and before

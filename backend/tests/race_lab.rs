@@ -1,0 +1,325 @@
+//! The race lab: every preset with its layers on shows what it promises,
+//! each layer switched off shows its damage, and the switches never reach
+//! real money. Each run is checked against the database, not only against
+//! what the page says.
+
+use layered_wallet::defense::row_guard;
+use layered_wallet::domain::{TransferRequest, UserId, WalletId};
+use serde_json::Value;
+use uuid::Uuid;
+use wallet_testkit::visitor::{Visitor, hidden, signed_up};
+use wallet_testkit::*;
+
+/// What a run left in the visitor's lab wallets, read from the database.
+#[derive(Debug, sqlx::FromRow)]
+struct Lab {
+    wallet_a_balance_minor: i64,
+    wallet_b_balance_minor: i64,
+    moved_minor: i64,
+    transfers: i64,
+    money_created_minor: i64,
+    unexplained_balances: i64,
+}
+
+async fn lab_of(app: &TestApp, name: &str) -> Lab {
+    sqlx::query_as("SELECT s.* FROM users u, race_lab_state(u.id) s WHERE u.name = $1")
+        .bind(name)
+        .fetch_one(&app.db)
+        .await
+        .expect("lab state")
+}
+
+/// Posts the lab form; the page that comes back.
+async fn run(visitor: &mut Visitor, form: &[(&str, &str)]) -> (u16, String) {
+    let (status, page) = visitor.get("/race-lab").await;
+    assert_eq!(status, 200);
+    let csrf = hidden(&page, "csrf");
+    let mut fields = vec![("csrf", csrf.as_str())];
+    fields.extend_from_slice(form);
+    let response = visitor.post("/race-lab/runs", &fields).await;
+    let status = response.status().as_u16();
+    (status, response.text().await.expect("page"))
+}
+
+/// The text of the element with `id`, tags stripped.
+fn text_of(page: &str, id: &str) -> String {
+    let start = page
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no #{id}"));
+    let rest = &page[start..];
+    let open = rest.find('>').expect("tag end") + 1;
+    let end = rest.find("</").expect("close");
+    rest[open..end].trim().to_owned()
+}
+
+fn verdict(page: &str) -> bool {
+    let summary = text_of(page, "summary");
+    assert!(
+        summary.contains("It showed") || summary.contains("It did not show"),
+        "{summary}"
+    );
+    summary.starts_with('✓')
+}
+
+fn overlap(page: &str) -> usize {
+    text_of(page, "overlap").parse().expect("overlap is a number")
+}
+
+const BALANCE: i64 = 10_000;
+
+/// Every preset, all layers as the preset sets them: the page says it
+/// showed what it promised, and the database agrees. The N requests were
+/// in flight together.
+#[tokio::test]
+async fn every_preset_shows_what_it_promises() {
+    let app = spawn_app(|settings| {
+        settings.cooldown_ttl_ms = 1_000;
+        settings.race_lab_run_ms_max = 10_000;
+    })
+    .await;
+    let mut alice = signed_up(&app, "alice").await;
+    let alice_wallet = app.wallet_of("alice").await;
+    let count = "40";
+
+    let (status, page) = run(
+        &mut alice,
+        &[
+            ("preset", "same-key"),
+            ("count", count),
+            ("keys", "same"),
+            ("cooldown", "on"),
+        ],
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(verdict(&page), "{}", text_of(&page, "summary"));
+    assert!(overlap(&page) >= 36, "overlap {} of 40", overlap(&page));
+    let lab = lab_of(&app, "alice").await;
+    assert_eq!((lab.transfers, lab.moved_minor), (1, BALANCE / 20));
+    assert!(page.contains("Stopped by the cooldown lock"));
+
+    let (_, page) = run(
+        &mut alice,
+        &[
+            ("preset", "double-click"),
+            ("count", count),
+            ("keys", "none"),
+            ("cooldown", "on"),
+        ],
+    )
+    .await;
+    assert!(verdict(&page));
+    assert_eq!(
+        lab_of(&app, "alice").await.transfers,
+        1,
+        "a fresh run starts from a fresh lab"
+    );
+
+    let (_, page) = run(
+        &mut alice,
+        &[
+            ("preset", "retry-after-window"),
+            ("count", "10"),
+            ("keys", "same"),
+            ("cooldown", "on"),
+        ],
+    )
+    .await;
+    assert!(verdict(&page), "{page}");
+    assert!(page.contains("replayed the stored answer"), "a replay is shown");
+    assert_eq!(lab_of(&app, "alice").await.transfers, 1);
+
+    let (_, page) = run(
+        &mut alice,
+        &[("preset", "overdraw"), ("count", count), ("keys", "new")],
+    )
+    .await;
+    assert!(verdict(&page));
+    let lab = lab_of(&app, "alice").await;
+    // N × amount ≈ 2 × balance: about half are refused by the guard.
+    assert_eq!(lab.wallet_a_balance_minor, 0);
+    assert_eq!(lab.moved_minor, BALANCE);
+    assert_eq!(lab.transfers, 20);
+    assert!(
+        page.contains("Stopped by the row guard: insufficient funds"),
+        "grouped refusal"
+    );
+
+    let (_, page) = run(
+        &mut alice,
+        &[("preset", "crossing"), ("count", count), ("keys", "new")],
+    )
+    .await;
+    assert!(verdict(&page));
+    let lab = lab_of(&app, "alice").await;
+    assert_eq!(
+        lab.wallet_a_balance_minor + lab.wallet_b_balance_minor,
+        2 * BALANCE
+    );
+    assert_eq!((lab.money_created_minor, lab.unexplained_balances), (0, 0));
+
+    // The real wallet never moved; real money's invariants hold.
+    assert_eq!(app.balance(alice_wallet).await, 100_000);
+    app.assert_invariants().await;
+}
+
+/// Each layer alone catches what it catches, and with it off the damage
+/// happens, and the page says so.
+#[tokio::test]
+async fn each_layer_switched_off_shows_its_damage() {
+    let app = spawn_app(|settings| settings.cooldown_ttl_ms = 1_000).await;
+    let mut alice = signed_up(&app, "alice").await;
+    let count = "30";
+
+    // The key alone (cooldown off) holds the line: one transfer.
+    let (_, page) = run(
+        &mut alice,
+        &[("preset", "same-key"), ("count", count), ("keys", "same")],
+    )
+    .await;
+    assert!(verdict(&page));
+    assert_eq!(lab_of(&app, "alice").await.transfers, 1);
+    assert!(page.contains("Stopped by the idempotency key"));
+
+    // ...made naive, the same key charges again and again.
+    let (_, page) = run(
+        &mut alice,
+        &[
+            ("preset", "same-key"),
+            ("count", count),
+            ("keys", "same"),
+            ("idempotency", "check_then_insert"),
+        ],
+    )
+    .await;
+    assert!(!verdict(&page), "the page must admit the double charge");
+    assert!(lab_of(&app, "alice").await.transfers > 1);
+
+    // No key and no cooldown: every double click is a charge.
+    let (_, page) = run(
+        &mut alice,
+        &[("preset", "double-click"), ("count", count), ("keys", "none")],
+    )
+    .await;
+    assert!(!verdict(&page));
+    assert!(lab_of(&app, "alice").await.transfers > 1);
+
+    // The row guard made naive: more leaves A than it held, or updates are
+    // lost, and the ledger no longer explains the balances.
+    let (_, page) = run(
+        &mut alice,
+        &[
+            ("preset", "overdraw"),
+            ("count", count),
+            ("keys", "new"),
+            ("row_guard", "read_decide_write"),
+        ],
+    )
+    .await;
+    assert!(!verdict(&page));
+    let lab = lab_of(&app, "alice").await;
+    assert!(
+        lab.moved_minor > BALANCE || lab.unexplained_balances > 0,
+        "no damage shown: {lab:?}"
+    );
+    assert!(text_of(&page, "moved").starts_with("LAB "));
+
+    // Real money's own check ignores the sandbox's damage.
+    app.assert_invariants().await;
+}
+
+/// The switches reach lab wallets only: between real wallets they are
+/// refused before anything is written, a naive statement does not even see
+/// a real wallet, and lab money cannot cross to a real wallet.
+#[tokio::test]
+async fn switches_never_touch_real_money() {
+    let app = spawn_app(|_| {}).await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let before = app.snapshot().await;
+
+    let response = app
+        .transfer_request(&alice, bob.wallet_id, 500, Some(&new_key()))
+        .header("Race-Lab-Switches", "cooldown=off, row_guard=read_decide_write")
+        .send()
+        .await
+        .expect("send");
+    let (status, body) = problem(response).await;
+    assert_eq!(status, 422);
+    assert_eq!(body["type"], "/problems/lab-wallets-only");
+    assert_eq!(app.snapshot().await, before);
+
+    // The naive statements themselves, called directly on real wallets.
+    let mut tx = app.db.begin().await.expect("begin");
+    let request = TransferRequest::new(WalletId(alice.wallet_id), WalletId(bob.wallet_id), 500, 1_000_000)
+        .expect("a valid request");
+    let guarded = row_guard::apply_read_decide_write(
+        &mut tx,
+        Uuid::now_v7(),
+        &request,
+        UserId(alice.user_id),
+        None,
+        std::time::Duration::ZERO,
+        true,
+    )
+    .await
+    .expect("statement");
+    assert_eq!(guarded.outcome, row_guard::GuardOutcome::NotOwner);
+    assert!(guarded.applied.is_none());
+    tx.commit().await.expect("commit");
+    assert_eq!(app.snapshot().await, before);
+
+    // Lab money and real money never meet, with or without switches.
+    let lab_a: Uuid = sqlx::query_scalar("SELECT wallet_a FROM race_lab_reset($1, 10000)")
+        .bind(alice.user_id)
+        .fetch_one(&app.db)
+        .await
+        .expect("lab wallets");
+    let before = app.snapshot().await;
+    let response = app
+        .transfer_request_from(&alice, lab_a, bob.wallet_id, 500, None)
+        .send()
+        .await
+        .expect("send");
+    let (status, body) = problem(response).await;
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (422, Some("/problems/currency-mismatch"))
+    );
+    let response = app
+        .transfer_request_from(&alice, lab_a, bob.wallet_id, 500, None)
+        .header("Race-Lab-Switches", "cooldown=off")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(problem(response).await.1["type"], "/problems/lab-wallets-only");
+    assert_eq!(app.snapshot().await, before);
+    app.assert_invariants().await;
+}
+
+/// A deployment can keep every layer on in the lab: the header is refused,
+/// and a run asking for the cooldown off still goes through it.
+#[tokio::test]
+async fn a_deployment_can_turn_the_switches_off() {
+    let app = spawn_app(|settings| settings.race_lab_switches_enabled = false).await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let response = app
+        .transfer_request(&alice, bob.wallet_id, 500, None)
+        .header("Race-Lab-Switches", "cooldown=off")
+        .send()
+        .await
+        .expect("send");
+    let (status, body): (u16, Value) = problem(response).await;
+    assert_eq!(status, 403);
+    assert_eq!(body["type"], "/problems/race-lab-switches-off");
+
+    let mut carol = signed_up(&app, "carol").await;
+    let (_, page) = run(
+        &mut carol,
+        &[("preset", "double-click"), ("count", "20"), ("keys", "none")],
+    )
+    .await;
+    assert!(page.contains("keeps all three defenses on"));
+    assert!(page.contains("All three defenses were on."));
+    assert_eq!(lab_of(&app, "carol").await.transfers, 1);
+    app.assert_invariants().await;
+}
