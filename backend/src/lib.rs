@@ -6,6 +6,7 @@ pub mod account_limits;
 pub mod auth;
 pub mod decision;
 pub mod defense;
+pub mod demo_recipient;
 pub mod domain;
 pub mod metrics;
 pub mod names;

@@ -44,6 +44,7 @@ async fn main() -> anyhow::Result<()> {
     if command == "migrate" {
         let owner = startup::migration_pool(&config.database)?;
         startup::migrate(&owner).await?;
+        layered_wallet::demo_recipient::ensure(&owner, &config).await?;
         tracing::info!("migrations applied");
         return Ok(());
     }

@@ -62,6 +62,9 @@ impl Application {
             let owner = migration_pool(&config.database)?;
             migrate(&owner).await?;
             owner.close().await;
+            crate::demo_recipient::ensure(&db, &config)
+                .await
+                .map_err(|error| anyhow::anyhow!("failed to make the demo recipient: {error}"))?;
         }
         let listener = TcpListener::bind((config.http.host.as_str(), config.http.port)).map_err(|error| {
             anyhow::anyhow!(

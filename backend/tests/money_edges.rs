@@ -48,7 +48,8 @@ async fn a_typed_amount_means_what_it_says() {
             alice_before,
             "the review of {typed} moved money"
         );
-        let page = alice.confirm(&review).await.text().await.expect("page");
+        let sent = alice.confirm(&review).await;
+        let (_, page) = alice.follow(sent).await;
         assert!(page.contains(&format!("Sent {amount} to bob")), "{typed}: {page}");
         assert_eq!(app.balance(alice_wallet).await, alice_before - minor, "{typed}");
         assert_eq!(app.balance(bob_wallet).await, bob_before + minor, "{typed}");

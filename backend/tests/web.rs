@@ -51,8 +51,18 @@ async fn the_transfer_form_goes_through_the_layers_and_a_resubmit_replays() {
         first.headers()["defense-decision"],
         "layer=row_guard, outcome=accepted"
     );
-    let page = first.text().await.expect("page");
+    // Post/redirect/get: the result has an address of its own.
+    assert_eq!(first.status(), 303);
+    let location = first.headers()["location"].to_str().expect("ascii").to_owned();
+    assert!(location.starts_with("/wallet?sent="), "{location}");
+    let (_, page) = alice.follow(first).await;
     assert!(page.contains("Sent $12.50 to bob"), "{page}");
+    let (_, reloaded) = alice.get(&location).await;
+    assert!(
+        reloaded.contains("Sent $12.50 to bob"),
+        "a reload shows the result again"
+    );
+    assert_eq!(app.transfer_count().await, 1, "and sends nothing");
     assert!(page.contains("$987.50"));
 
     // The browser resubmits the same confirmation (same hidden key).
@@ -243,4 +253,45 @@ async fn every_page_sends_the_security_headers() {
             assert!(!page.contains(forbidden), "{path} has {forbidden}");
         }
     }
+}
+
+/// A first visit: `/` explains the three layers and leads in; a lone
+/// visitor can send to the demo recipient; error and problem pages show who
+/// is signed in.
+#[tokio::test]
+async fn a_first_visit_explains_itself_and_needs_one_account() {
+    let app = spawn_app(|settings| settings.demo_recipient_name = "demo".into()).await;
+    let mut anonymous = Visitor::new(&app);
+    let (status, home) = anonymous.get("/").await;
+    assert_eq!(status, 200);
+    assert!(
+        home.contains("1. Cooldown lock")
+            && home.contains("2. Idempotency key")
+            && home.contains("3. Row guard")
+    );
+    assert!(home.contains("href=\"/signup\"") && home.contains("<strong>demo</strong>"));
+
+    let mut alice = signed_up(&app, "alice").await;
+    let (_, home) = alice.get("/").await;
+    assert!(home.contains("href=\"/race-lab\"") && home.contains("Sign out alice"));
+    let sent = alice.send("demo", "2.50").await;
+    let (_, page) = alice.follow(sent).await;
+    assert!(page.contains("Sent $2.50 to demo"), "{page}");
+    assert_eq!(app.balance(app.wallet_of("demo").await).await, 250);
+
+    // Nobody signs in as the demo recipient.
+    let response = app
+        .client
+        .post(app.url("/api/v1/tokens"))
+        .json(&serde_json::json!({ "name": "demo", "password": "" }))
+        .send()
+        .await
+        .expect("send");
+    assert!(response.status().is_client_error());
+
+    for path in ["/problems/insufficient-funds", "/no-such-page"] {
+        let (_, page) = alice.get(path).await;
+        assert!(page.contains("Sign out alice"), "{path} forgets who is signed in");
+    }
+    app.assert_invariants().await;
 }

@@ -152,6 +152,17 @@ impl Visitor {
         self.post("/wallet/transfer", &form).await
     }
 
+    /// The page a response leads to: its own body, or, after a redirect
+    /// (post/redirect/get), the page it redirects to.
+    pub async fn follow(&mut self, response: reqwest::Response) -> (u16, String) {
+        if response.status() == 303 {
+            let location = response.headers()["location"].to_str().expect("ascii").to_owned();
+            return self.get(&location).await;
+        }
+        let status = response.status().as_u16();
+        (status, response.text().await.expect("page"))
+    }
+
     /// Review, then confirm: the page after Send.
     pub async fn send(&mut self, recipient: &str, amount: &str) -> reqwest::Response {
         let (status, review) = self.review(recipient, amount).await;

@@ -2,23 +2,67 @@
 // Events from every instance.
 (function () {
   "use strict";
-  const tbody = document.querySelector("#feed tbody");
+  const table = document.getElementById("feed");
+  const tbody = table.querySelector("tbody");
   const status = document.getElementById("feed-status");
+  const empty = document.getElementById("feed-empty");
+  const filter = document.getElementById("feed-filter");
+  const LAYERS = { cooldown: "Cooldown lock", idempotency: "Idempotency key", row_guard: "Row guard", none: "Before the layers" };
+
+  // One zone for every entry, whatever the visitor's clock says.
+  function utc(time) {
+    return new Date(time).toISOString().slice(11, 23);
+  }
+
+  function money(minor) {
+    return (minor / 100).toFixed(2);
+  }
+
+  function kindOf(entry) {
+    if (entry.outcome === "accepted" || entry.outcome === "degraded") return "moved";
+    if (entry.layer === "cooldown" || entry.layer === "idempotency" || entry.layer === "row_guard") return entry.layer;
+    return "other";
+  }
+
+  function cell(tr, text, className) {
+    const td = document.createElement("td");
+    td.textContent = text;
+    if (className) td.className = className;
+    tr.appendChild(td);
+    return td;
+  }
+
+  function show(tr) {
+    tr.hidden = filter.value !== "all" && tr.dataset.kind !== filter.value;
+  }
 
   function row(entry) {
     const tr = document.createElement("tr");
-    const time = new Date(entry.time).toLocaleTimeString();
-    [time, entry.instance_id, entry.layer, entry.outcome.replace(/_/g, " "), String(entry.status), entry.latency_ms.toFixed(1) + " ms"]
-      .forEach(function (text, c) {
-        const td = document.createElement("td");
-        td.textContent = text;
-        if (c === 3) td.className = "outcome-" + entry.outcome;
-        if (c === 5) td.className = "num";
-        tr.appendChild(td);
-      });
+    tr.dataset.kind = kindOf(entry);
+    cell(tr, utc(entry.time));
+    const decision = cell(tr, (LAYERS[entry.layer] || entry.layer) + ": " + entry.outcome.replace(/_/g, " ") + " (" + entry.status + ")",
+      "outcome-" + entry.outcome);
+    if (entry.problem_type) {
+      const link = document.createElement("a");
+      link.href = "/problems/" + entry.problem_type;
+      link.textContent = "why";
+      decision.appendChild(document.createTextNode(" "));
+      decision.appendChild(link);
+    }
+    cell(tr, entry.amount_minor ? money(entry.amount_minor) + " to " + entry.to_wallet_id.slice(0, 8) : "");
+    cell(tr, entry.idempotency_key ? entry.idempotency_key.slice(0, 8) : "none");
+    cell(tr, entry.request_id.slice(0, 8) + " on " + entry.instance_id);
+    cell(tr, entry.latency_ms.toFixed(1) + " ms", "num");
+    show(tr);
     tbody.insertBefore(tr, tbody.firstChild);
     while (tbody.children.length > 200) tbody.removeChild(tbody.lastChild);
+    table.hidden = false;
+    empty.hidden = true;
   }
+
+  filter.addEventListener("change", function () {
+    Array.prototype.forEach.call(tbody.children, show);
+  });
 
   fetch("/api/v1/decisions?limit=50", { credentials: "same-origin" })
     .then((r) => (r.ok ? r.json() : { items: [] }))

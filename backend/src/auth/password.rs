@@ -105,7 +105,7 @@ thread_local! {
 
 /// A PHC string (`$argon2id$v=19$m=…,t=…,p=…$salt$hash`) for `password`,
 /// with a fresh salt and the crate's recommended parameters.
-fn phc_string(password: &[u8]) -> anyhow::Result<String> {
+pub fn phc_string(password: &[u8]) -> anyhow::Result<String> {
     let mut salt = [0u8; 16];
     rand::thread_rng().fill_bytes(&mut salt);
     let params = argon2::Params::default();

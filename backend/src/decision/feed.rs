@@ -100,6 +100,14 @@ pub struct FeedEntry {
     pub outcome: Outcome,
     pub status: u16,
     pub latency_ms: f64,
+    /// What was asked, when the request parsed that far.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub amount_minor: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub to_wallet_id: Option<Uuid>,
+    /// The slug of a refusal's problem type: `/problems/{slug}` explains it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem_type: Option<String>,
 }
 
 /// An entry with its position in the stream (the cursor for `after`).

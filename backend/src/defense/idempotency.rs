@@ -277,23 +277,24 @@ pub async fn complete(
     Ok(())
 }
 
-/// The completed response stored under a key with this fingerprint, if
-/// any. Read-only: the browser form uses it to show a double submit the
-/// original result after the cooldown refused the copy.
+/// The completed response stored under a user's key (with this
+/// fingerprint, when given), if any. Read-only: the browser form uses it to
+/// show a double submit the original result after the cooldown refused the
+/// copy, and to show a sent transfer's result after redirecting.
 pub async fn completed_response(
     pool: &PgPool,
     user: UserId,
     key: IdempotencyKey,
-    fingerprint: &[u8; 32],
+    fingerprint: Option<&[u8; 32]>,
 ) -> Result<Option<StoredResponse>, sqlx::Error> {
     let stored: Option<StoredColumns> = sqlx::query_as(
         "SELECT response_status, response_body, response_refusal, response_trace_id FROM idempotency_keys
-         WHERE user_id = $1 AND key = $2 AND fingerprint = $3
+         WHERE user_id = $1 AND key = $2 AND ($3::bytea IS NULL OR fingerprint = $3)
            AND response_status IS NOT NULL AND expires_at > now()",
     )
     .bind(user.0)
     .bind(key.0)
-    .bind(&fingerprint[..])
+    .bind(fingerprint.map(|bytes| &bytes[..]))
     .fetch_optional(pool)
     .await?;
     Ok(stored.map(StoredColumns::into_response).transpose()?.flatten())

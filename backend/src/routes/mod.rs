@@ -120,7 +120,7 @@ pub async fn not_found(request: HttpRequest, state: web::Data<AppState>) -> acti
         .and_then(|value| value.to_str().ok())
         .is_some_and(|accept| accept.contains("text/html"));
     if wants_html && !request.path().starts_with("/api/") {
-        return crate::web::pages::not_found_page(&state);
+        return crate::web::pages::not_found_page(&request, &state).await;
     }
     Problem::not_found(format!(
         "There is nothing at {} {}.",

@@ -204,6 +204,10 @@ pub struct Settings {
     pub race_lab_naive_window_ms: u64,
 
     // --- Browser demo ---
+    /// An account made at start-up (after migrations) that anyone can send
+    /// to and nobody can sign in as, so that a lone visitor has a
+    /// recipient. Empty: none.
+    pub demo_recipient_name: String,
     /// A trace viewer's URL with `{trace_id}` in it, e.g.
     /// `http://127.0.0.1:16686/trace/{trace_id}` for Jaeger; the race lab
     /// links each request to its trace. Empty: no links.
@@ -327,6 +331,7 @@ impl Default for Settings {
             race_lab_naive_window_ms: 50,
 
             trace_ui_url: String::new(),
+            demo_recipient_name: "demo".into(),
 
             decision_feed_enabled: true,
             decision_feed_queue_entries_max: 10_000,

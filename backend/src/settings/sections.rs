@@ -118,6 +118,8 @@ pub struct Demo {
     pub naive_window: Duration,
     /// A trace viewer's URL with `{trace_id}` in it; empty: no links.
     pub trace_ui_url: String,
+    /// Empty: no demo recipient.
+    pub recipient_name: String,
 }
 
 #[derive(Debug, Clone)]
@@ -397,6 +399,7 @@ impl Demo {
             allow_unsafe_modes: s.allow_unsafe_demo_modes,
             naive_window: check.millis("naive_window_ms", s.naive_window_ms, 0, 10_000),
             trace_ui_url: s.trace_ui_url.clone(),
+            recipient_name: s.demo_recipient_name.trim().to_owned(),
         }
     }
 }

@@ -41,6 +41,8 @@ pub struct Decided {
     pub answer: Answer,
     pub user: Option<UserId>,
     pub key: Option<IdempotencyKey>,
+    /// What was asked, once it parsed: for the feed's context.
+    pub transfer: Option<TransferRequest>,
 }
 
 pub enum Answer {
@@ -67,6 +69,16 @@ impl Decided {
             answer: Answer::Refused(problem),
             user,
             key,
+            transfer: None,
+        }
+    }
+
+    /// The problem type of a refusal, stored or not; `None` for a success.
+    pub fn problem_type(&self) -> Option<ProblemType> {
+        match &self.answer {
+            Answer::Refused(problem) => Some(problem.kind),
+            Answer::Stored { response, .. } if response.status >= 400 => ProblemType::of_body(&response.body),
+            Answer::Stored { .. } => None,
         }
     }
 
@@ -112,6 +124,19 @@ pub fn fingerprint_of(transfer_request: &TransferRequest) -> [u8; 32] {
 /// `lab` is a race-lab request's switches; the transaction refuses them
 /// for anything but lab wallets.
 pub async fn through_the_layers(
+    state: &AppState,
+    context: &RequestContext,
+    caller: &VerifiedToken,
+    transfer_request: &TransferRequest,
+    key: Option<IdempotencyKey>,
+    lab: Option<Switches>,
+) -> Decided {
+    let mut decided = decide(state, context, caller, transfer_request, key, lab).await;
+    decided.transfer = Some(*transfer_request);
+    decided
+}
+
+async fn decide(
     state: &AppState,
     context: &RequestContext,
     caller: &VerifiedToken,
@@ -194,6 +219,7 @@ pub async fn through_the_layers(
                 },
                 user,
                 key,
+                transfer: None,
             }
         }
         Ok(TransferOutcome::Replayed(response)) => Decided {
@@ -204,6 +230,7 @@ pub async fn through_the_layers(
             },
             user,
             key,
+            transfer: None,
         },
         Ok(TransferOutcome::KeyReused) => {
             Decided::refused(key_reused(), Layer::Idempotency, Outcome::KeyReused, user, key)
@@ -287,6 +314,9 @@ pub fn report(state: &AppState, context: &RequestContext, decided: &Decided) {
                 outcome: decision.outcome,
                 status,
                 latency_ms,
+                amount_minor: decided.transfer.map(|transfer| transfer.amount.get()),
+                to_wallet_id: decided.transfer.map(|transfer| transfer.to.0),
+                problem_type: decided.problem_type().map(|kind| kind.slug().to_owned()),
             },
         );
     }

@@ -27,12 +27,25 @@ struct AccountPage {
     error: Option<String>,
 }
 
+#[derive(Template, WebTemplate)]
+#[template(path = "home.html")]
+struct HomePage {
+    chrome: Chrome,
+    demo_recipient: String,
+}
+
+/// `/`: what the three layers are, in one picture, and the way in.
 pub async fn home(request: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
-    match site::session(&request, &state).await {
-        Ok(Some(_)) => redirect("/wallet"),
-        Ok(None) => redirect("/signin"),
-        Err(error) => unavailable(&state, &error),
-    }
+    // A database that cannot be asked does not stop the page: it is shown
+    // as to a visitor who is not signed in.
+    let session = site::session(&request, &state).await.ok().flatten();
+    with_page(
+        StatusCode::OK,
+        HomePage {
+            chrome: Chrome::new(&state, "Three defenses against paying twice", session.as_ref()),
+            demo_recipient: state.config.demo.recipient_name.clone(),
+        },
+    )
 }
 
 fn account_page(
@@ -169,7 +182,7 @@ pub async fn sign_out(
         Err(response) => return response,
     };
     if let Err(error) = users::revoke(&state, &session.token).await {
-        return unavailable(&state, &error);
+        return unavailable(&state, Some(&session), &error);
     }
     let mut response = redirect("/signin");
     let _ = response.add_cookie(&site::expired_session_cookie());

@@ -60,9 +60,16 @@ struct ErrorPage {
     message: String,
 }
 
-fn error_page(state: &AppState, status: StatusCode, heading: &str, message: &str) -> HttpResponse {
+/// An error page, with the visitor's signed-in state when it is known.
+fn error_page(
+    state: &AppState,
+    session: Option<&Session>,
+    status: StatusCode,
+    heading: &str,
+    message: &str,
+) -> HttpResponse {
     let page = ErrorPage {
-        chrome: Chrome::new(state, heading, None),
+        chrome: Chrome::new(state, heading, session),
         status: status.as_u16(),
         heading: heading.to_owned(),
         message: message.to_owned(),
@@ -77,10 +84,11 @@ fn error_page(state: &AppState, status: StatusCode, heading: &str, message: &str
     }
 }
 
-fn unavailable(state: &AppState, error: &sqlx::Error) -> HttpResponse {
+fn unavailable(state: &AppState, session: Option<&Session>, error: &sqlx::Error) -> HttpResponse {
     tracing::error!(error = %error, "database error while rendering a page");
     error_page(
         state,
+        session,
         StatusCode::SERVICE_UNAVAILABLE,
         "The wallet is unavailable",
         "We could not reach the database. Nothing was changed; please try again in a moment.",
@@ -112,7 +120,7 @@ async fn require_session(request: &HttpRequest, state: &AppState) -> Result<Sess
     match site::session(request, state).await {
         Ok(Some(session)) => Ok(session),
         Ok(None) => Err(redirect("/signin")),
-        Err(error) => Err(unavailable(state, &error)),
+        Err(error) => Err(unavailable(state, None, &error)),
     }
 }
 
@@ -127,6 +135,7 @@ async fn session_for_form(
     if !state.tokens.verify_csrf(&session.token, csrf) {
         return Err(error_page(
             state,
+            Some(&session),
             StatusCode::FORBIDDEN,
             "Form expired",
             "This form expired. Go back, reload the page and try again.",

@@ -21,11 +21,17 @@ struct ProblemTypePage {
 }
 
 /// `GET /problems/{slug}`: what each problem `type` means.
-pub async fn problem_type(path: web::Path<String>, state: web::Data<AppState>) -> impl Responder {
+pub async fn problem_type(
+    request: HttpRequest,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> impl Responder {
     let slug = path.into_inner();
+    let session = site::session(&request, &state).await.ok().flatten();
     let Some(kind) = ProblemType::from_slug(&slug) else {
         return error_page(
             &state,
+            session.as_ref(),
             StatusCode::NOT_FOUND,
             "Unknown problem type",
             "There is no problem type by this name.",
@@ -35,7 +41,7 @@ pub async fn problem_type(path: web::Path<String>, state: web::Data<AppState>) -
     with_page(
         StatusCode::OK,
         ProblemTypePage {
-            chrome: Chrome::new(&state, &heading, None),
+            chrome: Chrome::new(&state, &heading, session.as_ref()),
             slug,
             heading,
             description: kind.description(),
@@ -45,9 +51,11 @@ pub async fn problem_type(path: web::Path<String>, state: web::Data<AppState>) -
 }
 
 /// A person's 404: an HTML page for browsers, problem details otherwise.
-pub fn not_found_page(state: &AppState) -> HttpResponse {
+pub async fn not_found_page(request: &HttpRequest, state: &AppState) -> HttpResponse {
+    let session = site::session(request, state).await.ok().flatten();
     error_page(
         state,
+        session.as_ref(),
         StatusCode::NOT_FOUND,
         "Page not found",
         "There is nothing at this address.",

@@ -220,7 +220,7 @@ pub async fn fire(
             Some("Another run of yours is still going, perhaps in another tab. Nothing was sent; wait for it to finish.".into()),
             None,
         ),
-        Err(RunError::Database(error)) => unavailable(&state, &error),
+        Err(RunError::Database(error)) => unavailable(&state, Some(&session), &error),
     }
 }
 

@@ -103,7 +103,7 @@ async fn wallet_page(
 ) -> HttpResponse {
     let history = match history(state, session).await {
         Ok(history) => history,
-        Err(error) => return unavailable(state, &error),
+        Err(error) => return unavailable(state, Some(session), &error),
     };
     with_page(
         StatusCode::OK,
@@ -132,6 +132,9 @@ async fn wallet_page(
 pub struct Prefill {
     recipient: String,
     amount: String,
+    /// The key of a transfer just sent: the page shows its result, so the
+    /// address after Send can be reloaded or bookmarked.
+    sent: String,
 }
 
 pub async fn wallet(
@@ -139,11 +142,57 @@ pub async fn wallet(
     prefill: web::Query<Prefill>,
     state: web::Data<AppState>,
 ) -> HttpResponse {
-    let Prefill { recipient, amount } = prefill.into_inner();
-    match require_session(&request, &state).await {
-        Ok(session) => wallet_page(&state, &session, None, recipient, amount).await,
-        Err(response) => response,
+    let Prefill {
+        recipient,
+        amount,
+        sent,
+    } = prefill.into_inner();
+    let session = match require_session(&request, &state).await {
+        Ok(session) => session,
+        Err(response) => return response,
+    };
+    let notice = match IdempotencyKey::parse(&sent) {
+        Ok(key) => match sent_notice(&state, &session, key).await {
+            Ok(notice) => notice,
+            Err(error) => return unavailable(&state, Some(&session), &error),
+        },
+        Err(_) => None,
+    };
+    wallet_page(&state, &session, notice, recipient, amount).await
+}
+
+/// The result of the visitor's own transfer sent with `key`, as a notice.
+async fn sent_notice(
+    state: &AppState,
+    session: &Session,
+    key: IdempotencyKey,
+) -> Result<Option<Notice>, sqlx::Error> {
+    let Some(stored) = idempotency::completed_response(&state.db, session.token.user_id, key, None).await?
+    else {
+        return Ok(None);
+    };
+    let to_wallet = serde_json::from_str::<serde_json::Value>(&stored.body)
+        .ok()
+        .and_then(|receipt| {
+            receipt["to_wallet_id"]
+                .as_str()
+                .and_then(|id| Uuid::try_parse(id).ok())
+        });
+    let recipient = match to_wallet {
+        Some(wallet) => owner_name(state, wallet).await?,
+        None => None,
     }
+    .unwrap_or_else(|| "that wallet".to_owned());
+    Ok(Some(if stored.status == 201 {
+        Notice {
+            kind: "success",
+            layer: None,
+            text: receipt_text(&stored, &recipient, &session.currency)
+                .unwrap_or_else(|| "The transfer was made.".into()),
+        }
+    } else {
+        refused_notice(problem_text(&stored.body))
+    }))
 }
 
 /// The wallet form, as typed. Every field defaults to empty, so a tampered
@@ -208,7 +257,7 @@ pub async fn review(
     let (to_wallet_id, recipient_name) = match resolve_recipient(&state, typed_recipient).await {
         Ok(Some(recipient)) => recipient,
         Ok(None) => return refused(format!("We found no user or wallet called “{typed_recipient}”.")).await,
-        Err(error) => return unavailable(&state, &error),
+        Err(error) => return unavailable(&state, Some(&session), &error),
     };
     if to_wallet_id == session.wallet_id {
         return refused("That is your own wallet. Choose someone else to send to.".to_owned()).await;
@@ -338,7 +387,7 @@ pub async fn transfer(
     };
     let recipient_name = match owner_name(&state, to_wallet_id).await {
         Ok(found) => found.unwrap_or_else(|| "that wallet".to_owned()),
-        Err(error) => return unavailable(&state, &error),
+        Err(error) => return unavailable(&state, Some(&session), &error),
     };
     let context = RequestContext::of(&request);
     let decided =
@@ -358,7 +407,7 @@ pub async fn transfer(
     let session = match site::session(&request, &state).await {
         Ok(Some(session)) => session,
         Ok(None) => return redirect("/signin"),
-        Err(error) => return unavailable(&state, &error),
+        Err(error) => return unavailable(&state, None, &error),
     };
     let mut response = if let Some(original) = original {
         let notice = replay_notice(&original, &recipient_name, &currency);
@@ -380,6 +429,11 @@ pub async fn transfer(
         };
         let notice = notice_for(&decided, &recipient_name, &currency);
         review_page(&state, &session, &draft, Some(notice), wait_s)
+    } else if matches!(&decided.answer, Answer::Stored { response, replayed: false } if response.status == 201)
+    {
+        // Sent: post/redirect/get, so that the address can be reloaded or
+        // bookmarked without sending again.
+        redirect(&format!("/wallet?sent={}", key.as_uuid()))
     } else {
         let notice = notice_for(&decided, &recipient_name, &currency);
         let (recipient_text, amount_text) = if notice.kind == "refused" {
@@ -428,7 +482,8 @@ async fn wait_for_original(
 ) -> Option<StoredResponse> {
     let deadline = Instant::now() + state.config.idempotency.wait_max();
     loop {
-        match idempotency::completed_response(&state.db, session.token.user_id, key, fingerprint).await {
+        match idempotency::completed_response(&state.db, session.token.user_id, key, Some(fingerprint)).await
+        {
             Ok(Some(stored)) => return Some(stored),
             Ok(None) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
             _ => return None,
