@@ -158,6 +158,8 @@ async fn every_preset_shows_what_it_promises() {
     );
     assert_eq!((lab.money_created_minor, lab.unexplained_balances), (0, 0));
 
+    // A run leaves none of its keys behind.
+    assert_eq!(app.count("SELECT count(*) FROM idempotency_keys").await, 0);
     // The real wallet never moved; real money's invariants hold.
     assert_eq!(app.balance(alice_wallet).await, 100_000);
     app.assert_invariants().await;

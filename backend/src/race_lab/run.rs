@@ -103,6 +103,14 @@ pub async fn run(
     let funnel = Funnel::of(&answers);
     let lab_state = LabState::read(&state.db, user).await?;
     let kept = request.preset.kept(&funnel, &lab_state, &plan, lab.balance_minor);
+    // The run's keys served their purpose inside it; left, a visitor firing
+    // run after run would pile up keys until their retention ends.
+    let keys: Vec<uuid::Uuid> = plan.waves.iter().flatten().filter_map(|shot| shot.key).collect();
+    sqlx::query("DELETE FROM idempotency_keys WHERE user_id = $1 AND key = ANY ($2)")
+        .bind(user.0)
+        .bind(&keys)
+        .execute(&state.db)
+        .await?;
     lease.rollback().await?;
     Ok(Run {
         request,

@@ -219,15 +219,6 @@ impl Config {
                 enclosed.as_millis()
             ),
         );
-        let retry_preset = self.cooldown.ttl + Duration::from_secs(5);
-        check.require(
-            self.race_lab.run_max >= retry_preset,
-            format!(
-                "race_lab_run_ms_max must be at least cooldown_ttl_ms + 5000 = {} ms, so that the race lab can wait \
-                 out a cooldown window",
-                retry_preset.as_millis()
-            ),
-        );
         let unsafe_modes = self.unsafe_modes();
         check.require(
             unsafe_modes.is_empty() || self.demo.allow_unsafe_modes,

@@ -133,6 +133,8 @@ struct Example {
     problem: String,
     key: String,
     latency: String,
+    /// The instance that answered: the burst goes to the one serving the page.
+    instance: String,
     trace_link: Option<String>,
     trace_id: String,
 }
@@ -178,7 +180,7 @@ pub async fn fire(
         Err(response) => return response,
     };
     let requests_max = state.config.race_lab.requests_max;
-    let parsed = parse_run(&form, requests_max);
+    let parsed = parse_run(&form, requests_max).and_then(|run_request| fits_in_a_run(&state, run_request));
     let lab_form = match &parsed {
         Ok(run_request) => LabForm::of(run_request),
         Err(_) => LabForm::defaults(Preset::SameKey, 50.min(requests_max)),
@@ -222,6 +224,21 @@ pub async fn fire(
         ),
         Err(RunError::Database(error)) => unavailable(&state, Some(&session), &error),
     }
+}
+
+/// The retry preset waits out a cooldown window inside the run: with a
+/// window longer than a run may last, it cannot be fired here.
+fn fits_in_a_run(state: &AppState, run_request: RunRequest) -> Result<RunRequest, String> {
+    let window = state.config.cooldown.ttl;
+    let needed = window + Duration::from_secs(5);
+    if run_request.preset == Preset::RetryAfterWindow && needed > state.config.race_lab.run_max {
+        return Err(format!(
+            "The cooldown window here lasts {} s, longer than a race-lab run may wait, so this preset cannot run on \
+             this deployment. Nothing was sent.",
+            window.as_secs()
+        ));
+    }
+    Ok(run_request)
 }
 
 fn parse_run(form: &RunForm, requests_max: usize) -> Result<RunRequest, String> {
@@ -535,6 +552,7 @@ fn groups(state: &AppState, answers: &[Answer]) -> Vec<Group> {
                             .map(|key| key.simple().to_string()[..8].to_owned())
                             .unwrap_or_else(|| "none".to_owned()),
                         latency: milliseconds(answer.latency()),
+                        instance: state.instance_id.to_string(),
                         trace_link: (!trace_ui.is_empty() && !trace_id.is_empty())
                             .then(|| trace_ui.replace("{trace_id}", &trace_id)),
                         trace_id,
