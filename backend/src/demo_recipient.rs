@@ -6,7 +6,9 @@ use rand::RngCore;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::domain::{UserId, WalletId};
 use crate::names::ComparableName;
+use crate::routes::users;
 use crate::settings::Config;
 
 /// Makes the demo recipient if `demo_recipient_name` is set and no account
@@ -28,29 +30,22 @@ pub async fn ensure(db: &PgPool, config: &Config) -> anyhow::Result<()> {
     let mut secret = [0u8; 32];
     rand::thread_rng().fill_bytes(&mut secret);
     let password_hash = tokio::task::spawn_blocking(move || crate::auth::phc_string(&secret)).await??;
-    let user_id = Uuid::now_v7();
+    let user_id = UserId(Uuid::now_v7());
     let mut tx = db.begin().await?;
-    let inserted = sqlx::query(
-        "INSERT INTO users (id, name, name_key, name_skeleton, password_hash) VALUES ($1, $2, $3, $4, $5)
-         ON CONFLICT DO NOTHING",
-    )
-    .bind(user_id)
-    .bind(&name.display)
-    .bind(&name.key)
-    .bind(&name.skeleton)
-    .bind(&password_hash)
-    .execute(&mut *tx)
-    .await?;
-    if inserted.rows_affected() == 1 {
-        sqlx::query(
-            "INSERT INTO wallets (id, user_id, currency, opening_balance_minor, balance_minor) VALUES ($1, $2, $3, 0, 0)",
-        )
-        .bind(Uuid::now_v7())
-        .bind(user_id)
-        .bind(&config.money.currency)
-        .execute(&mut *tx)
-        .await?;
+    match users::insert_account(&mut tx, user_id, &name, &password_hash).await {
+        Ok(()) => {}
+        // Another instance made it first.
+        Err(sqlx::Error::Database(error)) if error.is_unique_violation() => return Ok(()),
+        Err(error) => return Err(error.into()),
     }
+    users::insert_wallet(
+        &mut tx,
+        WalletId(Uuid::now_v7()),
+        user_id,
+        &config.money.currency,
+        0,
+    )
+    .await?;
     tx.commit().await?;
     Ok(())
 }

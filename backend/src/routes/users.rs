@@ -119,26 +119,8 @@ pub async fn create_user(
 
     let result: Result<(), sqlx::Error> = async {
         let mut tx = state.db.begin().await?;
-        sqlx::query(
-            "INSERT INTO users (id, name, name_key, name_skeleton, password_hash) VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(user_id.0)
-        .bind(&name.display)
-        .bind(&name.key)
-        .bind(&name.skeleton)
-        .bind(&password_hash)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(
-            "INSERT INTO wallets (id, user_id, currency, opening_balance_minor, balance_minor)
-             VALUES ($1, $2, $3, $4, $4)",
-        )
-        .bind(wallet_id.0)
-        .bind(user_id.0)
-        .bind(&state.config.money.currency)
-        .bind(grant)
-        .execute(&mut *tx)
-        .await?;
+        insert_account(&mut tx, user_id, name, &password_hash).await?;
+        insert_wallet(&mut tx, wallet_id, user_id, &state.config.money.currency, grant).await?;
         auth::store_token(&mut *tx, user_id, &issued).await?;
         tx.commit().await
     }
@@ -261,6 +243,47 @@ pub async fn revoke(state: &AppState, token: &auth::VerifiedToken) -> Result<(),
 }
 
 /// Every password worker is busy: shed the sign-in rather than queue it.
+/// A new account's row. A name taken (by key or by look-alike skeleton)
+/// is a unique violation.
+pub async fn insert_account(
+    tx: &mut sqlx::PgConnection,
+    user_id: UserId,
+    name: &ComparableName,
+    password_hash: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO users (id, name, name_key, name_skeleton, password_hash) VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(user_id.0)
+    .bind(&name.display)
+    .bind(&name.key)
+    .bind(&name.skeleton)
+    .bind(password_hash)
+    .execute(tx)
+    .await
+    .map(|_| ())
+}
+
+/// A real wallet holding `opening_minor` of `currency`.
+pub async fn insert_wallet(
+    tx: &mut sqlx::PgConnection,
+    wallet_id: WalletId,
+    user_id: UserId,
+    currency: &str,
+    opening_minor: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO wallets (id, user_id, currency, opening_balance_minor, balance_minor) VALUES ($1, $2, $3, $4, $4)",
+    )
+    .bind(wallet_id.0)
+    .bind(user_id.0)
+    .bind(currency)
+    .bind(opening_minor)
+    .execute(tx)
+    .await
+    .map(|_| ())
+}
+
 fn busy() -> Problem {
     Problem::unavailable("Too many sign-ins at once. Retry in a moment.")
 }
