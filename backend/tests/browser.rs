@@ -283,6 +283,8 @@ async fn the_race_lab_shows_each_layer_catch_what_it_catches() {
                 .fetch_one(&app.db)
                 .await
                 .expect("lab state");
+        let marks = client.find_all(Locator::Css("svg .mark")).await.expect("marks");
+        assert_eq!(marks.len(), 30, "one mark per request on the timeline");
         let shown = text_of(client, "#moved").await;
         assert_eq!(
             shown,

@@ -131,6 +131,11 @@ struct Example {
     number: usize,
     status: String,
     problem: String,
+    /// A refusal's problem body as it was sent, for engineers; empty for a
+    /// success.
+    body: String,
+    /// `/problems/{slug}` of a refusal.
+    problem_link: Option<String>,
     key: String,
     latency: String,
     /// The instance that answered: the burst goes to the one serving the page.
@@ -546,6 +551,13 @@ fn groups(state: &AppState, answers: &[Answer]) -> Vec<Group> {
                             answer.status.to_string()
                         },
                         problem: problem_sentence(answer),
+                        body: if answer.status >= 400 {
+                            answer.body.clone()
+                        } else {
+                            String::new()
+                        },
+                        problem_link: ProblemType::of_body(&answer.body)
+                            .map(|kind| format!("/problems/{}", kind.slug())),
                         key: answer
                             .shot
                             .key
