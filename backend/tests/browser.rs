@@ -288,7 +288,7 @@ async fn the_race_lab_shows_each_layer_catch_what_it_catches() {
         let shown = text_of(client, "#moved").await;
         assert_eq!(
             shown,
-            format!("LAB {}.{:02}", moved / 100, moved % 100),
+            layered_wallet::web::money::format(moved, "LAB"),
             "{preset}"
         );
         if preset == "same-key" && kept {

@@ -202,6 +202,15 @@ impl KeyStrategy {
         }
     }
 
+    /// What the requests carried, for the page.
+    pub fn described(self) -> &'static str {
+        match self {
+            KeyStrategy::Same => "one key shared by every request",
+            KeyStrategy::NewPerRequest => "a new key for each request",
+            KeyStrategy::None => "no key",
+        }
+    }
+
     pub fn from_slug(slug: &str) -> Option<Self> {
         [KeyStrategy::Same, KeyStrategy::NewPerRequest, KeyStrategy::None]
             .into_iter()
@@ -238,6 +247,15 @@ pub enum Stage {
 }
 
 impl Stage {
+    /// In the order a request meets them.
+    pub const ALL: [Stage; 5] = [
+        Stage::Cooldown,
+        Stage::Key,
+        Stage::Guard,
+        Stage::Moved,
+        Stage::Other,
+    ];
+
     pub fn of(answer: &Answer) -> Stage {
         match answer.decision {
             Some(decision)
@@ -269,6 +287,17 @@ impl Stage {
             Stage::Guard => "Stopped by the row guard",
             Stage::Moved => "Moved money",
             Stage::Other => "Failed or refused for another reason",
+        }
+    }
+
+    /// The timeline lane's short name.
+    pub fn lane(self) -> &'static str {
+        match self {
+            Stage::Cooldown => "cooldown",
+            Stage::Key => "idempotency key",
+            Stage::Guard => "row guard",
+            Stage::Moved => "moved",
+            Stage::Other => "other",
         }
     }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::burst::{self, Answer, Target};
 use super::presets::{Funnel, KeyStrategy, Plan, Preset};
-use super::{LabState, LabWallets, Switches};
+use super::{LabState, Switches};
 use crate::domain::UserId;
 use crate::state::AppState;
 
@@ -22,7 +22,6 @@ pub struct RunRequest {
 /// What a run did, checked against the database.
 pub struct Run {
     pub request: RunRequest,
-    pub wallets: LabWallets,
     pub balance_minor: i64,
     pub plan: Plan,
     /// Every answer, in the order the requests were sent.
@@ -114,7 +113,6 @@ pub async fn run(
     lease.rollback().await?;
     Ok(Run {
         request,
-        wallets,
         balance_minor: lab.balance_minor,
         plan,
         answers,

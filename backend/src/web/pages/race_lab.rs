@@ -227,7 +227,22 @@ pub async fn fire(
             Some("Another run of yours is still going, perhaps in another tab. Nothing was sent; wait for it to finish.".into()),
             None,
         ),
-        Err(RunError::Database(error)) => unavailable(&state, Some(&session), &error),
+        Err(RunError::Database(error)) => {
+            tracing::error!(error = %error, "database error during a race-lab run");
+            lab_page(
+                &state,
+                &session,
+                StatusCode::SERVICE_UNAVAILABLE,
+                lab_form,
+                Some(
+                    "The race lab lost the database during this run, so it cannot show what happened. Only lab money \
+                     can have moved: your real balance is untouched. Fire again in a moment; the next run starts \
+                     from refilled lab wallets."
+                        .into(),
+                ),
+                None,
+            )
+        }
     }
 }
 
@@ -360,11 +375,7 @@ impl RunView {
             promise: run.request.preset.promise(),
             kept: run.kept,
             switches_off: switches.off(),
-            keys: match run.request.keys {
-                KeyStrategy::Same => "one key shared by every request",
-                KeyStrategy::NewPerRequest => "a new key for each request",
-                KeyStrategy::None => "no key",
-            },
+            keys: run.request.keys.described(),
             sent: funnel.sent,
             overlap_max: run.overlap_max,
             wave: run.wave_max,
@@ -430,13 +441,7 @@ impl Timeline {
     /// One lane per stage, x the milliseconds since the burst at which the
     /// answer came, one mark per request.
     fn of(answers: &[Answer]) -> Self {
-        let stages = [
-            Stage::Cooldown,
-            Stage::Key,
-            Stage::Guard,
-            Stage::Moved,
-            Stage::Other,
-        ];
+        let stages = Stage::ALL;
         let last = answers
             .iter()
             .map(|answer| answer.answered)
@@ -487,13 +492,7 @@ impl Timeline {
                 .into_iter()
                 .map(|stage| Lane {
                     y: lane_y(stage),
-                    label: match stage {
-                        Stage::Cooldown => "cooldown",
-                        Stage::Key => "idempotency key",
-                        Stage::Guard => "row guard",
-                        Stage::Moved => "moved",
-                        Stage::Other => "other",
-                    },
+                    label: stage.lane(),
                 })
                 .collect(),
             marks,

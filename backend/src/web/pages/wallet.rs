@@ -403,13 +403,24 @@ pub async fn transfer(
         let fingerprint = pipeline::fingerprint_of(&request_body);
         original = wait_for_original(&state, &session, key, &fingerprint).await;
     }
-    // Show the balance after the transfer.
-    let session = match site::session(&request, &state).await {
-        Ok(Some(session)) => session,
-        Ok(None) => return redirect("/signin"),
-        Err(error) => return unavailable(&state, None, &error),
+    let sent =
+        matches!(&decided.answer, Answer::Stored { response, replayed: false } if response.status == 201);
+    // Every other answer is shown here, with the balance after it.
+    let session = if sent {
+        session
+    } else {
+        match site::session(&request, &state).await {
+            Ok(Some(session)) => session,
+            Ok(None) => return redirect("/signin"),
+            Err(error) => return result_unavailable(&state, &session, &error),
+        }
     };
-    let mut response = if let Some(original) = original {
+    let mut response = if sent {
+        // Sent: post/redirect/get, so that the address can be reloaded or
+        // bookmarked without sending again. The page it leads to reads the
+        // balance after it.
+        redirect(&format!("/wallet?sent={}", key.as_uuid()))
+    } else if let Some(original) = original {
         let notice = replay_notice(&original, &recipient_name, &currency);
         wallet_page(&state, &session, Some(notice), String::new(), String::new()).await
     } else if let Some(problem) = safe_to_send_again(&decided) {
@@ -429,11 +440,6 @@ pub async fn transfer(
         };
         let notice = notice_for(&decided, &recipient_name, &currency);
         review_page(&state, &session, &draft, Some(notice), wait_s)
-    } else if matches!(&decided.answer, Answer::Stored { response, replayed: false } if response.status == 201)
-    {
-        // Sent: post/redirect/get, so that the address can be reloaded or
-        // bookmarked without sending again.
-        redirect(&format!("/wallet?sent={}", key.as_uuid()))
     } else {
         let notice = notice_for(&decided, &recipient_name, &currency);
         let (recipient_text, amount_text) = if notice.kind == "refused" {
@@ -449,6 +455,22 @@ pub async fn transfer(
             .insert(header::HeaderName::from_static(crate::decision::HEADER), value);
     }
     response
+}
+
+/// The database failed after the transfer was decided, while reading the
+/// page to show: what happened is not known here, so the page says where
+/// to find out, and that sending the same confirmation again is safe.
+fn result_unavailable(state: &AppState, session: &Session, error: &sqlx::Error) -> HttpResponse {
+    tracing::error!(error = %error, "database error while showing a transfer's result");
+    error_page(
+        state,
+        Some(session),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "The result cannot be shown",
+        "We could not load your wallet to show what happened to this transfer. Open your wallet in a moment: its \
+         history shows whether the transfer went through. Sending the same confirmation again is safe, because it \
+         carries the same key.",
+    )
 }
 
 /// The refusal, when the confirmation should be shown again as it is: a
