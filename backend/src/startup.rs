@@ -14,7 +14,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use crate::account_limits::AccountLimits;
 use crate::auth::TokenSigner;
-use crate::decision::feed::{DecisionFeed, FeedSettings};
+use crate::decision::feed::DecisionFeed;
 use crate::defense::cooldown::CooldownLock;
 use crate::metrics::Metrics;
 use crate::openapi;
@@ -97,15 +97,8 @@ impl Application {
         let feed = DecisionFeed::start(
             redis.clone().filter(|_| config.feed.enabled),
             redis_client.filter(|_| config.feed.enabled),
-            FeedSettings {
-                key_prefix: config.redis.key_prefix.clone(),
-                queue_entries_max: config.feed.queue_entries_max,
-                entries_per_user_max: config.feed.entries_per_user_max,
-                retention: config.feed.retention,
-                command_timeout: config.redis.command_timeout,
-                redis_memory_bytes_max: config.feed.redis_memory_bytes_max,
-                memory_check_interval: config.feed.memory_check_interval,
-            },
+            &config.feed,
+            &config.redis,
             metrics.clone(),
         );
         let instance_id: Arc<str> = if config.http.instance_id.is_empty() {

@@ -6,8 +6,8 @@
 //! (up to two minutes more) after the last write. The expiry is refreshed
 //! at most once per stream per minute, not with every entry: under steady
 //! load a user has one entry per batch, so a per-batch `EXPIRE` was one
-//! more Redis command for every transfer. Why Redis and not a table: the feed is high-volume,
-//! disposable telemetry, and PostgreSQL is the resource the transfers
+//! more Redis command for every transfer. Why Redis and not a table: the
+//! feed is high-volume, disposable telemetry, and PostgreSQL is the resource the transfers
 //! compete for; a capped stream bounds its own size, and `XREAD BLOCK`
 //! pushes new entries to every instance's readers with no polling. Losing
 //! the feed (Redis restart) loses no money.
@@ -131,15 +131,12 @@ pub struct DecisionFeed {
     metrics: Metrics,
 }
 
-#[derive(Clone)]
-pub struct FeedSettings {
-    pub key_prefix: String,
-    pub queue_entries_max: usize,
-    pub entries_per_user_max: u64,
-    pub retention: Duration,
-    pub command_timeout: Duration,
-    pub redis_memory_bytes_max: u64,
-    pub memory_check_interval: Duration,
+/// What the writer task needs: the feed's section, and where and how
+/// long to talk to Redis.
+struct WriterSettings {
+    feed: crate::settings::Feed,
+    key_prefix: String,
+    command_timeout: Duration,
 }
 
 /// The feed's share of Redis memory, checked now and then.
@@ -213,20 +210,26 @@ impl DecisionFeed {
     pub fn start(
         store: Option<RedisStore>,
         client: Option<StreamClient>,
-        settings: FeedSettings,
+        feed: &crate::settings::Feed,
+        redis: &crate::settings::Redis,
         metrics: Metrics,
     ) -> Self {
         let queue = store.clone().map(|store| {
-            let (sender, receiver) = mpsc::channel(settings.queue_entries_max);
-            tokio::spawn(write_batches(receiver, store, settings.clone(), metrics.clone()));
+            let (sender, receiver) = mpsc::channel(feed.queue_entries_max);
+            let settings = WriterSettings {
+                feed: feed.clone(),
+                key_prefix: redis.key_prefix.clone(),
+                command_timeout: redis.command_timeout,
+            };
+            tokio::spawn(write_batches(receiver, store, settings, metrics.clone()));
             sender
         });
         Self {
             queue,
             store,
             client,
-            key_prefix: settings.key_prefix,
-            command_timeout: settings.command_timeout,
+            key_prefix: redis.key_prefix.clone(),
+            command_timeout: redis.command_timeout,
             metrics,
         }
     }
@@ -316,14 +319,14 @@ pub fn decode((id, fields): RawEntry) -> Option<StoredEntry> {
 async fn write_batches(
     mut receiver: mpsc::Receiver<(UserId, FeedEntry)>,
     store: RedisStore,
-    settings: FeedSettings,
+    settings: WriterSettings,
     metrics: Metrics,
 ) {
-    let retention_s = (settings.retention + 2 * EXPIRY_REFRESH_INTERVAL).as_secs();
+    let retention_s = (settings.feed.retention + 2 * EXPIRY_REFRESH_INTERVAL).as_secs();
     let mut expiry = ExpiryMemo::new();
     let mut budget = MemoryBudget {
-        bytes_max: settings.redis_memory_bytes_max,
-        check_every: settings.memory_check_interval,
+        bytes_max: settings.feed.redis_memory_bytes_max,
+        check_every: settings.feed.memory_check_interval,
         last_checked: None,
         over: false,
     };
@@ -362,7 +365,7 @@ async fn write_batches(
                 .arg(&key)
                 .arg("MAXLEN")
                 .arg("~")
-                .arg(settings.entries_per_user_max)
+                .arg(settings.feed.entries_per_user_max)
                 .arg("*")
                 .arg("d")
                 .arg(json)
