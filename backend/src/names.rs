@@ -16,7 +16,7 @@
 //!   `bobl`).
 //!
 //! Both the key and the skeleton are unique in the schema
-//! (migrations/20261201000006_user_name_keys.sql), so two sign-ups racing for
+//! (migrations/20261202000001_accounts.sql), so two sign-ups racing for
 //! look-alike names cannot both win.
 
 use unicode_normalization::UnicodeNormalization;

@@ -324,10 +324,15 @@ async fn keep_listeners_apart(
 /// compute in SQL (the comparable names of older accounts). sqlx takes an
 /// advisory lock, so instances starting together do not race on the schema.
 pub async fn migrate(db: &PgPool) -> anyhow::Result<()> {
-    MIGRATOR
-        .run(db)
-        .await
-        .map_err(|error| anyhow::anyhow!("failed to apply migrations: {error}"))?;
+    MIGRATOR.run(db).await.map_err(|error| match error {
+        // Checked before anything is applied, so the database is untouched.
+        sqlx::migrate::MigrateError::VersionMissing(version) => anyhow::anyhow!(
+            "this database was made by an earlier build: it records migration {version}, which the schema's \
+             baseline no longer has (migrations/README.md). Nothing was changed. Drop the database and create \
+             it empty, or point DATABASE_URL at a new one; ./scripts/serve does this for its own local database"
+        ),
+        error => anyhow::anyhow!("failed to apply migrations: {error}"),
+    })?;
     crate::names::backfill(db)
         .await
         .map_err(|error| anyhow::anyhow!("failed to fill in the comparable names: {error}"))

@@ -328,3 +328,57 @@ async fn a_deployment_can_turn_the_switches_off() {
     assert_eq!(lab_of(&app, "carol").await.transfers, 1);
     app.assert_invariants().await;
 }
+
+/// Whether a statement belongs to the transfer transaction: the one call
+/// of `transfer()`, or any statement of the step-by-step path.
+fn runs_a_layer(statement: &str) -> bool {
+    [
+        "transfer(",
+        "idempotency_claim(",
+        "idempotency_complete(",
+        "row_guard_transfer(",
+        "token_is_live(",
+        "UPDATE wallets",
+    ]
+    .iter()
+    .any(|marker| statement.contains(marker))
+}
+
+/// With every layer on, a lab run demonstrates the production code, not a
+/// copy of it: each request that reaches PostgreSQL sends exactly the
+/// statement a client's transfer sends, and nothing of the step-by-step
+/// path. Read off the wire, between the server and PostgreSQL.
+#[tokio::test]
+async fn a_lab_run_with_every_layer_on_sends_the_production_statement() {
+    let (app, proxy) = spawn_app_behind_proxy(|settings| settings.race_lab_run_ms_max = 10_000).await;
+    let (alice, bob) = app.alice_and_bob().await;
+    proxy.forget_statements();
+    let response = app.transfer(&alice, bob.wallet_id, 100, Some(&new_key())).await;
+    assert_eq!(response.status(), 201);
+    let production: Vec<String> = proxy
+        .statements_run()
+        .into_iter()
+        .filter(|statement| runs_a_layer(statement))
+        .collect();
+    assert_eq!(production.len(), 1, "a transfer is one statement: {production:?}");
+    assert!(production[0].contains("FROM transfer("), "{production:?}");
+
+    // Cooldown off, so that every request reaches the database; the key and
+    // the row guard at full strength. Keyless double clicks: each moves money.
+    let mut visitor = signed_up(&app, "carol").await;
+    proxy.forget_statements();
+    let (status, page) = run(
+        &mut visitor,
+        &[("preset", "double-click"), ("count", "10"), ("keys", "none")],
+    )
+    .await;
+    assert_eq!(status, 200);
+    let lab = lab_of(&app, "carol").await;
+    assert_eq!(lab.transfers, 10, "{}", text_of(&page, "summary"));
+    let lab_statements: Vec<String> = proxy
+        .statements_run()
+        .into_iter()
+        .filter(|statement| runs_a_layer(statement) && !statement.contains("race_lab_"))
+        .collect();
+    assert_eq!(lab_statements, vec![production[0].clone(); 10]);
+}

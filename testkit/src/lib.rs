@@ -316,7 +316,8 @@ impl Drop for TestApp {
     }
 }
 
-async fn drop_database(name: &str) {
+/// Drops a database `create_database` made, whoever is still connected.
+pub async fn drop_database(name: &str) {
     let server = PgConnectOptions::from_str(&postgres_server_url()).expect("URL");
     if let Ok(mut admin) = PgConnection::connect_with(&server.database("postgres")).await {
         let _ = sqlx::raw_sql(AssertSqlSafe(format!(

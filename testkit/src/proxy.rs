@@ -16,12 +16,21 @@ use tokio::sync::Notify;
 
 pub struct CountingProxy {
     pub port: u16,
+    refusing: Arc<AtomicBool>,
+    wire: Wire,
+}
+
+/// What every proxied connection shares with the proxy: its counters,
+/// its faults and its log.
+#[derive(Clone, Default)]
+struct Wire {
     query_messages: Arc<AtomicU64>,
     round_trips: Arc<AtomicU64>,
-    refusing: Arc<AtomicBool>,
     cut: Arc<Notify>,
     lose_reply: Arc<std::sync::Mutex<Option<ReplyFault>>>,
     replies_lost: Arc<AtomicU64>,
+    /// The text of every statement run through the proxy, in order.
+    statements_run: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 /// Which statement's reply to lose, and whether to go on losing them.
@@ -34,14 +43,9 @@ impl CountingProxy {
     pub async fn start(upstream: SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let port = listener.local_addr().expect("addr").port();
-        let query_messages = Arc::new(AtomicU64::new(0));
-        let round_trips = Arc::new(AtomicU64::new(0));
         let refusing = Arc::new(AtomicBool::new(false));
-        let cut = Arc::new(Notify::new());
-        let lose_reply = Arc::new(std::sync::Mutex::new(None));
-        let replies_lost = Arc::new(AtomicU64::new(0));
-        let (counter, refuse, cut_all) = (query_messages.clone(), refusing.clone(), cut.clone());
-        let (armed, lost, waits) = (lose_reply.clone(), replies_lost.clone(), round_trips.clone());
+        let wire = Wire::default();
+        let (refuse, shared) = (refusing.clone(), wire.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 if refuse.load(Ordering::SeqCst) {
@@ -51,26 +55,21 @@ impl CountingProxy {
                 let Ok(server) = TcpStream::connect(upstream).await else {
                     continue;
                 };
-                tokio::spawn(pipe(
-                    client,
-                    server,
-                    counter.clone(),
-                    waits.clone(),
-                    cut_all.clone(),
-                    armed.clone(),
-                    lost.clone(),
-                ));
+                tokio::spawn(pipe(client, server, shared.clone()));
             }
         });
-        Self {
-            port,
-            query_messages,
-            round_trips,
-            refusing,
-            cut,
-            lose_reply,
-            replies_lost,
-        }
+        Self { port, refusing, wire }
+    }
+
+    /// The text of every statement the app has run so far (a simple query,
+    /// or the Bind of a prepared one), in the order the proxy saw them.
+    pub fn statements_run(&self) -> Vec<String> {
+        self.wire.statements_run.lock().expect("lock").clone()
+    }
+
+    /// Starts `statements_run` afresh.
+    pub fn forget_statements(&self) {
+        self.wire.statements_run.lock().expect("lock").clear();
     }
 
     /// Arms a one-shot fault: the next statement whose text contains
@@ -89,11 +88,11 @@ impl CountingProxy {
     }
 
     pub fn stop_losing_replies(&self) {
-        *self.lose_reply.lock().expect("lock") = None;
+        *self.wire.lose_reply.lock().expect("lock") = None;
     }
 
     fn arm(&self, needle: &str, every_time: bool) {
-        *self.lose_reply.lock().expect("lock") = Some(ReplyFault {
+        *self.wire.lose_reply.lock().expect("lock") = Some(ReplyFault {
             needle: needle.as_bytes().to_vec(),
             every_time,
         });
@@ -106,14 +105,14 @@ impl CountingProxy {
 
     /// How many replies were dropped after their statement completed.
     pub fn replies_lost(&self) -> u64 {
-        self.replies_lost.load(Ordering::SeqCst)
+        self.wire.replies_lost.load(Ordering::SeqCst)
     }
 
     /// Query-carrying messages (simple query, parse, bind, execute,
     /// function call) the app has sent to PostgreSQL so far. Connection
     /// start-up, sync and terminate messages do not count.
     pub fn query_messages(&self) -> u64 {
-        self.query_messages.load(Ordering::SeqCst)
+        self.wire.query_messages.load(Ordering::SeqCst)
     }
 
     /// Round trips the app has made to PostgreSQL so far: messages after
@@ -121,13 +120,13 @@ impl CountingProxy {
     /// the Sync that ends an extended-protocol exchange; sqlx's liveness
     /// ping is a Sync alone).
     pub fn round_trips(&self) -> u64 {
-        self.round_trips.load(Ordering::SeqCst)
+        self.wire.round_trips.load(Ordering::SeqCst)
     }
 
     /// Drops every open connection and refuses new ones: PostgreSQL is gone.
     pub fn go_down(&self) {
         self.refusing.store(true, Ordering::SeqCst);
-        self.cut.notify_waiters();
+        self.wire.cut.notify_waiters();
     }
 
     /// Accepts connections again after `go_down`.
@@ -138,19 +137,11 @@ impl CountingProxy {
     /// Drops every open connection, mid-statement or idle, and goes on
     /// accepting new ones: a network blip, or a firewall forgetting flows.
     pub fn cut_connections(&self) {
-        self.cut.notify_waiters();
+        self.wire.cut.notify_waiters();
     }
 }
 
-async fn pipe(
-    client: TcpStream,
-    server: TcpStream,
-    counter: Arc<AtomicU64>,
-    round_trips: Arc<AtomicU64>,
-    cut: Arc<Notify>,
-    lose_reply: Arc<std::sync::Mutex<Option<ReplyFault>>>,
-    replies_lost: Arc<AtomicU64>,
-) {
+async fn pipe(client: TcpStream, server: TcpStream, wire: Wire) {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
     // Set once this connection has carried the armed statement.
@@ -165,19 +156,23 @@ async fn pipe(
                 break;
             }
             let messages = parser.feed(&buffer[..read]);
-            counter.fetch_add(
+            wire.query_messages.fetch_add(
                 messages.iter().filter(|m| b"QPBEF".contains(&m.kind)).count() as u64,
                 Ordering::SeqCst,
             );
-            round_trips.fetch_add(
+            wire.round_trips.fetch_add(
                 messages.iter().filter(|m| b"QS".contains(&m.kind)).count() as u64,
                 Ordering::SeqCst,
             );
             {
-                let mut armed = lose_reply.lock().expect("lock");
+                let mut armed = wire.lose_reply.lock().expect("lock");
                 let mut carries_it = false;
                 for message in &messages {
                     let executes = statements.note(message);
+                    if let Some(text) = &executes {
+                        let text = String::from_utf8_lossy(text).trim_end_matches('\0').to_owned();
+                        wire.statements_run.lock().expect("lock").push(text);
+                    }
                     carries_it |= armed.as_ref().zip(executes).is_some_and(|(fault, text)| {
                         text.windows(fault.needle.len()).any(|w| w == fault.needle)
                     });
@@ -206,7 +201,7 @@ async fn pipe(
             // the command completed and it is ready for the next query:
             // the implicit transaction has committed by then. Drop it all.
             if doomed.load(Ordering::SeqCst) && replies.feed(&buffer[..read]) {
-                replies_lost.fetch_add(1, Ordering::SeqCst);
+                wire.replies_lost.fetch_add(1, Ordering::SeqCst);
                 break;
             }
             if client_write.write_all(&buffer[..read]).await.is_err() {
@@ -217,7 +212,7 @@ async fn pipe(
     tokio::select! {
         _ = upstream => {}
         _ = downstream => {}
-        _ = cut.notified() => {}
+        _ = wire.cut.notified() => {}
     }
 }
 

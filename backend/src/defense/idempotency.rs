@@ -19,7 +19,7 @@
 //!   `idempotency_wait_ms_max` (a transaction-local `lock_timeout`), 409.
 //!
 //! The claim's SQL is the function `idempotency_claim()`
-//! (migrations/20261201000009_typed_protocol.sql), so that the whole
+//! (migrations/20261202000004_idempotency.sql), so that the whole
 //! transfer can run in one round trip (`transfer()`); this module calls it
 //! on its own when the transfer runs step by step (demonstration modes).
 //!
@@ -154,7 +154,7 @@ impl StoredColumns {
 }
 
 /// A claim's answer: the PostgreSQL enum `claim_outcome`
-/// (migrations/20261201000009_typed_protocol.sql), value for value.
+/// (migrations/20261202000004_idempotency.sql), value for value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
 #[sqlx(type_name = "claim_outcome", rename_all = "snake_case")]
 pub enum ClaimOutcome {
@@ -217,7 +217,7 @@ struct ClaimRow {
 
 /// Claims `key` for `user` inside `tx`, waiting at most `wait_ms` for a
 /// concurrent claim of the same key (the SQL is `idempotency_claim()` in
-/// migrations/20261201000009_typed_protocol.sql).
+/// migrations/20261202000004_idempotency.sql).
 #[tracing::instrument(
     name = "defense.idempotency",
     skip_all,

@@ -23,7 +23,7 @@
 //! `lock_timeout` (`wallet_lock_wait_ms_max`).
 //!
 //! **Where the SQL is:** the function `row_guard_transfer()`
-//! (migrations/20261201000009_typed_protocol.sql), so that the whole transfer can
+//! (migrations/20261202000003_row_guard.sql), so that the whole transfer can
 //! run in one round trip (`transfer()`); this module calls it on its own
 //! when the transfer runs step by step (demonstration modes).
 //!
@@ -39,7 +39,7 @@ use crate::domain::{TransferRequest, UserId};
 use crate::problem::{Problem, ProblemType};
 
 /// The row guard's answer: the PostgreSQL enum `guard_outcome`
-/// (migrations/20261201000009_typed_protocol.sql), value for value.
+/// (migrations/20261202000003_row_guard.sql), value for value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
 #[sqlx(type_name = "guard_outcome", rename_all = "snake_case")]
 pub enum GuardOutcome {
@@ -151,7 +151,7 @@ struct GuardRow {
 /// The whole layer, in the caller's transaction: lock both wallets in id
 /// order, check ownership and the target, run the guarded debit, then
 /// credit and record. The SQL is `row_guard_transfer()` in
-/// migrations/20261201000009_typed_protocol.sql.
+/// migrations/20261202000003_row_guard.sql.
 #[tracing::instrument(
     name = "defense.row_guard",
     skip_all,

@@ -1,7 +1,7 @@
 //! The race lab: a visitor fires N transfers at once through the real
 //! public endpoint and watches which defense decides each one.
 //!
-//! - **Lab wallets** (`migrations/20261201000010_race_lab.sql`): two per
+//! - **Lab wallets** (`migrations/20261202000007_race_lab.sql`): two per
 //!   visitor, holding lab money (the currency `LAB`), emptied and refilled
 //!   at the start of each run. The currency guard keeps lab money and real
 //!   money apart on every path that moves money.
@@ -17,7 +17,6 @@ pub mod presets;
 pub mod run;
 pub mod switches;
 
-use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::domain::{TransferRequest, UserId};
@@ -92,15 +91,12 @@ impl LabState {
     }
 }
 
-/// Whether both wallets of a transfer are lab wallets: the first statement
-/// of a transaction that carries race-lab switches.
-pub async fn both_are_lab_wallets(
-    tx: &mut PgConnection,
-    request: &TransferRequest,
-) -> Result<bool, sqlx::Error> {
+/// Whether both wallets of a transfer are lab wallets: asked before any
+/// layer of a request that carries race-lab switches.
+pub async fn both_are_lab_wallets(db: &sqlx::PgPool, request: &TransferRequest) -> Result<bool, sqlx::Error> {
     sqlx::query_scalar("SELECT count(*) = 2 FROM wallets WHERE id IN ($1, $2) AND lab_slot IS NOT NULL")
         .bind(request.from.0)
         .bind(request.to.0)
-        .fetch_one(tx)
+        .fetch_one(db)
         .await
 }

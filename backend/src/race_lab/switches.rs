@@ -5,10 +5,12 @@
 //! `cooldown=off, idempotency=check_then_insert, row_guard=read_decide_write`,
 //! and may name the run (`run=<uuid>`), so that each run starts with its own
 //! cooldown window instead of the one the previous run left behind.
-//! They apply to lab wallets only: a request that carries them runs its
-//! transaction step by step, and the transaction's first statement refuses
-//! any wallet that is not a lab wallet (`transfer::transaction`); the naive
-//! row-guard statements themselves only ever match lab rows. The
+//! They apply to lab wallets only: a request that carries them is refused
+//! before any layer when a wallet is not a lab wallet
+//! (`transfer::transaction`), and the naive row-guard statements themselves
+//! only ever match lab rows. With every layer on, a lab request runs the
+//! production transaction, the one call of `transfer()`; only a naive
+//! variant runs step by step. The
 //! deployment-wide demonstration modes in `settings` are a different thing,
 //! kept for the command-line ladder.
 

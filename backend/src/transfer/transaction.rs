@@ -1,9 +1,10 @@
 //! Layers 2 and 3 in one PostgreSQL transaction: check the token is live
 //! and the caller owns the source, claim the idempotency key, run the row
 //! guard (lock both wallets, guarded debit, credit, record), store the
-//! response with the claim, commit. In production the transaction is one
-//! call of the SQL function `transfer()`; with a naive demonstration mode
-//! it runs statement by statement so the naive variant can stand in.
+//! response with the claim, commit. With every layer at full strength (in
+//! production, and in a race-lab run with every layer on) the transaction
+//! is one call of the SQL function `transfer()`; only a naive demonstration
+//! variant runs statement by statement, so that it can stand in.
 //!
 //! Business refusals (insufficient funds, unknown target) are committed with
 //! the claim so that retries replay them. Everything else (authentication,
@@ -194,39 +195,54 @@ struct Call<'a> {
     lab: Option<Switches>,
 }
 
-/// Which variant of each layer a transaction runs, and on which wallets.
+/// The naive variants a demonstration runs instead of the production
+/// transaction, and on which wallets.
 #[derive(Clone, Copy)]
 struct Variants {
     idempotency: IdempotencyMode,
     row_guard: RowGuardMode,
     naive_window: std::time::Duration,
-    /// Lab wallets only: the transaction refuses any other wallet before
-    /// doing anything, and the naive statements match lab rows only.
+    /// A race-lab run's switches: the naive row-guard statements match lab
+    /// rows only.
     lab_only: bool,
 }
 
+impl Variants {
+    /// The naive variants this call asks for, or `None` when every layer
+    /// runs at full strength: then the call takes the production path,
+    /// whether it came from a client or from the race lab.
+    fn of(call: &Call<'_>) -> Option<Self> {
+        let config = &call.state.config;
+        let variants = match call.lab {
+            Some(switches) => Variants {
+                idempotency: switches.idempotency,
+                row_guard: switches.row_guard,
+                naive_window: config.race_lab.naive_window,
+                lab_only: true,
+            },
+            None => Variants {
+                idempotency: config.idempotency.mode,
+                row_guard: config.row_guard.mode,
+                naive_window: config.demo.naive_window,
+                lab_only: false,
+            },
+        };
+        let full_strength =
+            variants.idempotency == IdempotencyMode::Atomic && variants.row_guard == RowGuardMode::Guarded;
+        (!full_strength).then_some(variants)
+    }
+}
+
 async fn execute_once(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
-    let config = &call.state.config;
-    let variants = match call.lab {
-        Some(switches) => Variants {
-            idempotency: switches.idempotency,
-            row_guard: switches.row_guard,
-            naive_window: config.race_lab.naive_window,
-            lab_only: true,
-        },
-        None if config.idempotency.mode == IdempotencyMode::Atomic
-            && config.row_guard.mode == RowGuardMode::Guarded =>
-        {
-            return in_one_call(call).await;
-        }
-        None => Variants {
-            idempotency: config.idempotency.mode,
-            row_guard: config.row_guard.mode,
-            naive_window: config.demo.naive_window,
-            lab_only: false,
-        },
-    };
-    step_by_step(call, variants).await
+    // Switches are honoured for lab wallets only, and a wallet never
+    // becomes or stops being one, so this read needs no transaction.
+    if call.lab.is_some() && !crate::race_lab::both_are_lab_wallets(&call.state.db, call.request).await? {
+        return Err(Failure::Refused(lab_wallets_only()));
+    }
+    match Variants::of(call) {
+        None => in_one_call(call).await,
+        Some(variants) => step_by_step(call, variants).await,
+    }
 }
 
 fn lab_wallets_only() -> Refusal {
@@ -288,7 +304,7 @@ struct OneCallRow {
 }
 
 /// The production path: the whole transaction is one call of the SQL
-/// function `transfer()` (migrations/20261201000009_typed_protocol.sql),
+/// function `transfer()` (migrations/20261202000005_transfer.sql),
 /// which runs `idempotency_claim()` and then `row_guard_transfer()`: one
 /// round trip instead of one per statement, and row locks held only while
 /// the row guard's statements run.
@@ -415,8 +431,9 @@ fn layer_span(
     drop(span.entered());
 }
 
-/// The demonstration path: one statement at a time, so that a naive
-/// variant can stand in for either layer.
+/// The demonstration path, for naive variants only: one statement at a
+/// time, so that a naive variant can stand in for either layer. With every
+/// layer at full strength a call never comes here (`Variants::of`).
 async fn step_by_step(call: &Call<'_>, variants: Variants) -> Result<TransferOutcome, Failure> {
     let Call {
         state,
@@ -439,9 +456,6 @@ async fn step_by_step(call: &Call<'_>, variants: Variants) -> Result<TransferOut
 
     if !auth::token_is_live(&mut *tx, caller).await? {
         return Err(Failure::Refused(revoked_token()));
-    }
-    if variants.lab_only && !crate::race_lab::both_are_lab_wallets(&mut tx, request).await? {
-        return Err(Failure::Refused(lab_wallets_only()));
     }
 
     // Layer 2: claim the key.

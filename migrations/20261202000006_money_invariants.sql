@@ -1,17 +1,17 @@
 -- The money invariants, in one definition for every checker: the test kit
 -- after each concurrency test, the chaos suite, the load test after each
--- scenario. For the wallets of `scope` (users), or every wallet when NULL:
+-- scenario, the race lab after each run. For one set of wallets:
 --
 --   money_created_minor   balances minus opening balances: 0 when no money
 --                         was created or destroyed;
 --   negative_balances     wallets below zero;
 --   unexplained_balances  wallets whose balance is not their opening
---                         balance plus their ledger entries;
---   unbalanced_transfers  transfers (initiated by `scope`) not recorded as
---                         exactly two ledger entries that sum to zero.
+--                         balance plus their ledger entries (a lost update);
+--   unbalanced_transfers  transfers out of the set not recorded as exactly
+--                         two ledger entries that sum to zero.
 --
 -- Read-only, and safe to call on a live database.
-CREATE FUNCTION money_invariants(scope uuid[] DEFAULT NULL)
+CREATE FUNCTION wallet_set_invariants(p_wallets uuid[])
 RETURNS TABLE (
     money_created_minor  bigint,
     negative_balances    bigint,
@@ -20,12 +20,10 @@ RETURNS TABLE (
 )
 LANGUAGE sql STABLE AS $$
     WITH w AS (
-        SELECT id, opening_balance_minor, balance_minor
-        FROM wallets
-        WHERE scope IS NULL OR user_id = ANY (scope)
+        SELECT id, opening_balance_minor, balance_minor FROM wallets WHERE id = ANY (p_wallets)
     ),
     t AS (
-        SELECT id FROM transfers WHERE scope IS NULL OR initiated_by = ANY (scope)
+        SELECT id FROM transfers WHERE from_wallet_id = ANY (p_wallets)
     )
     SELECT
         (SELECT coalesce(sum(balance_minor - opening_balance_minor), 0) FROM w)::bigint,
@@ -36,4 +34,19 @@ LANGUAGE sql STABLE AS $$
         (SELECT count(*) FROM t
          WHERE (SELECT count(*) FROM ledger_entries l WHERE l.transfer_id = t.id) <> 2
             OR (SELECT coalesce(sum(amount_minor), 0) FROM ledger_entries l WHERE l.transfer_id = t.id) <> 0)
+$$;
+
+-- The deployment's own check: real money only (lab wallets are left out,
+-- so that a lab run with a layer switched off cannot make it fail), for
+-- the wallets of the users in `scope`, or every real wallet when NULL.
+CREATE FUNCTION money_invariants(scope uuid[] DEFAULT NULL)
+RETURNS TABLE (
+    money_created_minor  bigint,
+    negative_balances    bigint,
+    unexplained_balances bigint,
+    unbalanced_transfers bigint
+)
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM wallet_set_invariants(ARRAY(
+        SELECT id FROM wallets WHERE lab_slot IS NULL AND (scope IS NULL OR user_id = ANY (scope))))
 $$;

@@ -1,14 +1,22 @@
--- Layer 3, the row guard, as a function, so that the transfer can run in
--- one round trip (see transfer()). backend/src/defense/row_guard.rs
--- documents the layer; this is its SQL.
+-- Layer 3, the row guard: backend/src/defense/row_guard.rs documents the
+-- layer; this is its SQL. It comes before layer 2's file because a stored
+-- response (idempotency_keys.response_refusal) is one of its answers.
 --
+-- Each answer is a value of guard_outcome, decoded one to one into the
+-- Rust enum row_guard::GuardOutcome; a value one side does not know fails
+-- to decode, it is never guessed at.
+CREATE TYPE guard_outcome AS ENUM (
+    'accepted', 'insufficient_funds', 'unknown_target', 'currency_mismatch', 'not_owner');
+
 -- Both wallets are locked in wallet-id order (transfers A->B and B->A take
 -- their locks in the same order, so they cannot deadlock), waiting at most
 -- p_wait_ms; then the guarded debit checks and writes in one statement,
 -- and the credit, the transfer and its two ledger entries follow:
---   'applied'            debited, credited, recorded;
+--   'accepted'           debited, credited, recorded;
 --   'insufficient_funds' the guard refused the debit; nothing written;
 --   'unknown_target'     no such target wallet; nothing written;
+--   'currency_mismatch'  the wallets hold different currencies (minor units
+--                        never move 1:1 between them); nothing written;
 --   'not_owner'          the caller does not own the source wallet.
 CREATE FUNCTION row_guard_transfer(
     p_transfer_id uuid,
@@ -18,7 +26,7 @@ CREATE FUNCTION row_guard_transfer(
     p_amount bigint,
     p_key uuid,
     p_wait_ms int,
-    OUT outcome text,
+    OUT outcome guard_outcome,
     OUT balance_minor_after bigint,
     OUT created_at timestamptz
 )
@@ -26,28 +34,34 @@ LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     v_source_owner uuid;
-    v_target_exists boolean := false;
+    v_source_currency text;
+    v_target_currency text;
     v_wallet record;
 BEGIN
     PERFORM set_config('lock_timeout', p_wait_ms || 'ms', true);
     FOR v_wallet IN
-        SELECT w.id, w.user_id FROM wallets w
+        SELECT w.id, w.user_id, w.currency FROM wallets w
          WHERE w.id IN (p_from, p_to)
          ORDER BY w.id
            FOR NO KEY UPDATE
     LOOP
         IF v_wallet.id = p_from THEN
             v_source_owner := v_wallet.user_id;
+            v_source_currency := v_wallet.currency;
         ELSE
-            v_target_exists := true;
+            v_target_currency := v_wallet.currency;
         END IF;
     END LOOP;
     IF v_source_owner IS DISTINCT FROM p_user THEN
         outcome := 'not_owner';
         RETURN;
     END IF;
-    IF NOT v_target_exists THEN
+    IF v_target_currency IS NULL THEN
         outcome := 'unknown_target';
+        RETURN;
+    END IF;
+    IF v_target_currency <> v_source_currency THEN
+        outcome := 'currency_mismatch';
         RETURN;
     END IF;
 
@@ -67,6 +81,6 @@ BEGIN
     -- Double entry: the pair sums to zero.
     INSERT INTO ledger_entries (transfer_id, wallet_id, amount_minor)
     VALUES (p_transfer_id, p_from, -p_amount), (p_transfer_id, p_to, p_amount);
-    outcome := 'applied';
+    outcome := 'accepted';
 END
 $$;

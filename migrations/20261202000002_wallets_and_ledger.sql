@@ -1,0 +1,52 @@
+-- Wallets and the money that moves between them.
+--
+-- Every rule the service enforces in Rust is repeated here as a constraint,
+-- so that a bug in the application (or a hand-written query) cannot produce
+-- a negative balance, a zero transfer or a self-transfer.
+
+-- A wallet's currency is the deployment's `currency` setting when it was
+-- made. A race-lab wallet is marked by its slot (1 or 2; NULL for a real
+-- wallet) and holds the currency LAB, which no deployment may use for real
+-- money. The row guard refuses to move minor units between currencies, on
+-- the guarded and on the naive path, so lab money and real money never
+-- meet (20261202000007_race_lab.sql has the lab's functions).
+CREATE TABLE wallets (
+    id                    uuid        PRIMARY KEY,
+    user_id               uuid        NOT NULL REFERENCES users (id),
+    currency              text        NOT NULL CHECK (currency ~ '^[A-Z]{3}$'),
+    -- The sign-up grant. Each balance must always equal this plus the sum
+    -- of the wallet's ledger entries; money_invariants() checks it.
+    opening_balance_minor bigint      NOT NULL CHECK (opening_balance_minor >= 0),
+    balance_minor         bigint      NOT NULL CHECK (balance_minor >= 0),
+    created_at            timestamptz NOT NULL DEFAULT now(),
+    lab_slot              smallint    CHECK (lab_slot IN (1, 2)),
+    CONSTRAINT wallets_lab_money CHECK ((lab_slot IS NOT NULL) = (currency = 'LAB'))
+);
+CREATE INDEX wallets_user_id_idx ON wallets (user_id);
+CREATE UNIQUE INDEX wallets_lab_slot_idx ON wallets (user_id, lab_slot) WHERE lab_slot IS NOT NULL;
+
+CREATE TABLE transfers (
+    id              uuid        PRIMARY KEY,
+    from_wallet_id  uuid        NOT NULL REFERENCES wallets (id),
+    to_wallet_id    uuid        NOT NULL REFERENCES wallets (id),
+    amount_minor    bigint      NOT NULL CHECK (amount_minor > 0),
+    initiated_by    uuid        NOT NULL REFERENCES users (id),
+    idempotency_key uuid,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT transfers_distinct_wallets CHECK (from_wallet_id <> to_wallet_id)
+);
+CREATE INDEX transfers_from_wallet_idx ON transfers (from_wallet_id, created_at DESC, id DESC);
+CREATE INDEX transfers_to_wallet_idx ON transfers (to_wallet_id, created_at DESC, id DESC);
+
+-- Double entry: every transfer writes exactly two rows, -amount on the
+-- source and +amount on the target, so the entries of one transfer sum to
+-- zero.
+CREATE TABLE ledger_entries (
+    id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    transfer_id  uuid        NOT NULL REFERENCES transfers (id),
+    wallet_id    uuid        NOT NULL REFERENCES wallets (id),
+    amount_minor bigint      NOT NULL CHECK (amount_minor <> 0),
+    created_at   timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX ledger_entries_wallet_idx ON ledger_entries (wallet_id);
+CREATE INDEX ledger_entries_transfer_idx ON ledger_entries (transfer_id);

@@ -1,0 +1,118 @@
+-- The whole transfer transaction in one call, so that it costs one round
+-- trip: access (read-only, so a refusal writes nothing), layer 2
+-- (idempotency_claim), layer 3 (row_guard_transfer), then the response
+-- stored with the claim (idempotency_complete). Called as one statement,
+-- it commits or rolls back as a whole. backend/src/transfer/transaction.rs
+-- calls it.
+
+-- Why transfer() refused before the layers; nothing is written.
+CREATE TYPE access_refusal AS ENUM ('token_not_live', 'not_owner');
+
+-- The body of a 201, in one format whichever path made the transfer
+-- (transfer(), or the statement-by-statement demonstration path).
+CREATE FUNCTION transfer_receipt(
+    p_transfer_id uuid,
+    p_from uuid,
+    p_to uuid,
+    p_amount bigint,
+    p_created_at timestamptz,
+    p_balance_minor_after bigint
+)
+RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT format(
+        '{"id":"%s","from_wallet_id":"%s","to_wallet_id":"%s","amount_minor":%s,"created_at":"%s","balance_minor_after":%s}',
+        p_transfer_id, p_from, p_to, p_amount,
+        to_char(p_created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        p_balance_minor_after)
+$$;
+
+-- refused: why access was refused (nothing else is set), or NULL.
+-- claim, claim_ms: layer 2's answer and its time here, when a key was sent.
+-- guard, guard_ms: layer 3's answer and its time, when it ran.
+-- response_*: the response to send, fresh or replayed, in the columns of
+-- idempotency_keys.
+CREATE FUNCTION transfer(
+    p_user uuid,
+    p_token_hash bytea,
+    p_key uuid,
+    p_fingerprint bytea,
+    p_retention_hours int,
+    p_claim_wait_ms int,
+    p_wallet_wait_ms int,
+    p_transfer_id uuid,
+    p_from uuid,
+    p_to uuid,
+    p_amount bigint,
+    p_trace_id text,
+    OUT refused access_refusal,
+    OUT claim claim_outcome,
+    OUT claim_ms double precision,
+    OUT guard guard_outcome,
+    OUT guard_ms double precision,
+    OUT balance_minor_after bigint,
+    OUT created_at timestamptz,
+    OUT response_status smallint,
+    OUT response_body text,
+    OUT response_refusal guard_outcome,
+    OUT response_trace_id text
+)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    v_claim record;
+    v_guard record;
+    v_started timestamptz;
+BEGIN
+    IF NOT token_is_live(p_token_hash, p_user) THEN
+        refused := 'token_not_live';
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM wallets w WHERE w.id = p_from AND w.user_id = p_user) THEN
+        refused := 'not_owner';
+        RETURN;
+    END IF;
+
+    -- Layer 2: the idempotency claim.
+    IF p_key IS NOT NULL THEN
+        v_started := clock_timestamp();
+        SELECT * INTO v_claim
+          FROM idempotency_claim(p_user, p_key, p_fingerprint, p_retention_hours, p_claim_wait_ms);
+        claim := v_claim.outcome;
+        claim_ms := extract(epoch FROM clock_timestamp() - v_started) * 1000;
+        IF claim <> 'started' THEN
+            response_status := v_claim.response_status;
+            response_body := v_claim.response_body;
+            response_refusal := v_claim.response_refusal;
+            response_trace_id := v_claim.response_trace_id;
+            RETURN;
+        END IF;
+    END IF;
+
+    -- Layer 3: the row guard.
+    v_started := clock_timestamp();
+    SELECT * INTO v_guard
+      FROM row_guard_transfer(p_transfer_id, p_user, p_from, p_to, p_amount, p_key, p_wallet_wait_ms);
+    guard := v_guard.outcome;
+    guard_ms := extract(epoch FROM clock_timestamp() - v_started) * 1000;
+    IF guard = 'not_owner' THEN
+        -- Ownership was checked above and never changes.
+        RAISE EXCEPTION 'row guard refused an owner';
+    END IF;
+    balance_minor_after := v_guard.balance_minor_after;
+    created_at := v_guard.created_at;
+    IF guard = 'accepted' THEN
+        response_status := 201;
+        response_body := transfer_receipt(
+            p_transfer_id, p_from, p_to, p_amount, v_guard.created_at, v_guard.balance_minor_after);
+    ELSE
+        response_status := 422;
+        response_refusal := guard;
+    END IF;
+    response_trace_id := p_trace_id;
+
+    IF p_key IS NOT NULL THEN
+        PERFORM idempotency_complete(p_user, p_key, guard, response_body, p_trace_id, p_transfer_id);
+    END IF;
+END
+$$;
