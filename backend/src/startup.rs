@@ -1,4 +1,5 @@
-//! Builds the application: pools, migrations, the route table, the sweeper.
+//! Builds the application: pools, migrations, the listeners, the sweeper.
+//! The routes are in `router`.
 //! `main` and the tests both go through `Application::build`, so the tests
 //! run exactly the server users run.
 
@@ -16,10 +17,11 @@ use crate::account_limits::AccountLimits;
 use crate::auth::TokenSigner;
 use crate::decision::feed::DecisionFeed;
 use crate::defense::cooldown::CooldownLock;
+use crate::listener;
 use crate::metrics::Metrics;
 use crate::openapi;
 use crate::redis_store::{RedisStore, StreamClient};
-use crate::routes::{self, decisions, health, transfers, users, wallets};
+use crate::router;
 use crate::settings::{Database, Settings};
 use crate::state::AppState;
 use crate::telemetry;
@@ -33,16 +35,6 @@ pub struct Application {
     server: Server,
     sweeper: tokio::task::JoinHandle<()>,
 }
-
-/// Which listener a connection came in on, recorded when it is accepted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Listener {
-    Public,
-    Admin,
-}
-
-/// What the admin listener serves; everything else there is a 404.
-const ADMIN_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
 
 impl Application {
     /// Validates the settings, connects lazily (the server starts even if a
@@ -143,9 +135,9 @@ impl Application {
                 .app_data(data.clone())
                 .wrap(security_headers())
                 .wrap(actix_web::middleware::from_fn(telemetry::trace_requests))
-                .wrap(actix_web::middleware::from_fn(keep_listeners_apart))
-                .configure(configure_admin)
-                .configure(configure)
+                .wrap(actix_web::middleware::from_fn(listener::keep_listeners_apart))
+                .configure(router::configure_admin)
+                .configure(router::configure)
         })
         .on_connect(move |connection, extensions| {
             let local_port = connection
@@ -153,9 +145,9 @@ impl Application {
                 .and_then(|stream| stream.local_addr().ok())
                 .map(|address| address.port());
             extensions.insert(if local_port == Some(admin_port) {
-                Listener::Admin
+                listener::Listener::Admin
             } else {
-                Listener::Public
+                listener::Listener::Public
             });
         })
         .workers(workers)
@@ -208,116 +200,6 @@ fn security_headers() -> actix_web::middleware::DefaultHeaders {
         .add(("X-Frame-Options", "DENY"))
         .add(("X-Content-Type-Options", "nosniff"))
         .add(("Referrer-Policy", "same-origin"))
-}
-
-/// The methods each public path takes, for `Allow` on a 405. Kept beside
-/// the route table; a test checks that each method listed is served.
-pub const ROUTE_METHODS: [(&str, &str); 23] = [
-    ("/healthz", "GET"),
-    ("/readyz", "GET"),
-    ("/api/openapi.json", "GET"),
-    ("/api/v1/users", "POST"),
-    ("/api/v1/tokens", "POST"),
-    ("/api/v1/tokens/current", "DELETE"),
-    ("/api/v1/wallets/{id}", "GET"),
-    ("/api/v1/transfers", "GET, POST"),
-    ("/api/v1/transfers/{id}", "GET"),
-    ("/api/v1/decisions", "GET"),
-    ("/api/v1/decisions/stream", "GET"),
-    ("/", "GET"),
-    ("/signin", "GET, POST"),
-    ("/signup", "GET, POST"),
-    ("/signout", "POST"),
-    ("/wallet", "GET"),
-    ("/wallet/review", "POST"),
-    ("/wallet/transfer", "POST"),
-    ("/race-lab", "GET"),
-    ("/race-lab/runs", "POST"),
-    ("/feed", "GET"),
-    ("/problems/{slug}", "GET"),
-    ("/static/{file}", "GET"),
-];
-
-/// The methods `path` takes, if it is a public path. A `{…}` segment of a
-/// pattern matches any one segment.
-pub fn methods_of(path: &str) -> Option<&'static str> {
-    let matches = |pattern: &str| {
-        let (mut want, mut have) = (pattern.split('/'), path.split('/'));
-        loop {
-            match (want.next(), have.next()) {
-                (None, None) => return true,
-                (Some(w), Some(h)) if w == h || (w.starts_with('{') && !h.is_empty()) => {}
-                _ => return false,
-            }
-        }
-    };
-    ROUTE_METHODS
-        .iter()
-        .find(|(pattern, _)| matches(pattern))
-        .map(|(_, methods)| *methods)
-}
-
-/// The route table.
-pub fn configure(config: &mut web::ServiceConfig) {
-    config
-        .route("/healthz", web::get().to(health::healthz))
-        .route("/readyz", web::get().to(health::readyz))
-        .route("/api/openapi.json", web::get().to(openapi::serve))
-        .service(
-            web::scope("/api/v1")
-                .route("/users", web::post().to(users::sign_up))
-                .route("/tokens", web::post().to(users::sign_in))
-                .route("/tokens/current", web::delete().to(users::revoke_current))
-                .route("/wallets/{id}", web::get().to(wallets::get_wallet))
-                .route("/transfers", web::post().to(transfers::create_transfer))
-                .route("/transfers", web::get().to(transfers::list_transfers))
-                .route("/transfers/{id}", web::get().to(transfers::get_transfer))
-                .route("/decisions", web::get().to(decisions::list_decisions))
-                .route("/decisions/stream", web::get().to(decisions::stream_decisions)),
-        )
-        .configure(crate::web::configure)
-        .default_service(web::to(routes::not_found));
-}
-
-/// The admin listener's routes: for operators and scrapers on the private
-/// network, never exposed by the load balancer. They match only requests
-/// that came in on the admin listener (`keep_listeners_apart`).
-pub fn configure_admin(config: &mut web::ServiceConfig) {
-    config.service(
-        web::scope("")
-            .guard(actix_web::guard::fn_guard(|ctx| {
-                ctx.req_data().get::<Listener>() == Some(&Listener::Admin)
-            }))
-            .route("/healthz", web::get().to(health::healthz))
-            .route("/readyz", web::get().to(health::readyz_detailed))
-            .route("/metrics", web::get().to(metrics_text)),
-    );
-}
-
-/// Tells the routes which listener a request came in on, and keeps the
-/// admin listener to its own paths: the public routes never answer there.
-async fn keep_listeners_apart(
-    request: actix_web::dev::ServiceRequest,
-    next: actix_web::middleware::Next<impl actix_web::body::MessageBody>,
-) -> Result<
-    actix_web::dev::ServiceResponse<actix_web::body::EitherBody<impl actix_web::body::MessageBody>>,
-    actix_web::Error,
-> {
-    let listener = request
-        .conn_data::<Listener>()
-        .copied()
-        .unwrap_or(Listener::Public);
-    actix_web::HttpMessage::extensions_mut(&request).insert(listener);
-    if listener == Listener::Admin && !ADMIN_PATHS.contains(&request.path()) {
-        let problem = crate::problem::Problem::not_found(format!(
-            "The admin listener serves only {}.",
-            ADMIN_PATHS.join(", ")
-        ));
-        return Ok(request
-            .into_response(problem.into_response())
-            .map_into_right_body());
-    }
-    Ok(next.call(request).await?.map_into_left_body())
 }
 
 /// Applies pending migrations, then fills in what a migration cannot
@@ -406,20 +288,4 @@ fn default_instance_id() -> String {
         .map(|name| name.trim().to_owned())
         .unwrap_or_else(|_| "wallet".to_owned());
     format!("{host}-{}", &uuid::Uuid::new_v4().simple().to_string()[..6])
-}
-
-/// `GET /metrics`: Prometheus text, with the PostgreSQL pool gauges
-/// refreshed now. (Redis has one shared connection, not a pool.)
-async fn metrics_text(state: web::Data<AppState>) -> actix_web::HttpResponse {
-    let db_size = state.db.size() as usize;
-    let db_idle = state.db.num_idle();
-    state.metrics.set_pool(
-        "postgres",
-        db_size.saturating_sub(db_idle),
-        db_idle,
-        state.config.database.pool_connections_max as usize,
-    );
-    actix_web::HttpResponse::Ok()
-        .content_type("text/plain; version=0.0.4")
-        .body(state.metrics.render())
 }

@@ -24,7 +24,7 @@ pub struct AppState {
     /// Bounds the live decision streams this instance serves at once.
     pub stream_slots: Arc<tokio::sync::Semaphore>,
     /// ...and those each user holds on it.
-    pub streams_per_user: Arc<crate::routes::decisions::StreamsPerUser>,
+    pub streams_per_user: Arc<crate::decision::stream_slots::StreamsPerUser>,
     pub instance_id: Arc<str>,
     /// Where this instance's public listener answers from this host: the
     /// race lab fires its bursts at it, like any client.

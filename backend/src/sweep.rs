@@ -5,14 +5,42 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use crate::auth;
-use crate::defense::idempotency;
+/// Deletes expired idempotency keys in batches of at most
+/// `batch_rows_max` until none are left; returns how many it deleted.
+/// After expiry a key is a new request anyway (`idempotency_claim()` takes
+/// an expired claim over), so this only reclaims space.
+pub async fn expired_idempotency_keys(pool: &PgPool, batch_rows_max: i64) -> Result<u64, sqlx::Error> {
+    delete_in_batches(
+        pool,
+        "DELETE FROM idempotency_keys WHERE ctid IN (
+             SELECT ctid FROM idempotency_keys
+             WHERE expires_at <= now()
+             LIMIT $1
+             FOR UPDATE SKIP LOCKED)",
+        batch_rows_max,
+    )
+    .await
+}
+
+/// Deletes expired token hashes, at most `batch_rows_max` per statement,
+/// until none are left; returns how many it deleted. An expired token is
+/// refused whether or not its row is still there (`token_is_live()`).
+pub async fn expired_tokens(pool: &PgPool, batch_rows_max: i64) -> Result<u64, sqlx::Error> {
+    delete_in_batches(
+        pool,
+        "DELETE FROM api_tokens WHERE token_hash IN (
+             SELECT token_hash FROM api_tokens WHERE expires_at <= now()
+             LIMIT $1 FOR UPDATE SKIP LOCKED)",
+        batch_rows_max,
+    )
+    .await
+}
 
 /// Runs `statement` (a `DELETE` whose `$1` is the batch size) until a batch
 /// deletes fewer rows than `batch_rows_max`; returns how many it deleted.
 /// Each batch is its own statement, so no sweep holds many row locks or
 /// one long transaction.
-pub async fn delete_in_batches(
+async fn delete_in_batches(
     pool: &PgPool,
     statement: &'static str,
     batch_rows_max: i64,
@@ -42,7 +70,7 @@ pub fn spawn_sweeper(pool: PgPool, interval: Duration, batch_rows_max: i64) -> t
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticker.tick().await;
-            match idempotency::sweep_expired(&pool, batch_rows_max).await {
+            match expired_idempotency_keys(&pool, batch_rows_max).await {
                 Ok(0) => {}
                 Ok(deleted) => tracing::info!(
                     idempotency.keys_deleted = deleted,
@@ -52,7 +80,7 @@ pub fn spawn_sweeper(pool: PgPool, interval: Duration, batch_rows_max: i64) -> t
                     tracing::warn!(error = %error, "idempotency sweep failed; will retry next interval")
                 }
             }
-            match auth::sweep_expired_tokens(&pool, batch_rows_max).await {
+            match expired_tokens(&pool, batch_rows_max).await {
                 Ok(0) => {}
                 Ok(deleted) => tracing::info!(tokens.deleted = deleted, "swept expired tokens"),
                 Err(error) => tracing::warn!(error = %error, "token sweep failed; will retry next interval"),

@@ -204,7 +204,7 @@ pub async fn trace_requests(
     // The latency histogram is the public API's; scrapes and probes on the
     // admin listener would only add noise to it.
     let on_admin_listener =
-        request.extensions().get::<crate::startup::Listener>() == Some(&crate::startup::Listener::Admin);
+        request.extensions().get::<crate::listener::Listener>() == Some(&crate::listener::Listener::Admin);
     let metrics = request
         .app_data::<actix_web::web::Data<crate::state::AppState>>()
         .filter(|_| !on_admin_listener)

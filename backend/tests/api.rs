@@ -392,7 +392,7 @@ async fn expired_tokens_are_swept() {
     .execute(&app.db)
     .await
     .expect("expired tokens");
-    let deleted = layered_wallet::auth::sweep_expired_tokens(&app.db, 2)
+    let deleted = layered_wallet::sweep::expired_tokens(&app.db, 2)
         .await
         .expect("sweep");
     assert_eq!(deleted, 5);
@@ -443,7 +443,7 @@ async fn a_wrong_method_on_a_known_path_is_405_with_allow() {
         assert_eq!(status, 405, "{method} {path}");
         assert_eq!(body["type"], "/problems/method-not-allowed");
     }
-    for (pattern, methods) in layered_wallet::startup::ROUTE_METHODS {
+    for (pattern, methods) in layered_wallet::router::ROUTE_METHODS {
         let path = pattern
             .replace("{id}", &Uuid::new_v4().to_string())
             .replace("{slug}", "not-found")

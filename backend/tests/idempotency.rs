@@ -307,7 +307,9 @@ async fn the_sweeper_deletes_expired_keys_in_batches() {
     .execute(&app.db)
     .await
     .expect("seed keys");
-    let deleted = idempotency::sweep_expired(&app.db, 3).await.expect("sweep");
+    let deleted = layered_wallet::sweep::expired_idempotency_keys(&app.db, 3)
+        .await
+        .expect("sweep");
     assert_eq!(deleted, 7);
     assert_eq!(app.count("SELECT count(*) FROM idempotency_keys").await, 3);
 }

@@ -189,19 +189,6 @@ pub async fn token_is_live(
         .await
 }
 
-/// Deletes expired token hashes, at most `batch_rows_max` per statement,
-/// until none are left; returns how many it deleted.
-pub async fn sweep_expired_tokens(pool: &sqlx::PgPool, batch_rows_max: i64) -> Result<u64, sqlx::Error> {
-    crate::sweep::delete_in_batches(
-        pool,
-        "DELETE FROM api_tokens WHERE token_hash IN (
-             SELECT token_hash FROM api_tokens WHERE expires_at <= now()
-             LIMIT $1 FOR UPDATE SKIP LOCKED)",
-        batch_rows_max,
-    )
-    .await
-}
-
 pub async fn revoke_token(executor: impl PgExecutor<'_>, token: &VerifiedToken) -> Result<(), sqlx::Error> {
     sqlx::query("DELETE FROM api_tokens WHERE token_hash = $1")
         .bind(&token.hash[..])

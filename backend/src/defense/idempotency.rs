@@ -375,22 +375,6 @@ pub async fn naive_record(
     tx.commit().await
 }
 
-/// Deletes expired keys in batches of at most `batch_rows_max` until none
-/// are left; returns how many it deleted. Several instances may sweep at
-/// once: `SKIP LOCKED` keeps them off each other's rows.
-pub async fn sweep_expired(pool: &PgPool, batch_rows_max: i64) -> Result<u64, sqlx::Error> {
-    crate::sweep::delete_in_batches(
-        pool,
-        "DELETE FROM idempotency_keys WHERE ctid IN (
-             SELECT ctid FROM idempotency_keys
-             WHERE expires_at <= now()
-             LIMIT $1
-             FOR UPDATE SKIP LOCKED)",
-        batch_rows_max,
-    )
-    .await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

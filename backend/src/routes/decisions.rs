@@ -4,8 +4,6 @@
 //! every instance. A user sees only their own. The browser's live feed page
 //! calls the same endpoints, authenticated by its session cookie.
 
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix_web::http::header;
@@ -17,6 +15,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::auth::{self, VerifiedToken};
 use crate::decision::feed::{self, StoredEntry};
+use crate::decision::stream_slots::{StreamsPerUser, UserStreamSlot};
 use crate::domain::UserId;
 use crate::problem::{Problem, ProblemType};
 use crate::redis_store::StreamConnection;
@@ -113,45 +112,6 @@ pub async fn stream_decisions(
 ) -> Result<HttpResponse, Problem> {
     let caller = authenticate(&request, &state).await?;
     open_stream(&request, &state, caller).await
-}
-
-/// How many live streams each user holds on this instance.
-#[derive(Default)]
-pub struct StreamsPerUser {
-    open: std::sync::Mutex<HashMap<UserId, usize>>,
-}
-
-/// One user's claim on a stream; gives it back when the stream ends.
-pub struct UserStreamSlot {
-    streams: Arc<StreamsPerUser>,
-    user: UserId,
-}
-
-impl StreamsPerUser {
-    fn claim(streams: &Arc<Self>, user: UserId, max: usize) -> Option<UserStreamSlot> {
-        let mut open = streams.open.lock().unwrap_or_else(|e| e.into_inner());
-        let count = open.entry(user).or_insert(0);
-        if *count >= max {
-            return None;
-        }
-        *count += 1;
-        Some(UserStreamSlot {
-            streams: streams.clone(),
-            user,
-        })
-    }
-}
-
-impl Drop for UserStreamSlot {
-    fn drop(&mut self) {
-        let mut open = self.streams.open.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(count) = open.get_mut(&self.user) {
-            *count -= 1;
-            if *count == 0 {
-                open.remove(&self.user);
-            }
-        }
-    }
 }
 
 /// What a live stream carries from one read to the next.

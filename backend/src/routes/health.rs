@@ -1,4 +1,4 @@
-//! Liveness and readiness.
+//! Liveness, readiness and the metrics: what operators and orchestrators ask.
 
 use actix_web::{HttpResponse, web};
 use serde::Serialize;
@@ -138,4 +138,20 @@ async fn probe(state: &AppState) -> Readiness {
         cooldown_fail_open_passes: state.cooldown.fail_open_passes(),
         mode: DefenseMode::of(&state.config),
     }
+}
+
+/// `GET /metrics`: Prometheus text, with the PostgreSQL pool gauges
+/// refreshed now. (Redis has one shared connection, not a pool.)
+pub async fn metrics(state: web::Data<AppState>) -> actix_web::HttpResponse {
+    let db_size = state.db.size() as usize;
+    let db_idle = state.db.num_idle();
+    state.metrics.set_pool(
+        "postgres",
+        db_size.saturating_sub(db_idle),
+        db_idle,
+        state.config.database.pool_connections_max as usize,
+    );
+    actix_web::HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(state.metrics.render())
 }

@@ -106,26 +106,3 @@ pub async fn authenticate(request: &HttpRequest, state: &AppState) -> Result<Ver
     }
     Ok(token)
 }
-
-/// Any route we do not serve: a 405 with `Allow` when the path exists for
-/// other methods; otherwise a page for a browser, problem details for
-/// everyone else.
-pub async fn not_found(request: HttpRequest, state: web::Data<AppState>) -> actix_web::HttpResponse {
-    if let Some(allow) = crate::startup::methods_of(request.path()) {
-        return Problem::method_not_allowed(request.method().as_str(), request.path(), allow).into_response();
-    }
-    let wants_html = request
-        .headers()
-        .get(header::ACCEPT)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(|accept| accept.contains("text/html"));
-    if wants_html && !request.path().starts_with("/api/") {
-        return crate::web::pages::not_found_page(&request, &state).await;
-    }
-    Problem::not_found(format!(
-        "There is nothing at {} {}.",
-        request.method(),
-        request.path()
-    ))
-    .into_response()
-}

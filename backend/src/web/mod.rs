@@ -23,24 +23,6 @@ pub mod pages;
 /// The double-submit cookie that protects the forms shown before sign-in.
 const PRE_SESSION_CSRF_COOKIE: &str = "lw_csrf";
 
-pub fn configure(config: &mut web::ServiceConfig) {
-    config
-        .route("/", web::get().to(pages::home))
-        .route("/signin", web::get().to(pages::sign_in_page))
-        .route("/signin", web::post().to(pages::sign_in))
-        .route("/signup", web::get().to(pages::sign_up_page))
-        .route("/signup", web::post().to(pages::sign_up))
-        .route("/signout", web::post().to(pages::sign_out))
-        .route("/wallet", web::get().to(pages::wallet))
-        .route("/wallet/review", web::post().to(pages::review))
-        .route("/wallet/transfer", web::post().to(pages::transfer))
-        .route("/race-lab", web::get().to(pages::race_lab))
-        .route("/race-lab/runs", web::post().to(pages::fire_race_lab_run))
-        .route("/feed", web::get().to(pages::feed))
-        .route("/problems/{slug}", web::get().to(pages::problem_type))
-        .route("/static/{file}", web::get().to(static_file));
-}
-
 /// The signed-in user behind a request's session cookie.
 pub struct Session {
     pub token: VerifiedToken,
@@ -140,7 +122,7 @@ const FEED_JS: &str = include_str!("../../../web/static/feed.js");
 const COUNTDOWN_JS: &str = include_str!("../../../web/static/countdown.js");
 
 /// The static assets, compiled in.
-async fn static_file(path: web::Path<String>) -> HttpResponse {
+pub async fn static_file(path: web::Path<String>) -> HttpResponse {
     let (body, content_type) = match path.as_str() {
         "app.css" => (APP_CSS, "text/css; charset=utf-8"),
         "race-lab.js" => (RACE_LAB_JS, "text/javascript; charset=utf-8"),
