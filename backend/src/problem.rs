@@ -428,6 +428,11 @@ impl Problem {
         Self::new(ProblemType::Unauthorized, detail).with_www_authenticate("Bearer error=\"invalid_token\"")
     }
 
+    /// A token whose MAC is good but that the database no longer holds.
+    pub fn token_not_live() -> Self {
+        Self::invalid_token("The bearer token has been revoked or has expired.")
+    }
+
     pub fn payload_too_large(limit_bytes: usize) -> Self {
         Self::new(
             ProblemType::PayloadTooLarge,

@@ -41,8 +41,11 @@ use rand::RngCore;
 use redis::Script;
 use sha2::{Digest, Sha256};
 
+use super::Refusal;
 use crate::auth::VerifiedToken;
+use crate::decision::{Layer, Outcome};
 use crate::domain::UserId;
+use crate::problem::{Problem, ProblemType};
 use crate::redis_store::RedisStore;
 use crate::settings::{Config, CooldownScope, StoreErrorPolicy};
 
@@ -95,6 +98,25 @@ pub enum Cooldown {
 pub struct CooldownPermit {
     key: String,
     token: String,
+}
+
+/// A request the cooldown let through, and what it holds.
+#[derive(Debug)]
+pub struct CooldownPass {
+    /// The window this request holds; `None` when the layer is off or
+    /// Redis could not be asked.
+    pub permit: Option<CooldownPermit>,
+    /// Redis could not be asked and the policy is fail-open: the lower
+    /// layers decide alone, and an accepted transfer is reported degraded.
+    pub without_store: bool,
+}
+
+impl CooldownPass {
+    /// The layer is off, for the deployment or for one race-lab run.
+    pub const OFF: CooldownPass = CooldownPass {
+        permit: None,
+        without_store: false,
+    };
 }
 
 /// Redis could not be asked and the policy is fail-closed.
@@ -177,6 +199,65 @@ impl CooldownLock {
     /// One script, one round trip: refuse a revoked token, else the atomic
     /// `SET key token NX PX ttl`, and on refusal the window's `PTTL` for the
     /// `Retry-After`.
+    /// Layer 1 for one request: through, holding the window, or refused
+    /// with the layer's own answer. A refusal here touches no database.
+    pub async fn pass(
+        &self,
+        caller: &VerifiedToken,
+        action: &str,
+        canonical_body: &str,
+    ) -> Result<CooldownPass, Refusal> {
+        match self.try_acquire(caller, action, canonical_body).await {
+            Ok(Cooldown::Acquired(permit)) => Ok(CooldownPass {
+                permit: Some(permit),
+                without_store: false,
+            }),
+            Ok(Cooldown::PassedWithoutStore) => Ok(CooldownPass {
+                permit: None,
+                without_store: true,
+            }),
+            Ok(Cooldown::Disabled) => Ok(CooldownPass::OFF),
+            Ok(Cooldown::Active { retry_after, elapsed }) => Err(Refusal::new(
+                self.window_still_open(retry_after, elapsed),
+                Layer::Cooldown,
+                Outcome::Rejected,
+            )),
+            // A dead token speaks for nobody: no window, no feed entry.
+            Ok(Cooldown::TokenRevoked) => Err(Refusal::token_not_live()),
+            Err(CooldownUnavailable) => Err(Refusal::new(
+                Problem::unavailable(
+                    "The cooldown store is unavailable and this deployment fails closed. Retry shortly.",
+                ),
+                Layer::Cooldown,
+                Outcome::Error,
+            )),
+        }
+    }
+
+    /// The 429, saying what happened and when the next transfer is possible.
+    fn window_still_open(&self, retry_after: Duration, elapsed: Duration) -> Problem {
+        let seconds = retry_after_s(retry_after);
+        let ago = if elapsed.as_secs() == 0 {
+            "less than a second ago".to_owned()
+        } else {
+            format!("{} s ago", elapsed.as_secs())
+        };
+        let spacing = human_duration(self.ttl);
+        let detail = match self.scope {
+            CooldownScope::UserAction => format!(
+                "You sent a transfer {ago}. Transfers are spaced at least {spacing} apart so that duplicates \
+                 cannot slip through. Try again in {seconds} s."
+            ),
+            CooldownScope::UserActionBody => format!(
+                "You sent this same transfer {ago}. Identical transfers are spaced at least {spacing} apart so \
+                 that duplicates cannot slip through. Try again in {seconds} s."
+            ),
+        };
+        Problem::new(ProblemType::CooldownActive, detail)
+            .detail_is_for_people()
+            .with_retry_after_s(seconds)
+    }
+
     #[tracing::instrument(
         name = "defense.cooldown",
         skip_all,
@@ -335,6 +416,15 @@ fn random_token() -> String {
     let mut bytes = [0u8; 16];
     rand::thread_rng().fill_bytes(&mut bytes);
     hex::encode(bytes)
+}
+
+/// `5000` → `5 s`, `1500` → `1.5 s`, `300` → `300 ms`.
+fn human_duration(duration: Duration) -> String {
+    match duration.as_millis() {
+        ms if ms < 1_000 => format!("{ms} ms"),
+        ms if ms % 1_000 == 0 => format!("{} s", ms / 1_000),
+        ms => format!("{:.1} s", ms as f64 / 1_000.0),
+    }
 }
 
 /// Seconds for a `Retry-After` header: rounded up, never zero.

@@ -35,10 +35,11 @@ use actix_web::HttpRequest;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
-use crate::decision::Outcome;
+use crate::decision::{Layer, Outcome};
+use crate::defense::Refusal;
 use crate::defense::row_guard::GuardOutcome;
 use crate::domain::UserId;
-use crate::problem::Problem;
+use crate::problem::{Problem, ProblemType};
 
 pub const HEADER: &str = "Idempotency-Key";
 
@@ -204,6 +205,36 @@ impl Claim {
             Claim::KeyReused => Outcome::KeyReused,
             Claim::InFlight => Outcome::InFlight,
         }
+    }
+}
+
+/// Layer 2's refusals, in its own words: neither is stored with the key.
+impl Claim {
+    /// The key belongs to a different request (another body, or another
+    /// operation): a client bug, answered 422.
+    pub fn key_reused() -> Refusal {
+        Refusal::new(
+            Problem::new(
+                ProblemType::IdempotencyKeyReused,
+                "This Idempotency-Key was already used for a different request. Use a new key for a new transfer.",
+            ),
+            Layer::Idempotency,
+            Outcome::KeyReused,
+        )
+    }
+
+    /// The key's first request did not finish within the wait: 409, and a
+    /// retry with the same key gets its result.
+    pub fn in_flight() -> Refusal {
+        Refusal::new(
+            Problem::new(
+                ProblemType::IdempotencyKeyInFlight,
+                "A request with this Idempotency-Key is still being processed. Retry shortly to get its result.",
+            )
+            .with_retry_after_s(1),
+            Layer::Idempotency,
+            Outcome::InFlight,
+        )
     }
 }
 

@@ -15,3 +15,30 @@ pub mod idempotency;
 pub mod row_guard;
 
 pub use crate::decision::Layer;
+
+use crate::decision::{Decision, Outcome};
+use crate::problem::Problem;
+
+/// A refusal that is not stored with a key: the problem to send and the
+/// decision it reports. Each layer builds its own in its file; the
+/// transaction builds those of the checks around the layers.
+#[derive(Debug)]
+pub struct Refusal {
+    pub problem: Problem,
+    pub decision: Decision,
+}
+
+impl Refusal {
+    pub fn new(problem: Problem, layer: Layer, outcome: Outcome) -> Self {
+        Self {
+            problem,
+            decision: Decision::new(layer, outcome),
+        }
+    }
+
+    /// The token passed its MAC but the database no longer holds it: it
+    /// was revoked or has expired. It speaks for nobody.
+    pub fn token_not_live() -> Self {
+        Self::new(Problem::token_not_live(), Layer::NoLayer, Outcome::Unauthorized)
+    }
+}

@@ -100,9 +100,7 @@ pub async fn authenticate(request: &HttpRequest, state: &AppState) -> Result<Ver
         .await
         .map_err(|error| problem::from_database_error(&error, "checking a token"))?;
     if !live {
-        return Err(Problem::invalid_token(
-            "The bearer token has been revoked or has expired.",
-        ));
+        return Err(Problem::token_not_live());
     }
     Ok(token)
 }

@@ -9,7 +9,7 @@
 //! then the decision is reported (span, log line, metrics, feed) and turned
 //! into an answer by the caller: JSON for the API, a page for the form.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use actix_web::HttpResponse;
 use actix_web::http::{StatusCode, header};
@@ -18,15 +18,15 @@ use chrono::Utc;
 use crate::auth::VerifiedToken;
 use crate::decision::feed::FeedEntry;
 use crate::decision::{Decision, Layer, Outcome};
-use crate::defense::cooldown::{self, Cooldown, CooldownLock, CooldownUnavailable};
+use crate::defense::Refusal;
+use crate::defense::cooldown::CooldownPass;
 use crate::defense::idempotency::{IdempotencyKey, StoredResponse};
 use crate::domain::{TransferRequest, UserId};
 use crate::problem::{PROBLEM_CONTENT_TYPE, Problem, ProblemType};
 use crate::race_lab::Switches;
-use crate::settings::CooldownScope;
 use crate::state::AppState;
 use crate::telemetry::RequestContext;
-use crate::transfer::{self, TransferOutcome};
+use crate::transfer::{self, Settled};
 
 /// The action name the cooldown window is scoped to.
 const COOLDOWN_ACTION: &str = "transfer";
@@ -57,6 +57,7 @@ pub enum Answer {
 }
 
 impl Decided {
+    /// Refused before or by a layer, without storing anything.
     pub fn refused(
         problem: Problem,
         layer: Layer,
@@ -64,9 +65,26 @@ impl Decided {
         user: Option<UserId>,
         key: Option<IdempotencyKey>,
     ) -> Self {
+        Self::of_refusal(Refusal::new(problem, layer, outcome), user, key)
+    }
+
+    fn of_refusal(refusal: Refusal, user: Option<UserId>, key: Option<IdempotencyKey>) -> Self {
         Self {
-            decision: Decision::new(layer, outcome),
-            answer: Answer::Refused(problem),
+            decision: refusal.decision,
+            answer: Answer::Refused(refusal.problem),
+            user,
+            key,
+            transfer: None,
+        }
+    }
+
+    fn of_settled(settled: Settled, user: Option<UserId>, key: Option<IdempotencyKey>) -> Self {
+        Self {
+            decision: settled.decision,
+            answer: Answer::Stored {
+                response: settled.response,
+                replayed: settled.replayed,
+            },
             user,
             key,
             transfer: None,
@@ -148,52 +166,25 @@ async fn decide(
 
     // Layer 1: the cooldown lock. A refusal here touches no database.
     let started = Instant::now();
-    let cooldown = match lab {
-        Some(switches) if !switches.cooldown => Ok(Cooldown::Disabled),
-        Some(switches) => {
-            // Each named run has windows of its own.
-            let action = match switches.run {
-                Some(run) => format!("{LAB_COOLDOWN_ACTION}:{run}"),
-                None => LAB_COOLDOWN_ACTION.to_owned(),
-            };
-            state
-                .cooldown
-                .try_acquire(caller, &action, &transfer_request.canonical_json())
-                .await
+    let cooldown = match cooldown_action(lab) {
+        Some(action) => {
+            let body = transfer_request.canonical_json();
+            state.cooldown.pass(caller, &action, &body).await
         }
-        None => {
-            state
-                .cooldown
-                .try_acquire(caller, COOLDOWN_ACTION, &transfer_request.canonical_json())
-                .await
-        }
+        None => Ok(CooldownPass::OFF),
     };
     state
         .metrics
         .observe_layer(Layer::Cooldown.as_str(), started.elapsed());
-    let (permit, degraded) = match cooldown {
-        Ok(Cooldown::Acquired(permit)) => (Some(permit), false),
-        Ok(Cooldown::Active { retry_after, elapsed }) => {
-            let problem = cooldown_active(&state.cooldown, retry_after, elapsed);
-            return Decided::refused(problem, Layer::Cooldown, Outcome::Rejected, user, key);
-        }
-        // A dead token speaks for nobody: no window, no entry in the
-        // owner's feed.
-        Ok(Cooldown::TokenRevoked) => return revoked_token_refused(),
-        Ok(Cooldown::PassedWithoutStore) => (None, true),
-        Ok(Cooldown::Disabled) => (None, false),
-        Err(CooldownUnavailable) => {
-            let problem = Problem::unavailable(
-                "The cooldown store is unavailable and this deployment fails closed. Retry shortly.",
-            );
-            return Decided::refused(problem, Layer::Cooldown, Outcome::Error, user, key);
-        }
+    let cooldown = match cooldown {
+        Ok(pass) => pass,
+        Err(refusal) => return Decided::of_refusal(refusal, user, key).for_a_live_token(),
     };
 
     // Layers 2 and 3: the idempotency claim and the row guard, in one
     // transaction.
     let fingerprint = fingerprint_of(transfer_request);
-    let outcome = transfer::execute(
+    let settled = transfer::execute(
         state,
         caller,
         transfer_request,
@@ -203,77 +194,51 @@ async fn decide(
         lab,
     )
     .await;
-    let mut decided = match outcome {
-        Ok(TransferOutcome::Decided {
-            response,
-            mut decision,
-        }) => {
-            if degraded && decision.outcome == Outcome::Accepted {
-                decision.outcome = Outcome::Degraded;
-            }
-            Decided {
-                decision,
-                answer: Answer::Stored {
-                    response,
-                    replayed: false,
-                },
-                user,
-                key,
-                transfer: None,
-            }
-        }
-        Ok(TransferOutcome::Replayed(response)) => Decided {
-            decision: Decision::new(Layer::Idempotency, Outcome::Replayed),
-            answer: Answer::Stored {
-                response,
-                replayed: true,
-            },
-            user,
-            key,
-            transfer: None,
-        },
-        Ok(TransferOutcome::KeyReused) => {
-            Decided::refused(key_reused(), Layer::Idempotency, Outcome::KeyReused, user, key)
-        }
-        Ok(TransferOutcome::InFlight) => {
-            Decided::refused(key_in_flight(), Layer::Idempotency, Outcome::InFlight, user, key)
-        }
-        Err(refusal) => Decided::refused(
-            refusal.problem,
-            refusal.decision.layer,
-            refusal.decision.outcome,
-            user,
-            key,
-        ),
+    let decided = match settled {
+        Ok(settled) if cooldown.without_store => Decided::of_settled(settled.degraded(), user, key),
+        Ok(settled) => Decided::of_settled(settled, user, key),
+        Err(refusal) => Decided::of_refusal(refusal, user, key),
     };
-
-    // Give the window back when the transfer is known not to have
-    // happened and the request should not hold it: our failure that
-    // changed nothing (so an honest retry is not blocked for the rest of
-    // the TTL), or a token the transaction found revoked (whose owner it
-    // must not lock out). When the outcome is unknown the window stays: a
-    // keyless retry inside it could pay twice.
-    let token_was_dead = decided.is_refusal(ProblemType::Unauthorized);
-    let changed_nothing = decided.status() >= 500 && !decided.is_refusal(ProblemType::OutcomeUnknown);
-    if changed_nothing || token_was_dead {
-        if let Some(permit) = &permit {
-            state.cooldown.release(permit).await;
-        }
-    }
-    if token_was_dead {
-        decided.user = None;
-    }
-    decided
+    give_the_window_back_if_unused(state, cooldown, &decided).await;
+    decided.for_a_live_token()
 }
 
-fn revoked_token_refused() -> Decided {
-    Decided::refused(
-        Problem::invalid_token("The bearer token has been revoked or has expired."),
-        Layer::NoLayer,
-        Outcome::Unauthorized,
-        None,
-        None,
-    )
+/// The action the cooldown window is scoped to, or `None` when a race-lab
+/// run switched the layer off. A named lab run has windows of its own.
+fn cooldown_action(lab: Option<Switches>) -> Option<String> {
+    match lab {
+        None => Some(COOLDOWN_ACTION.to_owned()),
+        Some(switches) if !switches.cooldown => None,
+        Some(Switches { run: Some(run), .. }) => Some(format!("{LAB_COOLDOWN_ACTION}:{run}")),
+        Some(_) => Some(LAB_COOLDOWN_ACTION.to_owned()),
+    }
+}
+
+/// Gives the window back when the transfer is known not to have happened
+/// and the request should not hold it: our failure that changed nothing
+/// (so an honest retry is not blocked for the rest of the TTL), or a token
+/// the transaction found revoked (whose owner it must not lock out). When
+/// the outcome is unknown the window stays: a keyless retry inside it
+/// could pay twice.
+async fn give_the_window_back_if_unused(state: &AppState, cooldown: CooldownPass, decided: &Decided) {
+    let Some(permit) = cooldown.permit else {
+        return;
+    };
+    let changed_nothing = decided.status() >= 500 && !decided.is_refusal(ProblemType::OutcomeUnknown);
+    if changed_nothing || decided.is_refusal(ProblemType::Unauthorized) {
+        state.cooldown.release(&permit).await;
+    }
+}
+
+impl Decided {
+    /// A token found revoked or expired speaks for nobody: the decision
+    /// goes in no one's feed.
+    fn for_a_live_token(mut self) -> Self {
+        if self.is_refusal(ProblemType::Unauthorized) {
+            self.user = None;
+        }
+        self
+    }
 }
 
 /// Reports the decision everywhere, the same way: the request's span, the
@@ -336,52 +301,4 @@ fn stored_response(stored: &StoredResponse, replayed: bool) -> HttpResponse {
         response.insert_header(("Idempotent-Replayed", "true"));
     }
     response.body(stored.body.clone())
-}
-
-/// The 429, saying what happened and when the next transfer is possible.
-fn cooldown_active(cooldown: &CooldownLock, retry_after: Duration, elapsed: Duration) -> Problem {
-    let seconds = cooldown::retry_after_s(retry_after);
-    let ago = if elapsed.as_secs() == 0 {
-        "less than a second ago".to_owned()
-    } else {
-        format!("{} s ago", elapsed.as_secs())
-    };
-    let spacing = human_duration(cooldown.ttl());
-    let detail = match cooldown.scope() {
-        CooldownScope::UserAction => format!(
-            "You sent a transfer {ago}. Transfers are spaced at least {spacing} apart so that duplicates cannot \
-             slip through. Try again in {seconds} s."
-        ),
-        CooldownScope::UserActionBody => format!(
-            "You sent this same transfer {ago}. Identical transfers are spaced at least {spacing} apart so that \
-             duplicates cannot slip through. Try again in {seconds} s."
-        ),
-    };
-    Problem::new(ProblemType::CooldownActive, detail)
-        .detail_is_for_people()
-        .with_retry_after_s(seconds)
-}
-
-/// `5000` → `5 s`, `1500` → `1.5 s`, `300` → `300 ms`.
-fn human_duration(duration: Duration) -> String {
-    match duration.as_millis() {
-        ms if ms < 1_000 => format!("{ms} ms"),
-        ms if ms % 1_000 == 0 => format!("{} s", ms / 1_000),
-        ms => format!("{:.1} s", ms as f64 / 1_000.0),
-    }
-}
-
-fn key_reused() -> Problem {
-    Problem::new(
-        ProblemType::IdempotencyKeyReused,
-        "This Idempotency-Key was already used for a different request. Use a new key for a new transfer.",
-    )
-}
-
-fn key_in_flight() -> Problem {
-    Problem::new(
-        ProblemType::IdempotencyKeyInFlight,
-        "A request with this Idempotency-Key is still being processed. Retry shortly to get its result.",
-    )
-    .with_retry_after_s(1)
 }

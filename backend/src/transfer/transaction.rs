@@ -22,6 +22,7 @@ use uuid::Uuid;
 
 use crate::auth::{self, VerifiedToken};
 use crate::decision::{Decision, Layer, Outcome};
+use crate::defense::Refusal;
 use crate::defense::idempotency::{self, Claim, ClaimOutcome, IdempotencyKey, StoredColumns, StoredResponse};
 use crate::defense::row_guard::{self, GuardOutcome, Guarded};
 use crate::domain::TransferRequest;
@@ -44,36 +45,25 @@ pub struct TransferReceipt {
     pub balance_minor_after: i64,
 }
 
-/// How layers 2 and 3 ended a transfer request.
+/// A response layers 2 and 3 settled on: the transaction made it (a 201,
+/// or a business refusal stored with the key like a success), or the key
+/// replayed it.
 #[derive(Debug)]
-pub enum TransferOutcome {
-    /// This request did the work: a 201, or a business refusal (422) that
-    /// was stored with the key like a success.
-    Decided {
-        response: StoredResponse,
-        decision: Decision,
-    },
-    /// A retry of a completed request: its stored response.
-    Replayed(StoredResponse),
-    /// The key belongs to a different request.
-    KeyReused,
-    /// The key's first request is still running.
-    InFlight,
-}
-
-/// A refusal that is not stored with the key: the transaction rolled back.
-#[derive(Debug)]
-pub struct Refusal {
-    pub problem: Problem,
+pub struct Settled {
+    pub response: StoredResponse,
     pub decision: Decision,
+    /// A retry of a completed request, answered with its stored response.
+    pub replayed: bool,
 }
 
-impl Refusal {
-    fn new(problem: Problem, layer: Layer, outcome: Outcome) -> Self {
-        Self {
-            problem,
-            decision: Decision::new(layer, outcome),
+impl Settled {
+    /// The cooldown could not be asked (fail-open): an accepted transfer
+    /// went through with only the PostgreSQL layers deciding.
+    pub fn degraded(mut self) -> Self {
+        if self.decision.outcome == Outcome::Accepted {
+            self.decision.outcome = Outcome::Degraded;
         }
+        self
     }
 }
 
@@ -88,7 +78,7 @@ pub async fn execute(
     fingerprint: &[u8; 32],
     trace_id: &str,
     lab: Option<Switches>,
-) -> Result<TransferOutcome, Refusal> {
+) -> Result<Settled, Refusal> {
     let call = Call {
         state,
         caller,
@@ -109,13 +99,7 @@ pub async fn execute(
             }
             Err(Failure::Database { error, .. }) if is_lock_timeout(&error) => {
                 tracing::warn!("gave up waiting for a wallet row lock");
-                return Err(Refusal::new(
-                    Problem::unavailable(
-                        "The wallet is busy with other transfers. Nothing was changed; retry shortly.",
-                    ),
-                    Layer::RowGuard,
-                    Outcome::Error,
-                ));
+                return Err(row_guard::wallet_busy());
             }
             Err(Failure::Database {
                 error,
@@ -233,7 +217,7 @@ impl Variants {
     }
 }
 
-async fn execute_once(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
+async fn execute_once(call: &Call<'_>) -> Result<Settled, Failure> {
     // Switches are honoured for lab wallets only, and a wallet never
     // becomes or stops being one, so this read needs no transaction.
     if call.lab.is_some() && !crate::race_lab::both_are_lab_wallets(&call.state.db, call.request).await? {
@@ -262,14 +246,6 @@ fn not_your_wallet() -> Refusal {
             ProblemType::NotYourWallet,
             "You can only send money from a wallet you own.",
         ),
-        Layer::NoLayer,
-        Outcome::Unauthorized,
-    )
-}
-
-fn revoked_token() -> Refusal {
-    Refusal::new(
-        Problem::invalid_token("The bearer token has been revoked or has expired."),
         Layer::NoLayer,
         Outcome::Unauthorized,
     )
@@ -308,7 +284,7 @@ struct OneCallRow {
 /// which runs `idempotency_claim()` and then `row_guard_transfer()`: one
 /// round trip instead of one per statement, and row locks held only while
 /// the row guard's statements run.
-async fn in_one_call(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
+async fn in_one_call(call: &Call<'_>) -> Result<Settled, Failure> {
     let Call {
         state,
         caller,
@@ -344,7 +320,7 @@ async fn in_one_call(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
     .await
     .map_err(Failure::at_commit)?;
     match row.refused {
-        Some(AccessRefusal::TokenNotLive) => return Err(Failure::Refused(revoked_token())),
+        Some(AccessRefusal::TokenNotLive) => return Err(Failure::Refused(Refusal::token_not_live())),
         Some(AccessRefusal::NotOwner) => return Err(Failure::Refused(not_your_wallet())),
         None => {}
     }
@@ -362,7 +338,7 @@ async fn in_one_call(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
             Some(key.hash_hex()),
         );
         if let Some(ended) = ended_by_claim(claim) {
-            return Ok(ended);
+            return ended;
         }
     }
     let guard = row
@@ -380,17 +356,25 @@ async fn in_one_call(call: &Call<'_>) -> Result<TransferOutcome, Failure> {
     let response = stored
         .into_response()?
         .ok_or_else(|| Failure::Protocol("transfer() decided without a response".into()))?;
-    Ok(TransferOutcome::Decided { response, decision })
+    Ok(Settled {
+        response,
+        decision,
+        replayed: false,
+    })
 }
 
-/// A claim that ends the request before the row guard: a replay, a reused
-/// key or a key in flight. `None` when the claim is ours.
-fn ended_by_claim(claim: Claim) -> Option<TransferOutcome> {
+/// A claim that ends the request before the row guard: a replay, or one of
+/// the key's refusals. `None` when the claim is ours.
+fn ended_by_claim(claim: Claim) -> Option<Result<Settled, Failure>> {
     match claim {
         Claim::Started => None,
-        Claim::Replayed(stored) => Some(TransferOutcome::Replayed(stored)),
-        Claim::KeyReused => Some(TransferOutcome::KeyReused),
-        Claim::InFlight => Some(TransferOutcome::InFlight),
+        Claim::Replayed(response) => Some(Ok(Settled {
+            response,
+            decision: Decision::new(Layer::Idempotency, Outcome::Replayed),
+            replayed: true,
+        })),
+        Claim::KeyReused => Some(Err(Failure::Refused(Claim::key_reused()))),
+        Claim::InFlight => Some(Err(Failure::Refused(Claim::in_flight()))),
     }
 }
 
@@ -434,7 +418,7 @@ fn layer_span(
 /// The demonstration path, for naive variants only: one statement at a
 /// time, so that a naive variant can stand in for either layer. With every
 /// layer at full strength a call never comes here (`Variants::of`).
-async fn step_by_step(call: &Call<'_>, variants: Variants) -> Result<TransferOutcome, Failure> {
+async fn step_by_step(call: &Call<'_>, variants: Variants) -> Result<Settled, Failure> {
     let Call {
         state,
         caller,
@@ -455,7 +439,7 @@ async fn step_by_step(call: &Call<'_>, variants: Variants) -> Result<TransferOut
         .await?;
 
     if !auth::token_is_live(&mut *tx, caller).await? {
-        return Err(Failure::Refused(revoked_token()));
+        return Err(Failure::Refused(Refusal::token_not_live()));
     }
 
     // Layer 2: claim the key.
@@ -484,7 +468,7 @@ async fn step_by_step(call: &Call<'_>, variants: Variants) -> Result<TransferOut
             .metrics
             .observe_layer(Layer::Idempotency.as_str(), started.elapsed());
         if let Some(ended) = ended_by_claim(claim) {
-            return Ok(ended);
+            return ended;
         }
     }
 
@@ -572,7 +556,11 @@ async fn step_by_step(call: &Call<'_>, variants: Variants) -> Result<TransferOut
         }
         (None, _) => tx.commit().await.map_err(Failure::at_commit)?,
     }
-    Ok(TransferOutcome::Decided { response, decision })
+    Ok(Settled {
+        response,
+        decision,
+        replayed: false,
+    })
 }
 
 fn sqlstate(error: &sqlx::Error) -> Option<String> {
