@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use layered_wallet::defense::idempotency;
 use layered_wallet::domain::TransferRequest;
 use serde_json::Value;
 use uuid::Uuid;
