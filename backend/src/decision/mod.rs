@@ -61,6 +61,17 @@ impl Layer {
             Layer::NoLayer => "none",
         }
     }
+
+    /// The layer's name as pages show it to people; `None` before the
+    /// layers.
+    pub fn name_for_people(self) -> Option<&'static str> {
+        match self {
+            Layer::Cooldown => Some("Cooldown lock"),
+            Layer::Idempotency => Some("Idempotency key"),
+            Layer::RowGuard => Some("Row guard"),
+            Layer::NoLayer => None,
+        }
+    }
 }
 
 impl Outcome {
@@ -107,6 +118,16 @@ impl Decision {
     /// are tokens, e.g. `layer=cooldown, outcome=rejected`.
     pub fn header_value(self) -> String {
         format!("layer={}, outcome={}", self.layer, self.outcome)
+    }
+
+    /// Puts the `Defense-Decision` header on a response: the one place it
+    /// is set, for the API and the browser alike.
+    pub fn mark(self, response: &mut actix_web::HttpResponse) {
+        if let Ok(value) = actix_web::http::header::HeaderValue::from_str(&self.header_value()) {
+            response
+                .headers_mut()
+                .insert(actix_web::http::header::HeaderName::from_static(HEADER), value);
+        }
     }
 
     /// Parses a `Defense-Decision` header (clients and the load test).

@@ -1,9 +1,10 @@
 //! Transfers: the pipeline through the three layers (`pipeline`), the
-//! PostgreSQL transaction that holds layers 2 and 3 (`transaction`), and
-//! the history (`history`).
+//! PostgreSQL transaction that holds layers 2 and 3 (`transaction`), the
+//! history (`history`), and who money goes to (`recipient`).
 
 pub mod history;
 pub mod pipeline;
+pub mod recipient;
 mod transaction;
 
 pub use transaction::*;

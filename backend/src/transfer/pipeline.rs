@@ -122,11 +122,7 @@ impl Decided {
                 .with_trace_id(&context.trace_id)
                 .into_response(),
         };
-        if let Ok(value) = header::HeaderValue::from_str(&self.decision.header_value()) {
-            response
-                .headers_mut()
-                .insert(header::HeaderName::from_static(crate::decision::HEADER), value);
-        }
+        self.decision.mark(&mut response);
         response
     }
 }

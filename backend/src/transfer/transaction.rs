@@ -26,7 +26,7 @@ use crate::defense::Refusal;
 use crate::defense::idempotency::{self, Claim, ClaimOutcome, IdempotencyKey, StoredColumns, StoredResponse};
 use crate::defense::row_guard::{self, GuardOutcome, Guarded};
 use crate::domain::TransferRequest;
-use crate::problem::{self, DatabaseFailure, Problem, ProblemType};
+use crate::problem::{self, DatabaseFailure, Problem, ProblemType, SqlState};
 use crate::race_lab::Switches;
 use crate::settings::{IdempotencyMode, RowGuardMode};
 use crate::state::AppState;
@@ -563,18 +563,11 @@ async fn step_by_step(call: &Call<'_>, variants: Variants) -> Result<Settled, Fa
     })
 }
 
-fn sqlstate(error: &sqlx::Error) -> Option<String> {
-    match error {
-        sqlx::Error::Database(db) => db.code().map(|code| code.into_owned()),
-        _ => None,
-    }
-}
-
 /// serialization_failure or deadlock_detected: safe to run again.
 fn is_retryable(error: &sqlx::Error) -> bool {
-    matches!(sqlstate(error).as_deref(), Some("40001" | "40P01"))
+    SqlState::of(error) == Some(SqlState::RetryTransaction)
 }
 
 fn is_lock_timeout(error: &sqlx::Error) -> bool {
-    sqlstate(error).as_deref() == Some("55P03")
+    SqlState::of(error) == Some(SqlState::LockNotAvailable)
 }

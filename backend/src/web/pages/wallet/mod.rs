@@ -1,0 +1,213 @@
+//! The wallet page, the review of a typed transfer (`review`), and Send
+//! (`send`): the browser's way through the transfer pipeline.
+
+mod review;
+mod send;
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use askama::Template;
+use askama_web::WebTemplate;
+use serde::Deserialize;
+use uuid::Uuid;
+
+use crate::defense::idempotency::{self, IdempotencyKey, StoredResponse};
+use crate::problem::ProblemType;
+use crate::state::AppState;
+use crate::transfer::{history, recipient};
+use crate::web::{Session, money};
+
+use super::*;
+
+pub use review::review;
+pub use send::transfer;
+
+#[derive(Template, WebTemplate)]
+#[template(path = "wallet.html")]
+struct WalletPage {
+    chrome: Chrome,
+    balance: String,
+    wallet_id: Uuid,
+    form_key: Uuid,
+    notice: Option<Notice>,
+    history: Vec<HistoryRow>,
+    recipient: String,
+    amount: String,
+    amount_pattern: &'static str,
+    currency_name: String,
+}
+
+struct HistoryRow {
+    when: String,
+    direction: &'static str,
+    counterparty: String,
+    amount: String,
+}
+
+/// How many transfers the wallet page lists.
+const WALLET_PAGE_HISTORY_ROWS: i64 = 20;
+
+async fn history(state: &AppState, session: &Session) -> Result<Vec<HistoryRow>, sqlx::Error> {
+    let rows = history::list_for_user(
+        &state.db,
+        session.token.user_id.0,
+        None,
+        WALLET_PAGE_HISTORY_ROWS.min(state.config.money.transfers_page_rows_max),
+    )
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| HistoryRow {
+            when: row.created_at.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+            direction: if row.sent { "Sent to" } else { "Received from" },
+            counterparty: row.counterpart_name,
+            amount: money::format(
+                if row.sent {
+                    -row.amount_minor
+                } else {
+                    row.amount_minor
+                },
+                &session.currency,
+            ),
+        })
+        .collect())
+}
+
+pub(super) async fn wallet_page(
+    state: &AppState,
+    session: &Session,
+    notice: Option<Notice>,
+    recipient: String,
+    amount: String,
+) -> HttpResponse {
+    let history = match history(state, session).await {
+        Ok(history) => history,
+        Err(error) => return unavailable(state, Some(session), &error),
+    };
+    with_page(
+        StatusCode::OK,
+        WalletPage {
+            chrome: Chrome::new(state, "Wallet", Some(session)),
+            balance: money::format(session.balance_minor, &session.currency),
+            wallet_id: session.wallet_id,
+            // A new form key per render: the confirmation's idempotency key
+            // is derived from it and from what the form asks, so the same
+            // form sent twice is one transfer, and a changed form is a new
+            // one without anyone choosing a key.
+            form_key: Uuid::new_v4(),
+            notice,
+            history,
+            recipient,
+            amount,
+            amount_pattern: money::AMOUNT_PATTERN,
+            currency_name: money::currency_name(&session.currency),
+        },
+    )
+}
+
+/// What the wallet form may be pre-filled with (the review page's Change).
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub struct Prefill {
+    recipient: String,
+    amount: String,
+    /// The key of a transfer just sent: the page shows its result, so the
+    /// address after Send can be reloaded or bookmarked.
+    sent: String,
+}
+
+pub async fn wallet(
+    request: HttpRequest,
+    prefill: web::Query<Prefill>,
+    state: web::Data<AppState>,
+) -> HttpResponse {
+    let Prefill {
+        recipient,
+        amount,
+        sent,
+    } = prefill.into_inner();
+    let session = match require_session(&request, &state).await {
+        Ok(session) => session,
+        Err(response) => return response,
+    };
+    let notice = match IdempotencyKey::parse(&sent) {
+        Ok(key) => match sent_notice(&state, &session, key).await {
+            Ok(notice) => notice,
+            Err(error) => return unavailable(&state, Some(&session), &error),
+        },
+        Err(_) => None,
+    };
+    wallet_page(&state, &session, notice, recipient, amount).await
+}
+
+/// The result of the visitor's own transfer sent with `key`, as a notice.
+async fn sent_notice(
+    state: &AppState,
+    session: &Session,
+    key: IdempotencyKey,
+) -> Result<Option<Notice>, sqlx::Error> {
+    let Some(stored) = idempotency::completed_response(&state.db, session.token.user_id, key, None).await?
+    else {
+        return Ok(None);
+    };
+    let to_wallet = serde_json::from_str::<serde_json::Value>(&stored.body)
+        .ok()
+        .and_then(|receipt| {
+            receipt["to_wallet_id"]
+                .as_str()
+                .and_then(|id| Uuid::try_parse(id).ok())
+        });
+    let recipient = match to_wallet {
+        Some(wallet) => recipient::owner_name(&state.db, wallet).await?,
+        None => None,
+    }
+    .unwrap_or_else(|| "that wallet".to_owned());
+    Ok(Some(if stored.status == 201 {
+        Notice {
+            kind: "success",
+            layer: None,
+            text: receipt_text(&stored, &recipient, &session.currency)
+                .unwrap_or_else(|| "The transfer was made.".into()),
+        }
+    } else {
+        refused_notice(problem_text(&stored.body))
+    }))
+}
+
+pub(super) fn refused_notice(text: impl Into<String>) -> Notice {
+    Notice {
+        kind: "refused",
+        layer: None,
+        text: text.into(),
+    }
+}
+
+pub(super) fn receipt_text(stored: &StoredResponse, recipient: &str, currency: &str) -> Option<String> {
+    let receipt: serde_json::Value = serde_json::from_str(&stored.body).ok()?;
+    Some(format!(
+        "Sent {} to {recipient}. Your balance after it: {}.",
+        money::format(receipt["amount_minor"].as_i64()?, currency),
+        money::format(receipt["balance_minor_after"].as_i64()?, currency),
+    ))
+}
+
+/// A stored refusal (a replay's body) in a sentence for people.
+pub(super) fn problem_text(body: &str) -> String {
+    ProblemType::of_body(body)
+        .unwrap_or(ProblemType::InternalError)
+        .for_people()
+        .to_owned()
+}
+
+pub(super) fn replay_notice(original: &StoredResponse, recipient: &str, currency: &str) -> Notice {
+    let result = if original.status == 201 {
+        receipt_text(original, recipient, currency).unwrap_or_else(|| "The transfer was made.".into())
+    } else {
+        problem_text(&original.body)
+    };
+    Notice {
+        kind: "replayed",
+        layer: Some("Idempotency key"),
+        text: format!("Already processed — showing the original result. {result}"),
+    }
+}

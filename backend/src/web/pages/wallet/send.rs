@@ -1,0 +1,337 @@
+//! The second step: the reviewed transfer sent through the same three
+//! layers as the API. What the page shows next is chosen from the decision
+//! alone (`after_send`), then rendered.
+
+use std::time::{Duration, Instant};
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde::Deserialize;
+
+use super::super::*;
+use super::review::{Draft, review_page};
+use super::{problem_text, receipt_text, refused_notice, replay_notice, wallet_page};
+use crate::decision::{Layer, Outcome};
+use crate::defense::idempotency::{self, IdempotencyKey, StoredResponse};
+use crate::domain::{TransferRequest, WalletId, parse_uuid};
+use crate::problem::ProblemType;
+use crate::state::AppState;
+use crate::telemetry::RequestContext;
+use crate::transfer::pipeline::{self, Answer, Decided};
+use crate::transfer::recipient;
+use crate::web::{self as site, Session};
+
+/// How often a double submit looks for its first copy's stored result,
+/// within `idempotency_wait_ms_max`.
+const ORIGINAL_RESULT_POLL_MS: u64 = 50;
+
+/// The confirmation, exactly as reviewed. Every field defaults to empty, so
+/// a tampered form gets a page that says what is wrong rather than a bare
+/// 400.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub struct TransferForm {
+    to_wallet_id: String,
+    amount_minor: String,
+    idempotency_key: String,
+    csrf: String,
+    /// What was typed, to fill the form in again after a refusal.
+    recipient: String,
+    amount: String,
+}
+
+/// What the page shows after Send, chosen from the decision alone.
+#[derive(Debug, PartialEq, Eq)]
+enum AfterSend {
+    /// Sent: post/redirect/get, so that the address can be reloaded or
+    /// bookmarked without sending again. The wallet it leads to shows the
+    /// receipt and the balance after it.
+    Redirect,
+    /// A double submit the cooldown refused while the first copy ran: the
+    /// first copy's result, not a refusal.
+    Original(StoredResponse),
+    /// Nothing was made yet, or nobody knows: the same confirmation, with
+    /// the same key, so sending it again is safe. After a cooldown refusal
+    /// its Send button counts down the window.
+    Review { wait_s: Option<u64> },
+    /// A final answer, on the wallet; a refusal keeps what was typed so
+    /// that it can be corrected.
+    Wallet { keep_typed: bool },
+}
+
+/// `original` is the stored result of the key's first request, looked up
+/// only after a cooldown refusal.
+fn after_send(decided: &Decided, original: Option<StoredResponse>) -> AfterSend {
+    if matches!(&decided.answer, Answer::Stored { response, replayed: false } if response.status == 201) {
+        return AfterSend::Redirect;
+    }
+    if let Some(original) = original {
+        return AfterSend::Original(original);
+    }
+    match &decided.answer {
+        Answer::Refused(problem)
+            if matches!(
+                problem.kind,
+                ProblemType::CooldownActive
+                    | ProblemType::IdempotencyKeyInFlight
+                    | ProblemType::ServiceUnavailable
+                    | ProblemType::OutcomeUnknown
+            ) =>
+        {
+            AfterSend::Review {
+                wait_s: problem
+                    .retry_after_s()
+                    .filter(|_| problem.kind == ProblemType::CooldownActive),
+            }
+        }
+        Answer::Stored { replayed: true, .. } => AfterSend::Wallet { keep_typed: false },
+        Answer::Stored { response, .. } => AfterSend::Wallet {
+            keep_typed: response.status != 201,
+        },
+        Answer::Refused(_) => AfterSend::Wallet { keep_typed: true },
+    }
+}
+
+/// The second step: send the reviewed transfer through the same three
+/// layers as the API, and say what happened.
+pub async fn transfer(
+    request: HttpRequest,
+    form: web::Form<TransferForm>,
+    state: web::Data<AppState>,
+) -> HttpResponse {
+    let form = form.into_inner();
+    let session = match session_for_form(&request, &state, &form.csrf).await {
+        Ok(session) => session,
+        Err(response) => return response,
+    };
+    let (Ok(to_wallet_id), Ok(amount_minor), Ok(key)) = (
+        parse_uuid(&form.to_wallet_id).ok_or(()),
+        form.amount_minor.parse::<i64>(),
+        IdempotencyKey::parse(&form.idempotency_key),
+    ) else {
+        let notice = refused_notice(
+            "This confirmation was damaged, so nothing was sent. Please fill in the form again.",
+        );
+        return wallet_page(&state, &session, Some(notice), form.recipient, form.amount).await;
+    };
+    let request_body = match TransferRequest::new(
+        WalletId(session.wallet_id),
+        WalletId(to_wallet_id),
+        amount_minor,
+        state.config.money.transfer_amount_minor_max,
+    ) {
+        Ok(parsed) => parsed,
+        Err(problem) => {
+            let notice = refused_notice(problem.for_people());
+            return wallet_page(&state, &session, Some(notice), form.recipient, form.amount).await;
+        }
+    };
+    let recipient_name = match recipient::owner_name(&state.db, to_wallet_id).await {
+        Ok(found) => found.unwrap_or_else(|| "that wallet".to_owned()),
+        Err(error) => return unavailable(&state, Some(&session), &error),
+    };
+    let context = RequestContext::of(&request);
+    let decided =
+        pipeline::through_the_layers(&state, &context, &session.token, &request_body, Some(key), None).await;
+    pipeline::report(&state, &context, &decided);
+
+    let original = match (decided.decision.layer, decided.decision.outcome) {
+        (Layer::Cooldown, Outcome::Rejected) => {
+            let fingerprint = pipeline::fingerprint_of(&request_body);
+            wait_for_original(&state, &session, key, &fingerprint).await
+        }
+        _ => None,
+    };
+    let after = after_send(&decided, original);
+    // Every answer but a sent transfer is shown here, with the balance
+    // after it.
+    let session = if after == AfterSend::Redirect {
+        session
+    } else {
+        match site::session(&request, &state).await {
+            Ok(Some(session)) => session,
+            Ok(None) => return redirect("/signin"),
+            Err(error) => return result_unavailable(&state, &session, &error),
+        }
+    };
+    let currency = session.currency.clone();
+    let mut response = match after {
+        AfterSend::Redirect => redirect(&format!("/wallet?sent={}", key.as_uuid())),
+        AfterSend::Original(original) => {
+            let notice = replay_notice(&original, &recipient_name, &currency);
+            wallet_page(&state, &session, Some(notice), String::new(), String::new()).await
+        }
+        AfterSend::Review { wait_s } => {
+            let draft = Draft {
+                to_wallet_id,
+                recipient_name: recipient_name.clone(),
+                amount_minor,
+                typed_recipient: form.recipient,
+                typed_amount: form.amount,
+                idempotency_key: key.as_uuid(),
+            };
+            let notice = notice_for(&decided, &recipient_name, &currency);
+            review_page(&state, &session, &draft, Some(notice), wait_s)
+        }
+        AfterSend::Wallet { keep_typed } => {
+            let notice = notice_for(&decided, &recipient_name, &currency);
+            let (recipient_text, amount_text) = if keep_typed {
+                (form.recipient, form.amount)
+            } else {
+                (String::new(), String::new())
+            };
+            wallet_page(&state, &session, Some(notice), recipient_text, amount_text).await
+        }
+    };
+    decided.decision.mark(&mut response);
+    response
+}
+
+/// The database failed after the transfer was decided, while reading the
+/// page to show: what happened is not known here, so the page says where
+/// to find out, and that sending the same confirmation again is safe.
+fn result_unavailable(state: &AppState, session: &Session, error: &sqlx::Error) -> HttpResponse {
+    tracing::error!(error = %error, "database error while showing a transfer's result");
+    error_page(
+        state,
+        Some(session),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "The result cannot be shown",
+        "We could not load your wallet to show what happened to this transfer. Open your wallet in a moment: its \
+         history shows whether the transfer went through. Sending the same confirmation again is safe, because it \
+         carries the same key.",
+    )
+}
+
+/// The stored result of the key's first request, waiting for it at most
+/// `idempotency_wait_ms_max`.
+async fn wait_for_original(
+    state: &AppState,
+    session: &Session,
+    key: IdempotencyKey,
+    fingerprint: &[u8; 32],
+) -> Option<StoredResponse> {
+    let deadline = Instant::now() + state.config.idempotency.wait_max();
+    loop {
+        match idempotency::completed_response(&state.db, session.token.user_id, key, Some(fingerprint)).await
+        {
+            Ok(Some(stored)) => return Some(stored),
+            Ok(None) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(ORIGINAL_RESULT_POLL_MS)).await
+            }
+            _ => return None,
+        }
+    }
+}
+
+fn notice_for(decided: &Decided, recipient: &str, currency: &str) -> Notice {
+    match &decided.answer {
+        Answer::Stored {
+            response,
+            replayed: true,
+        } => replay_notice(response, recipient, currency),
+        Answer::Stored {
+            response,
+            replayed: false,
+        } if response.status == 201 => Notice {
+            kind: "success",
+            layer: None,
+            text: receipt_text(response, recipient, currency)
+                .unwrap_or_else(|| "The transfer was made.".into()),
+        },
+        Answer::Stored { response, .. } => Notice {
+            kind: "refused",
+            layer: decided.decision.layer.name_for_people(),
+            text: problem_text(&response.body),
+        },
+        Answer::Refused(problem) => Notice {
+            kind: "refused",
+            layer: decided.decision.layer.name_for_people(),
+            text: problem.for_people().to_owned(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::Decision;
+    use crate::problem::Problem;
+
+    fn stored(status: u16, replayed: bool) -> Decided {
+        Decided {
+            decision: Decision::new(Layer::RowGuard, Outcome::Accepted),
+            answer: Answer::Stored {
+                response: StoredResponse {
+                    status,
+                    body: "{}".into(),
+                },
+                replayed,
+            },
+            user: None,
+            key: None,
+            transfer: None,
+        }
+    }
+
+    fn refused(kind: ProblemType, layer: Layer) -> Decided {
+        let problem = Problem::new(kind, "refused").with_retry_after_s(3);
+        Decided::refused(problem, layer, Outcome::Rejected, None, None)
+    }
+
+    #[test]
+    fn a_transfer_made_now_redirects_and_a_replay_of_one_does_not() {
+        assert_eq!(after_send(&stored(201, false), None), AfterSend::Redirect);
+        assert_eq!(
+            after_send(&stored(201, true), None),
+            AfterSend::Wallet { keep_typed: false }
+        );
+    }
+
+    #[test]
+    fn a_stored_refusal_keeps_what_was_typed_for_correction() {
+        assert_eq!(
+            after_send(&stored(422, false), None),
+            AfterSend::Wallet { keep_typed: true }
+        );
+        assert_eq!(
+            after_send(
+                &refused(ProblemType::IdempotencyKeyReused, Layer::Idempotency),
+                None
+            ),
+            AfterSend::Wallet { keep_typed: true }
+        );
+    }
+
+    #[test]
+    fn a_double_submit_shows_the_first_copys_result() {
+        let original = StoredResponse {
+            status: 201,
+            body: "{}".into(),
+        };
+        let decided = refused(ProblemType::CooldownActive, Layer::Cooldown);
+        assert_eq!(
+            after_send(&decided, Some(original.clone())),
+            AfterSend::Original(original)
+        );
+    }
+
+    #[test]
+    fn what_may_be_sent_again_is_reviewed_again_and_only_the_cooldown_counts_down() {
+        assert_eq!(
+            after_send(&refused(ProblemType::CooldownActive, Layer::Cooldown), None),
+            AfterSend::Review { wait_s: Some(3) }
+        );
+        for kind in [
+            ProblemType::IdempotencyKeyInFlight,
+            ProblemType::ServiceUnavailable,
+            ProblemType::OutcomeUnknown,
+        ] {
+            assert_eq!(
+                after_send(&refused(kind, Layer::NoLayer), None),
+                AfterSend::Review { wait_s: None },
+                "{kind:?}"
+            );
+        }
+    }
+}
