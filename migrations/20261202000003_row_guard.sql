@@ -2,10 +2,10 @@
 -- layer; this is its SQL. It comes before layer 2's file because a stored
 -- response (idempotency_keys.response_refusal) is one of its answers.
 --
--- Each answer is a value of guard_outcome, decoded one to one into the
--- Rust enum row_guard::GuardOutcome; a value one side does not know fails
+-- Each answer is a value of guard_verdict, decoded one to one into the
+-- Rust enum row_guard::GuardVerdict; a value one side does not know fails
 -- to decode, it is never guessed at.
-CREATE TYPE guard_outcome AS ENUM (
+CREATE TYPE guard_verdict AS ENUM (
     'accepted', 'insufficient_funds', 'unknown_target', 'currency_mismatch', 'not_owner');
 
 -- Both wallets are locked in wallet-id order (transfers A->B and B->A take
@@ -26,7 +26,7 @@ CREATE FUNCTION row_guard_transfer(
     p_amount bigint,
     p_key uuid,
     p_wait_ms int,
-    OUT outcome guard_outcome,
+    OUT outcome guard_verdict,
     OUT balance_minor_after bigint,
     OUT created_at timestamptz
 )

@@ -5,7 +5,7 @@
 -- transactions inserting the same key, the second waits for the first and
 -- then sees its row. The response is written by the same transaction as
 -- the transfer, so a committed claim always has one.
-CREATE TYPE claim_outcome AS ENUM ('started', 'replayed', 'key_reused', 'in_flight');
+CREATE TYPE claim_verdict AS ENUM ('started', 'replayed', 'key_reused', 'in_flight');
 
 -- A business refusal is stored by kind (response_refusal, with the trace
 -- id of the request that decided it), not as a body: the server renders
@@ -21,7 +21,7 @@ CREATE TABLE idempotency_keys (
     transfer_id       uuid        REFERENCES transfers (id),
     created_at        timestamptz NOT NULL DEFAULT now(),
     expires_at        timestamptz NOT NULL,
-    response_refusal  guard_outcome,
+    response_refusal  guard_verdict,
     response_trace_id text        CHECK (length(response_trace_id) <= 64),
     PRIMARY KEY (user_id, key),
     -- A completed claim holds exactly one of a body and a refusal.
@@ -49,10 +49,10 @@ CREATE FUNCTION idempotency_claim(
     p_fingerprint bytea,
     p_retention_hours int,
     p_wait_ms int,
-    OUT outcome claim_outcome,
+    OUT outcome claim_verdict,
     OUT response_status smallint,
     OUT response_body text,
-    OUT response_refusal guard_outcome,
+    OUT response_refusal guard_verdict,
     OUT response_trace_id text
 )
 LANGUAGE plpgsql AS $$
@@ -120,7 +120,7 @@ $$;
 CREATE FUNCTION idempotency_complete(
     p_user uuid,
     p_key uuid,
-    p_outcome guard_outcome,
+    p_outcome guard_verdict,
     p_receipt text,
     p_trace_id text,
     p_transfer_id uuid

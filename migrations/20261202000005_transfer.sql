@@ -46,15 +46,15 @@ CREATE FUNCTION transfer(
     p_amount bigint,
     p_trace_id text,
     OUT refused access_refusal,
-    OUT claim claim_outcome,
+    OUT claim claim_verdict,
     OUT claim_ms double precision,
-    OUT guard guard_outcome,
+    OUT guard guard_verdict,
     OUT guard_ms double precision,
     OUT balance_minor_after bigint,
     OUT created_at timestamptz,
     OUT response_status smallint,
     OUT response_body text,
-    OUT response_refusal guard_outcome,
+    OUT response_refusal guard_verdict,
     OUT response_trace_id text
 )
 LANGUAGE plpgsql AS $$

@@ -81,7 +81,7 @@ async fn two_instances_on_a_cluster_move_money_once() {
         prometheus::IntCounter::new("t", "t").expect("counter"),
     );
     let user = layered_wallet::domain::UserId(uuid::Uuid::new_v4());
-    let layered_wallet::defense::cooldown::Cooldown::Acquired(permit) = lock
+    let layered_wallet::defense::cooldown::CooldownVerdict::Acquired(permit) = lock
         .try_acquire(&verified_token_for(user), "transfer", "{}")
         .await
         .expect("cluster")

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use layered_wallet::defense::cooldown::{Cooldown, CooldownLock, CooldownPermit};
+use layered_wallet::defense::cooldown::{CooldownVerdict, CooldownLock, CooldownPermit};
 use layered_wallet::domain::UserId;
 use layered_wallet::settings::{CooldownScope, StoreErrorPolicy};
 use secrecy::SecretString;
@@ -134,7 +134,7 @@ async fn only_the_owner_can_release_a_window() {
     );
     let user = UserId(Uuid::new_v4());
 
-    let Cooldown::Acquired(permit) = lock
+    let CooldownVerdict::Acquired(permit) = lock
         .try_acquire(&verified_token_for(user), "transfer", "{}")
         .await
         .expect("redis")
@@ -149,13 +149,13 @@ async fn only_the_owner_can_release_a_window() {
     assert!(matches!(
         lock.try_acquire(&verified_token_for(user), "transfer", "{}")
             .await,
-        Ok(Cooldown::Active { .. })
+        Ok(CooldownVerdict::Active { .. })
     ));
     assert!(lock.release(&permit).await, "the owner could not release");
     assert!(matches!(
         lock.try_acquire(&verified_token_for(user), "transfer", "{}")
             .await,
-        Ok(Cooldown::Acquired(_))
+        Ok(CooldownVerdict::Acquired(_))
     ));
 }
 

@@ -268,7 +268,7 @@ async fn switches_never_touch_real_money() {
     )
     .await
     .expect("statement");
-    assert_eq!(guarded.outcome, row_guard::GuardOutcome::NotOwner);
+    assert_eq!(guarded.verdict, row_guard::GuardVerdict::NotOwner);
     assert!(guarded.applied.is_none());
     tx.commit().await.expect("commit");
     assert_eq!(app.snapshot().await, before);

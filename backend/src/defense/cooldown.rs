@@ -73,7 +73,7 @@ return 0
 
 /// The outcome of asking for the cooldown window.
 #[derive(Debug)]
-pub enum Cooldown {
+pub enum CooldownVerdict {
     /// This request holds the window.
     Acquired(CooldownPermit),
     /// Another request holds it; refuse with 429.
@@ -208,22 +208,22 @@ impl CooldownLock {
         canonical_body: &str,
     ) -> Result<CooldownPass, Refusal> {
         match self.try_acquire(caller, action, canonical_body).await {
-            Ok(Cooldown::Acquired(permit)) => Ok(CooldownPass {
+            Ok(CooldownVerdict::Acquired(permit)) => Ok(CooldownPass {
                 permit: Some(permit),
                 without_store: false,
             }),
-            Ok(Cooldown::PassedWithoutStore) => Ok(CooldownPass {
+            Ok(CooldownVerdict::PassedWithoutStore) => Ok(CooldownPass {
                 permit: None,
                 without_store: true,
             }),
-            Ok(Cooldown::Disabled) => Ok(CooldownPass::OFF),
-            Ok(Cooldown::Active { retry_after, elapsed }) => Err(Refusal::new(
+            Ok(CooldownVerdict::Disabled) => Ok(CooldownPass::OFF),
+            Ok(CooldownVerdict::Active { retry_after, elapsed }) => Err(Refusal::new(
                 self.window_still_open(retry_after, elapsed),
                 Layer::Cooldown,
                 Outcome::Rejected,
             )),
             // A dead token speaks for nobody: no window, no feed entry.
-            Ok(Cooldown::TokenRevoked) => Err(Refusal::token_not_live()),
+            Ok(CooldownVerdict::TokenRevoked) => Err(Refusal::token_not_live()),
             Err(CooldownUnavailable) => Err(Refusal::new(
                 Problem::unavailable(
                     "The cooldown store is unavailable and this deployment fails closed. Retry shortly.",
@@ -268,17 +268,17 @@ impl CooldownLock {
         caller: &VerifiedToken,
         action: &str,
         canonical_body: &str,
-    ) -> Result<Cooldown, CooldownUnavailable> {
+    ) -> Result<CooldownVerdict, CooldownUnavailable> {
         let Some(store) = &self.store else {
-            return Ok(Cooldown::Disabled);
+            return Ok(CooldownVerdict::Disabled);
         };
         let decided = self.ask_redis(store, caller, action, canonical_body).await;
         let outcome = match &decided {
-            Ok(Cooldown::Acquired(_)) => "accepted",
-            Ok(Cooldown::Active { .. }) => "rejected",
-            Ok(Cooldown::TokenRevoked) => "unauthorized",
-            Ok(Cooldown::PassedWithoutStore) => "degraded",
-            Ok(Cooldown::Disabled) => "disabled",
+            Ok(CooldownVerdict::Acquired(_)) => "accepted",
+            Ok(CooldownVerdict::Active { .. }) => "rejected",
+            Ok(CooldownVerdict::TokenRevoked) => "unauthorized",
+            Ok(CooldownVerdict::PassedWithoutStore) => "degraded",
+            Ok(CooldownVerdict::Disabled) => "disabled",
             Err(CooldownUnavailable) => "error",
         };
         tracing::Span::current().record("defense.outcome", outcome);
@@ -291,7 +291,7 @@ impl CooldownLock {
         caller: &VerifiedToken,
         action: &str,
         canonical_body: &str,
-    ) -> Result<Cooldown, CooldownUnavailable> {
+    ) -> Result<CooldownVerdict, CooldownUnavailable> {
         let key = self.key(caller.user_id, action, canonical_body);
         let token = random_token();
         let attempt = async {
@@ -306,14 +306,14 @@ impl CooldownLock {
                 .map_err(|e| e.to_string())
         };
         match tokio::time::timeout(self.command_timeout, attempt).await {
-            Ok(Ok((1, _))) => Ok(Cooldown::Acquired(CooldownPermit { key, token })),
-            Ok(Ok((2, _))) => Ok(Cooldown::TokenRevoked),
+            Ok(Ok((1, _))) => Ok(CooldownVerdict::Acquired(CooldownPermit { key, token })),
+            Ok(Ok((2, _))) => Ok(CooldownVerdict::TokenRevoked),
             // A window always has a TTL (the script sets none without one),
             // so a negative PTTL cannot happen; clamp it anyway.
             Ok(Ok((_, remaining_ms))) => {
                 let retry_after =
                     Duration::from_millis(u64::try_from(remaining_ms).unwrap_or(0)).min(self.ttl);
-                Ok(Cooldown::Active {
+                Ok(CooldownVerdict::Active {
                     retry_after,
                     elapsed: self.ttl - retry_after,
                 })
@@ -323,7 +323,7 @@ impl CooldownLock {
         }
     }
 
-    fn store_failed(&self, error: &str) -> Result<Cooldown, CooldownUnavailable> {
+    fn store_failed(&self, error: &str) -> Result<CooldownVerdict, CooldownUnavailable> {
         match self.on_store_error {
             StoreErrorPolicy::FailOpen => {
                 self.fail_open_passes.inc();
@@ -333,7 +333,7 @@ impl CooldownLock {
                     cooldown.fail_open_passes = passes,
                     "cooldown store unreachable; failing open, the PostgreSQL layers decide alone"
                 );
-                Ok(Cooldown::PassedWithoutStore)
+                Ok(CooldownVerdict::PassedWithoutStore)
             }
             StoreErrorPolicy::FailClosed => {
                 tracing::error!(error, "cooldown store unreachable; failing closed");

@@ -37,7 +37,7 @@ use uuid::Uuid;
 
 use crate::decision::{Layer, Outcome};
 use crate::defense::Refusal;
-use crate::defense::row_guard::GuardOutcome;
+use crate::defense::row_guard::GuardVerdict;
 use crate::domain::UserId;
 use crate::problem::{Problem, ProblemType};
 
@@ -105,7 +105,7 @@ pub struct StoredResponse {
 impl StoredResponse {
     /// A business refusal as it is sent, fresh or replayed: rendered from
     /// the catalogue, with the trace id of the request that decided it.
-    pub fn refusal(refusal: GuardOutcome, trace_id: Option<&str>) -> Result<Self, sqlx::Error> {
+    pub fn refusal(refusal: GuardVerdict, trace_id: Option<&str>) -> Result<Self, sqlx::Error> {
         let problem = refusal
             .refusal()
             .ok_or_else(|| sqlx::Error::Protocol(format!("{refusal:?} was stored as a refusal")))?;
@@ -128,7 +128,7 @@ impl StoredResponse {
 pub struct StoredColumns {
     pub response_status: Option<i16>,
     pub response_body: Option<String>,
-    pub response_refusal: Option<GuardOutcome>,
+    pub response_refusal: Option<GuardVerdict>,
     pub response_trace_id: Option<String>,
 }
 
@@ -154,11 +154,11 @@ impl StoredColumns {
     }
 }
 
-/// A claim's answer: the PostgreSQL enum `claim_outcome`
+/// A claim's answer: the PostgreSQL enum `claim_verdict`
 /// (migrations/20261202000004_idempotency.sql), value for value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
-#[sqlx(type_name = "claim_outcome", rename_all = "snake_case")]
-pub enum ClaimOutcome {
+#[sqlx(type_name = "claim_verdict", rename_all = "snake_case")]
+pub enum ClaimVerdict {
     Started,
     Replayed,
     KeyReused,
@@ -183,12 +183,12 @@ impl Claim {
     /// Reads a claim's answer. A replay without a stored response is a
     /// protocol error: a bug, never guessed at.
     /// The stored response is taken from `stored` for a replay only.
-    pub fn from_columns(outcome: ClaimOutcome, stored: &mut StoredColumns) -> Result<Self, sqlx::Error> {
+    pub fn from_columns(outcome: ClaimVerdict, stored: &mut StoredColumns) -> Result<Self, sqlx::Error> {
         Ok(match outcome {
-            ClaimOutcome::Started => Claim::Started,
-            ClaimOutcome::KeyReused => Claim::KeyReused,
-            ClaimOutcome::InFlight => Claim::InFlight,
-            ClaimOutcome::Replayed => {
+            ClaimVerdict::Started => Claim::Started,
+            ClaimVerdict::KeyReused => Claim::KeyReused,
+            ClaimVerdict::InFlight => Claim::InFlight,
+            ClaimVerdict::Replayed => {
                 Claim::Replayed(std::mem::take(stored).into_response()?.ok_or_else(|| {
                     sqlx::Error::Protocol("a replayed claim without a stored response".into())
                 })?)
@@ -241,7 +241,7 @@ impl Claim {
 /// `idempotency_claim()`'s row.
 #[derive(sqlx::FromRow)]
 struct ClaimRow {
-    outcome: ClaimOutcome,
+    outcome: ClaimVerdict,
     #[sqlx(flatten)]
     stored: StoredColumns,
 }
@@ -291,7 +291,7 @@ pub async fn complete(
     tx: &mut PgConnection,
     user: UserId,
     key: IdempotencyKey,
-    decided: GuardOutcome,
+    decided: GuardVerdict,
     receipt: Option<&str>,
     trace_id: &str,
     transfer_id: Uuid,
@@ -382,7 +382,7 @@ pub async fn naive_record(
     user: UserId,
     key: IdempotencyKey,
     fingerprint: &[u8; 32],
-    decided: GuardOutcome,
+    decided: GuardVerdict,
     receipt: Option<&str>,
     trace_id: &str,
     transfer_id: Uuid,
@@ -429,7 +429,7 @@ mod stored_response_tests {
         let stored = StoredColumns {
             response_status: Some(422),
             response_body: None,
-            response_refusal: Some(GuardOutcome::InsufficientFunds),
+            response_refusal: Some(GuardVerdict::InsufficientFunds),
             response_trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
         };
         let response = stored.into_response().expect("valid").expect("completed");
@@ -445,7 +445,7 @@ mod stored_response_tests {
             StoredColumns {
                 response_status: Some(201),
                 response_body: Some("{}".into()),
-                response_refusal: Some(GuardOutcome::InsufficientFunds),
+                response_refusal: Some(GuardVerdict::InsufficientFunds),
                 response_trace_id: None,
             },
             StoredColumns {
@@ -455,7 +455,7 @@ mod stored_response_tests {
             },
             StoredColumns {
                 response_status: Some(422),
-                response_refusal: Some(GuardOutcome::Accepted),
+                response_refusal: Some(GuardVerdict::Accepted),
                 ..StoredColumns::default()
             },
         ] {
@@ -463,7 +463,7 @@ mod stored_response_tests {
         }
         let mut in_flight = StoredColumns::default();
         assert!(matches!(
-            Claim::from_columns(ClaimOutcome::Replayed, &mut in_flight),
+            Claim::from_columns(ClaimVerdict::Replayed, &mut in_flight),
             Err(sqlx::Error::Protocol(_))
         ));
     }

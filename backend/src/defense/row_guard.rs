@@ -39,11 +39,11 @@ use crate::decision::{Layer, Outcome};
 use crate::domain::{TransferRequest, UserId};
 use crate::problem::{Problem, ProblemType};
 
-/// The row guard's answer: the PostgreSQL enum `guard_outcome`
+/// The row guard's answer: the PostgreSQL enum `guard_verdict`
 /// (migrations/20261202000003_row_guard.sql), value for value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
-#[sqlx(type_name = "guard_outcome", rename_all = "snake_case")]
-pub enum GuardOutcome {
+#[sqlx(type_name = "guard_verdict", rename_all = "snake_case")]
+pub enum GuardVerdict {
     /// Debited, credited and recorded.
     Accepted,
     InsufficientFunds,
@@ -55,15 +55,15 @@ pub enum GuardOutcome {
     NotOwner,
 }
 
-impl GuardOutcome {
+impl GuardVerdict {
     /// The decision this answer makes, as traces, metrics and the feed name
     /// it.
     pub fn decision_outcome(self) -> Outcome {
         match self {
-            GuardOutcome::Accepted => Outcome::Accepted,
-            GuardOutcome::InsufficientFunds => Outcome::InsufficientFunds,
-            GuardOutcome::UnknownTarget | GuardOutcome::CurrencyMismatch => Outcome::Rejected,
-            GuardOutcome::NotOwner => Outcome::Unauthorized,
+            GuardVerdict::Accepted => Outcome::Accepted,
+            GuardVerdict::InsufficientFunds => Outcome::InsufficientFunds,
+            GuardVerdict::UnknownTarget | GuardVerdict::CurrencyMismatch => Outcome::Rejected,
+            GuardVerdict::NotOwner => Outcome::Unauthorized,
         }
     }
 
@@ -73,16 +73,16 @@ impl GuardOutcome {
     /// the source, who is refused without storing anything.
     pub fn refusal(self) -> Option<Problem> {
         let (kind, detail) = match self {
-            GuardOutcome::Accepted | GuardOutcome::NotOwner => return None,
-            GuardOutcome::InsufficientFunds => (
+            GuardVerdict::Accepted | GuardVerdict::NotOwner => return None,
+            GuardVerdict::InsufficientFunds => (
                 ProblemType::InsufficientFunds,
                 "The source wallet's balance is lower than the amount.",
             ),
-            GuardOutcome::UnknownTarget => (
+            GuardVerdict::UnknownTarget => (
                 ProblemType::UnknownTargetWallet,
                 "No wallet has the id given as to_wallet_id.",
             ),
-            GuardOutcome::CurrencyMismatch => (
+            GuardVerdict::CurrencyMismatch => (
                 ProblemType::CurrencyMismatch,
                 "The source and target wallets hold different currencies; money is never converted.",
             ),
@@ -112,15 +112,15 @@ pub struct Applied {
 /// What the row guard decided, with an accepted transfer's results.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Guarded {
-    pub outcome: GuardOutcome,
-    /// Set exactly when `outcome` is `Accepted`.
+    pub verdict: GuardVerdict,
+    /// Set exactly when `verdict` is `Accepted`.
     pub applied: Option<Applied>,
 }
 
 impl Guarded {
-    fn refused(outcome: GuardOutcome) -> Self {
+    fn refused(verdict: GuardVerdict) -> Self {
         Self {
-            outcome,
+            verdict,
             applied: None,
         }
     }
@@ -129,19 +129,19 @@ impl Guarded {
     /// results, or a refusal with them, is a protocol error: a bug, never
     /// guessed at.
     pub fn from_columns(
-        outcome: GuardOutcome,
+        outcome: GuardVerdict,
         balance_minor_after: Option<i64>,
         created_at: Option<DateTime<Utc>>,
     ) -> Result<Self, sqlx::Error> {
         match (outcome, balance_minor_after, created_at) {
-            (GuardOutcome::Accepted, Some(balance_minor_after), Some(created_at)) => Ok(Self {
-                outcome,
+            (GuardVerdict::Accepted, Some(balance_minor_after), Some(created_at)) => Ok(Self {
+                verdict: outcome,
                 applied: Some(Applied {
                     balance_minor_after,
                     created_at,
                 }),
             }),
-            (GuardOutcome::Accepted, _, _) => Err(sqlx::Error::Protocol(
+            (GuardVerdict::Accepted, _, _) => Err(sqlx::Error::Protocol(
                 "the row guard accepted a transfer without its balance and time".into(),
             )),
             (outcome, None, None) => Ok(Self::refused(outcome)),
@@ -155,7 +155,7 @@ impl Guarded {
 /// `row_guard_transfer()`'s row.
 #[derive(sqlx::FromRow)]
 struct GuardRow {
-    outcome: GuardOutcome,
+    outcome: GuardVerdict,
     balance_minor_after: Option<i64>,
     created_at: Option<DateTime<Utc>>,
 }
@@ -196,7 +196,7 @@ pub async fn apply(
     .fetch_one(&mut *tx)
     .await?;
     let guarded = Guarded::from_columns(row.outcome, row.balance_minor_after, row.created_at)?;
-    tracing::Span::current().record("defense.outcome", guarded.outcome.decision_outcome().as_str());
+    tracing::Span::current().record("defense.outcome", guarded.verdict.decision_outcome().as_str());
     Ok(guarded)
 }
 
@@ -251,14 +251,14 @@ pub async fn apply_read_decide_write(
     // Naive about races, not about currencies: the demonstration shows
     // double charges and overdrafts, never a conversion at 1:1.
     let guarded = match (source, target_currency) {
-        (Some((owner, _, _)), _) if owner != caller.0 => Guarded::refused(GuardOutcome::NotOwner),
-        (None, _) => Guarded::refused(GuardOutcome::NotOwner),
-        (Some(_), None) => Guarded::refused(GuardOutcome::UnknownTarget),
+        (Some((owner, _, _)), _) if owner != caller.0 => Guarded::refused(GuardVerdict::NotOwner),
+        (None, _) => Guarded::refused(GuardVerdict::NotOwner),
+        (Some(_), None) => Guarded::refused(GuardVerdict::UnknownTarget),
         (Some((_, _, source_currency)), Some(target_currency)) if source_currency != target_currency => {
-            Guarded::refused(GuardOutcome::CurrencyMismatch)
+            Guarded::refused(GuardVerdict::CurrencyMismatch)
         }
         (Some((_, balance, _)), _) if balance < request.amount.get() => {
-            Guarded::refused(GuardOutcome::InsufficientFunds)
+            Guarded::refused(GuardVerdict::InsufficientFunds)
         }
         (Some((_, balance, _)), _) => {
             tokio::time::sleep(race_window).await;
@@ -272,11 +272,11 @@ pub async fn apply_read_decide_write(
             .execute(&mut *tx)
             .await?;
             if written.rows_affected() != 1 {
-                return Ok(Guarded::refused(GuardOutcome::NotOwner));
+                return Ok(Guarded::refused(GuardVerdict::NotOwner));
             }
             let created_at = credit_and_record(tx, transfer_id, request, caller, idempotency_key).await?;
             Guarded {
-                outcome: GuardOutcome::Accepted,
+                verdict: GuardVerdict::Accepted,
                 applied: Some(Applied {
                     balance_minor_after: computed,
                     created_at,
@@ -284,7 +284,7 @@ pub async fn apply_read_decide_write(
             }
         }
     };
-    tracing::Span::current().record("defense.outcome", guarded.outcome.decision_outcome().as_str());
+    tracing::Span::current().record("defense.outcome", guarded.verdict.decision_outcome().as_str());
     Ok(guarded)
 }
 
@@ -329,26 +329,26 @@ mod tests {
     #[test]
     fn every_business_refusal_is_a_422_of_the_row_guard() {
         for outcome in [
-            GuardOutcome::InsufficientFunds,
-            GuardOutcome::UnknownTarget,
-            GuardOutcome::CurrencyMismatch,
+            GuardVerdict::InsufficientFunds,
+            GuardVerdict::UnknownTarget,
+            GuardVerdict::CurrencyMismatch,
         ] {
             let problem = outcome.refusal().expect("a refusal");
             assert_eq!(problem.status, 422, "{outcome:?}");
             assert_eq!(problem.layer, Some(Layer::RowGuard), "{outcome:?}");
         }
-        assert!(GuardOutcome::Accepted.refusal().is_none());
-        assert!(GuardOutcome::NotOwner.refusal().is_none());
+        assert!(GuardVerdict::Accepted.refusal().is_none());
+        assert!(GuardVerdict::NotOwner.refusal().is_none());
     }
 
     #[test]
     fn an_impossible_answer_is_a_protocol_error_not_a_guess() {
-        let accepted_without_results = Guarded::from_columns(GuardOutcome::Accepted, None, None);
+        let accepted_without_results = Guarded::from_columns(GuardVerdict::Accepted, None, None);
         assert!(matches!(accepted_without_results, Err(sqlx::Error::Protocol(_))));
         let refused_with_results =
-            Guarded::from_columns(GuardOutcome::InsufficientFunds, Some(1), Some(Utc::now()));
+            Guarded::from_columns(GuardVerdict::InsufficientFunds, Some(1), Some(Utc::now()));
         assert!(matches!(refused_with_results, Err(sqlx::Error::Protocol(_))));
-        let refused = Guarded::from_columns(GuardOutcome::UnknownTarget, None, None).expect("a refusal");
-        assert_eq!(refused.outcome.decision_outcome(), Outcome::Rejected);
+        let refused = Guarded::from_columns(GuardVerdict::UnknownTarget, None, None).expect("a refusal");
+        assert_eq!(refused.verdict.decision_outcome(), Outcome::Rejected);
     }
 }

@@ -23,8 +23,8 @@ use uuid::Uuid;
 use crate::auth::{self, VerifiedToken};
 use crate::decision::{Decision, Layer, Outcome};
 use crate::defense::Refusal;
-use crate::defense::idempotency::{self, Claim, ClaimOutcome, IdempotencyKey, StoredColumns, StoredResponse};
-use crate::defense::row_guard::{self, GuardOutcome, Guarded};
+use crate::defense::idempotency::{self, Claim, ClaimVerdict, IdempotencyKey, StoredColumns, StoredResponse};
+use crate::defense::row_guard::{self, GuardVerdict, Guarded};
 use crate::domain::TransferRequest;
 use crate::problem::{self, DatabaseFailure, Problem, ProblemType, SqlState};
 use crate::race_lab::Switches;
@@ -91,17 +91,17 @@ pub async fn execute(
     let mut attempt = 0;
     loop {
         match execute_once(&call).await {
-            Err(Failure::Database { error, .. })
+            Err(TransactionError::Database { error, .. })
                 if is_retryable(&error) && attempt < state.config.database.transfer_retries_max =>
             {
                 attempt += 1;
                 tracing::info!(attempt, error = %error, "retrying a transfer transaction");
             }
-            Err(Failure::Database { error, .. }) if is_lock_timeout(&error) => {
+            Err(TransactionError::Database { error, .. }) if is_lock_timeout(&error) => {
                 tracing::warn!("gave up waiting for a wallet row lock");
                 return Err(row_guard::wallet_busy());
             }
-            Err(Failure::Database {
+            Err(TransactionError::Database {
                 error,
                 may_have_committed,
             }) => {
@@ -119,8 +119,8 @@ pub async fn execute(
                 };
                 return Err(Refusal::new(problem, Layer::NoLayer, Outcome::Error));
             }
-            Err(Failure::Refused(refusal)) => return Err(refusal),
-            Err(Failure::Protocol(what)) => {
+            Err(TransactionError::Refused(refusal)) => return Err(refusal),
+            Err(TransactionError::Protocol(what)) => {
                 tracing::error!(what, "the database's answer to a transfer broke the protocol");
                 return Err(Refusal::new(Problem::internal(), Layer::NoLayer, Outcome::Error));
             }
@@ -129,7 +129,7 @@ pub async fn execute(
     }
 }
 
-enum Failure {
+enum TransactionError {
     Database {
         error: sqlx::Error,
         /// The error came from the call that commits (the one-call
@@ -144,9 +144,9 @@ enum Failure {
     Protocol(String),
 }
 
-impl Failure {
+impl TransactionError {
     fn at_commit(error: sqlx::Error) -> Self {
-        Failure::Database {
+        TransactionError::Database {
             error,
             may_have_committed: true,
         }
@@ -155,11 +155,11 @@ impl Failure {
 
 /// Any statement before the commit: a broken connection there rolls back.
 /// A protocol error from reading an answer is a bug, not a failure.
-impl From<sqlx::Error> for Failure {
+impl From<sqlx::Error> for TransactionError {
     fn from(error: sqlx::Error) -> Self {
         match error {
-            sqlx::Error::Protocol(what) => Failure::Protocol(what),
-            error => Failure::Database {
+            sqlx::Error::Protocol(what) => TransactionError::Protocol(what),
+            error => TransactionError::Database {
                 error,
                 may_have_committed: false,
             },
@@ -217,11 +217,11 @@ impl Variants {
     }
 }
 
-async fn execute_once(call: &Call<'_>) -> Result<Settled, Failure> {
+async fn execute_once(call: &Call<'_>) -> Result<Settled, TransactionError> {
     // Switches are honoured for lab wallets only, and a wallet never
     // becomes or stops being one, so this read needs no transaction.
     if call.lab.is_some() && !crate::race_lab::both_are_lab_wallets(&call.state.db, call.request).await? {
-        return Err(Failure::Refused(lab_wallets_only()));
+        return Err(TransactionError::Refused(lab_wallets_only()));
     }
     match Variants::of(call) {
         None => in_one_call(call).await,
@@ -266,10 +266,10 @@ struct OneCallRow {
     /// Set when access was refused; nothing else is then.
     refused: Option<AccessRefusal>,
     /// The idempotency claim's answer and its time in PostgreSQL.
-    claim: Option<ClaimOutcome>,
+    claim: Option<ClaimVerdict>,
     claim_ms: Option<f64>,
     /// The row guard's answer and its time in PostgreSQL.
-    guard: Option<GuardOutcome>,
+    guard: Option<GuardVerdict>,
     guard_ms: Option<f64>,
     /// An accepted transfer's source balance and time.
     balance_minor_after: Option<i64>,
@@ -284,7 +284,7 @@ struct OneCallRow {
 /// which runs `idempotency_claim()` and then `row_guard_transfer()`: one
 /// round trip instead of one per statement, and row locks held only while
 /// the row guard's statements run.
-async fn in_one_call(call: &Call<'_>) -> Result<Settled, Failure> {
+async fn in_one_call(call: &Call<'_>) -> Result<Settled, TransactionError> {
     let Call {
         state,
         caller,
@@ -318,10 +318,10 @@ async fn in_one_call(call: &Call<'_>) -> Result<Settled, Failure> {
     .bind(trace_id)
     .fetch_one(&mut *connection)
     .await
-    .map_err(Failure::at_commit)?;
+    .map_err(TransactionError::at_commit)?;
     match row.refused {
-        Some(AccessRefusal::TokenNotLive) => return Err(Failure::Refused(Refusal::token_not_live())),
-        Some(AccessRefusal::NotOwner) => return Err(Failure::Refused(not_your_wallet())),
+        Some(AccessRefusal::TokenNotLive) => return Err(TransactionError::Refused(Refusal::token_not_live())),
+        Some(AccessRefusal::NotOwner) => return Err(TransactionError::Refused(not_your_wallet())),
         None => {}
     }
     let mut stored = row.stored;
@@ -343,19 +343,19 @@ async fn in_one_call(call: &Call<'_>) -> Result<Settled, Failure> {
     }
     let guard = row
         .guard
-        .ok_or_else(|| Failure::Protocol("transfer() answered without the row guard's outcome".into()))?;
+        .ok_or_else(|| TransactionError::Protocol("transfer() answered without the row guard's outcome".into()))?;
     let guarded = Guarded::from_columns(guard, row.balance_minor_after, row.created_at)?;
     layer_span(
         state,
         Layer::RowGuard,
-        guarded.outcome.decision_outcome(),
+        guarded.verdict.decision_outcome(),
         row.guard_ms,
         None,
     );
-    let decision = decision_of(guarded.outcome).ok_or_else(|| Failure::Refused(not_your_wallet()))?;
+    let decision = decision_of(guarded.verdict).ok_or_else(|| TransactionError::Refused(not_your_wallet()))?;
     let response = stored
         .into_response()?
-        .ok_or_else(|| Failure::Protocol("transfer() decided without a response".into()))?;
+        .ok_or_else(|| TransactionError::Protocol("transfer() decided without a response".into()))?;
     Ok(Settled {
         response,
         decision,
@@ -365,7 +365,7 @@ async fn in_one_call(call: &Call<'_>) -> Result<Settled, Failure> {
 
 /// A claim that ends the request before the row guard: a replay, or one of
 /// the key's refusals. `None` when the claim is ours.
-fn ended_by_claim(claim: Claim) -> Option<Result<Settled, Failure>> {
+fn ended_by_claim(claim: Claim) -> Option<Result<Settled, TransactionError>> {
     match claim {
         Claim::Started => None,
         Claim::Replayed(response) => Some(Ok(Settled {
@@ -373,15 +373,15 @@ fn ended_by_claim(claim: Claim) -> Option<Result<Settled, Failure>> {
             decision: Decision::new(Layer::Idempotency, Outcome::Replayed),
             replayed: true,
         })),
-        Claim::KeyReused => Some(Err(Failure::Refused(Claim::key_reused()))),
-        Claim::InFlight => Some(Err(Failure::Refused(Claim::in_flight()))),
+        Claim::KeyReused => Some(Err(TransactionError::Refused(Claim::key_reused()))),
+        Claim::InFlight => Some(Err(TransactionError::Refused(Claim::in_flight()))),
     }
 }
 
 /// The decision the row guard's answer makes; `None` for a caller who does
 /// not own the source wallet, refused without storing anything.
-fn decision_of(outcome: GuardOutcome) -> Option<Decision> {
-    (outcome != GuardOutcome::NotOwner).then(|| Decision::new(Layer::RowGuard, outcome.decision_outcome()))
+fn decision_of(outcome: GuardVerdict) -> Option<Decision> {
+    (outcome != GuardVerdict::NotOwner).then(|| Decision::new(Layer::RowGuard, outcome.decision_outcome()))
 }
 
 fn layer_span(
@@ -418,7 +418,7 @@ fn layer_span(
 /// The demonstration path, for naive variants only: one statement at a
 /// time, so that a naive variant can stand in for either layer. With every
 /// layer at full strength a call never comes here (`Variants::of`).
-async fn step_by_step(call: &Call<'_>, variants: Variants) -> Result<Settled, Failure> {
+async fn step_by_step(call: &Call<'_>, variants: Variants) -> Result<Settled, TransactionError> {
     let Call {
         state,
         caller,
@@ -439,7 +439,7 @@ async fn step_by_step(call: &Call<'_>, variants: Variants) -> Result<Settled, Fa
         .await?;
 
     if !auth::token_is_live(&mut *tx, caller).await? {
-        return Err(Failure::Refused(Refusal::token_not_live()));
+        return Err(TransactionError::Refused(Refusal::token_not_live()));
     }
 
     // Layer 2: claim the key.
@@ -504,7 +504,7 @@ async fn step_by_step(call: &Call<'_>, variants: Variants) -> Result<Settled, Fa
     state
         .metrics
         .observe_layer(Layer::RowGuard.as_str(), started.elapsed());
-    let decision = decision_of(guarded.outcome).ok_or_else(|| Failure::Refused(not_your_wallet()))?;
+    let decision = decision_of(guarded.verdict).ok_or_else(|| TransactionError::Refused(not_your_wallet()))?;
     let response = match guarded.applied {
         // The same receipt the one-call path stores: one format.
         Some(applied) => StoredResponse {
@@ -519,19 +519,19 @@ async fn step_by_step(call: &Call<'_>, variants: Variants) -> Result<Settled, Fa
                 .fetch_one(&mut *tx)
                 .await?,
         },
-        None => StoredResponse::refusal(guarded.outcome, Some(trace_id))?,
+        None => StoredResponse::refusal(guarded.verdict, Some(trace_id))?,
     };
     let receipt = guarded.applied.map(|_| response.body.as_str());
 
     match (key, variants.idempotency) {
         (Some(key), IdempotencyMode::CheckThenInsert) => {
-            tx.commit().await.map_err(Failure::at_commit)?;
+            tx.commit().await.map_err(TransactionError::at_commit)?;
             idempotency::naive_record(
                 &state.db,
                 caller.user_id,
                 key,
                 fingerprint,
-                guarded.outcome,
+                guarded.verdict,
                 receipt,
                 trace_id,
                 transfer_id,
@@ -539,22 +539,22 @@ async fn step_by_step(call: &Call<'_>, variants: Variants) -> Result<Settled, Fa
             )
             .await
             // The transfer is committed; only its key's record failed.
-            .map_err(Failure::at_commit)?;
+            .map_err(TransactionError::at_commit)?;
         }
         (Some(key), _) => {
             idempotency::complete(
                 &mut tx,
                 caller.user_id,
                 key,
-                guarded.outcome,
+                guarded.verdict,
                 receipt,
                 trace_id,
                 transfer_id,
             )
             .await?;
-            tx.commit().await.map_err(Failure::at_commit)?;
+            tx.commit().await.map_err(TransactionError::at_commit)?;
         }
-        (None, _) => tx.commit().await.map_err(Failure::at_commit)?,
+        (None, _) => tx.commit().await.map_err(TransactionError::at_commit)?,
     }
     Ok(Settled {
         response,
