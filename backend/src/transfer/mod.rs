@@ -5,6 +5,7 @@
 pub mod history;
 pub mod pipeline;
 pub mod recipient;
+mod statement_by_statement;
 mod transaction;
 
 pub use transaction::*;

@@ -4,7 +4,8 @@
 //! response with the claim, commit. With every layer at full strength (in
 //! production, and in a race-lab run with every layer on) the transaction
 //! is one call of the SQL function `transfer()`; only a naive demonstration
-//! variant runs statement by statement, so that it can stand in.
+//! variant runs statement by statement (`statement_by_statement`), so that
+//! it can stand in.
 //!
 //! Business refusals (insufficient funds, unknown target) are committed with
 //! the claim so that retries replay them. Everything else (authentication,
@@ -13,17 +14,13 @@
 //! `transfer_retries_max` times; neither should happen with the fixed lock
 //! order, and neither reaches the client as a 500.
 
-use std::time::Instant;
-
-use actix_web::http::StatusCode;
 use chrono::{DateTime, Utc};
-use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
-use crate::auth::{self, VerifiedToken};
+use crate::auth::VerifiedToken;
 use crate::decision::{Decision, Layer, Outcome};
 use crate::defense::Refusal;
-use crate::defense::idempotency::{self, Claim, ClaimVerdict, IdempotencyKey, StoredColumns, StoredResponse};
+use crate::defense::idempotency::{Claim, ClaimVerdict, IdempotencyKey, StoredColumns, StoredResponse};
 use crate::defense::row_guard::{self, GuardVerdict, Guarded};
 use crate::domain::TransferRequest;
 use crate::problem::{self, DatabaseFailure, Problem, ProblemType, SqlState};
@@ -129,7 +126,7 @@ pub async fn execute(
     }
 }
 
-enum TransactionError {
+pub(super) enum TransactionError {
     Database {
         error: sqlx::Error,
         /// The error came from the call that commits (the one-call
@@ -145,7 +142,7 @@ enum TransactionError {
 }
 
 impl TransactionError {
-    fn at_commit(error: sqlx::Error) -> Self {
+    pub(super) fn at_commit(error: sqlx::Error) -> Self {
         TransactionError::Database {
             error,
             may_have_committed: true,
@@ -168,27 +165,27 @@ impl From<sqlx::Error> for TransactionError {
 }
 
 /// One transfer request's inputs to the transaction.
-struct Call<'a> {
-    state: &'a AppState,
-    caller: &'a VerifiedToken,
-    request: &'a TransferRequest,
-    key: Option<IdempotencyKey>,
-    fingerprint: &'a [u8; 32],
-    trace_id: &'a str,
+pub(super) struct Call<'a> {
+    pub(super) state: &'a AppState,
+    pub(super) caller: &'a VerifiedToken,
+    pub(super) request: &'a TransferRequest,
+    pub(super) key: Option<IdempotencyKey>,
+    pub(super) fingerprint: &'a [u8; 32],
+    pub(super) trace_id: &'a str,
     /// A race-lab request's switches: honoured for lab wallets only.
-    lab: Option<Switches>,
+    pub(super) lab: Option<Switches>,
 }
 
 /// The naive variants a demonstration runs instead of the production
 /// transaction, and on which wallets.
 #[derive(Clone, Copy)]
-struct Variants {
-    idempotency: IdempotencyMode,
-    row_guard: RowGuardMode,
-    naive_window: std::time::Duration,
+pub(super) struct Variants {
+    pub(super) idempotency: IdempotencyMode,
+    pub(super) row_guard: RowGuardMode,
+    pub(super) naive_window: std::time::Duration,
     /// A race-lab run's switches: the naive row-guard statements match lab
     /// rows only.
-    lab_only: bool,
+    pub(super) lab_only: bool,
 }
 
 impl Variants {
@@ -225,7 +222,7 @@ async fn execute_once(call: &Call<'_>) -> Result<Settled, TransactionError> {
     }
     match Variants::of(call) {
         None => in_one_call(call).await,
-        Some(variants) => step_by_step(call, variants).await,
+        Some(variants) => super::statement_by_statement::run(call, variants).await,
     }
 }
 
@@ -240,7 +237,7 @@ fn lab_wallets_only() -> Refusal {
     )
 }
 
-fn not_your_wallet() -> Refusal {
+pub(super) fn not_your_wallet() -> Refusal {
     Refusal::new(
         Problem::new(
             ProblemType::NotYourWallet,
@@ -320,7 +317,9 @@ async fn in_one_call(call: &Call<'_>) -> Result<Settled, TransactionError> {
     .await
     .map_err(TransactionError::at_commit)?;
     match row.refused {
-        Some(AccessRefusal::TokenNotLive) => return Err(TransactionError::Refused(Refusal::token_not_live())),
+        Some(AccessRefusal::TokenNotLive) => {
+            return Err(TransactionError::Refused(Refusal::token_not_live()));
+        }
         Some(AccessRefusal::NotOwner) => return Err(TransactionError::Refused(not_your_wallet())),
         None => {}
     }
@@ -341,9 +340,9 @@ async fn in_one_call(call: &Call<'_>) -> Result<Settled, TransactionError> {
             return ended;
         }
     }
-    let guard = row
-        .guard
-        .ok_or_else(|| TransactionError::Protocol("transfer() answered without the row guard's outcome".into()))?;
+    let guard = row.guard.ok_or_else(|| {
+        TransactionError::Protocol("transfer() answered without the row guard's outcome".into())
+    })?;
     let guarded = Guarded::from_columns(guard, row.balance_minor_after, row.created_at)?;
     layer_span(
         state,
@@ -352,7 +351,8 @@ async fn in_one_call(call: &Call<'_>) -> Result<Settled, TransactionError> {
         row.guard_ms,
         None,
     );
-    let decision = decision_of(guarded.verdict).ok_or_else(|| TransactionError::Refused(not_your_wallet()))?;
+    let decision =
+        decision_of(guarded.verdict).ok_or_else(|| TransactionError::Refused(not_your_wallet()))?;
     let response = stored
         .into_response()?
         .ok_or_else(|| TransactionError::Protocol("transfer() decided without a response".into()))?;
@@ -365,7 +365,7 @@ async fn in_one_call(call: &Call<'_>) -> Result<Settled, TransactionError> {
 
 /// A claim that ends the request before the row guard: a replay, or one of
 /// the key's refusals. `None` when the claim is ours.
-fn ended_by_claim(claim: Claim) -> Option<Result<Settled, TransactionError>> {
+pub(super) fn ended_by_claim(claim: Claim) -> Option<Result<Settled, TransactionError>> {
     match claim {
         Claim::Started => None,
         Claim::Replayed(response) => Some(Ok(Settled {
@@ -380,7 +380,7 @@ fn ended_by_claim(claim: Claim) -> Option<Result<Settled, TransactionError>> {
 
 /// The decision the row guard's answer makes; `None` for a caller who does
 /// not own the source wallet, refused without storing anything.
-fn decision_of(outcome: GuardVerdict) -> Option<Decision> {
+pub(super) fn decision_of(outcome: GuardVerdict) -> Option<Decision> {
     (outcome != GuardVerdict::NotOwner).then(|| Decision::new(Layer::RowGuard, outcome.decision_outcome()))
 }
 
@@ -413,154 +413,6 @@ fn layer_span(
         ),
     };
     drop(span.entered());
-}
-
-/// The demonstration path, for naive variants only: one statement at a
-/// time, so that a naive variant can stand in for either layer. With every
-/// layer at full strength a call never comes here (`Variants::of`).
-async fn step_by_step(call: &Call<'_>, variants: Variants) -> Result<Settled, TransactionError> {
-    let Call {
-        state,
-        caller,
-        request,
-        key,
-        fingerprint,
-        trace_id,
-        lab: _,
-    } = *call;
-    let config = &state.config;
-    let naive_window = variants.naive_window;
-    let wallet_wait_ms = config.database.wallet_lock_wait_ms_max;
-    let mut tx = state
-        .db
-        .begin_with(AssertSqlSafe(format!(
-            "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '{wallet_wait_ms}ms'"
-        )))
-        .await?;
-
-    if !auth::token_is_live(&mut *tx, caller).await? {
-        return Err(TransactionError::Refused(Refusal::token_not_live()));
-    }
-
-    // Layer 2: claim the key.
-    let key = key.filter(|_| variants.idempotency != IdempotencyMode::Off);
-    if let Some(key) = key {
-        let started = Instant::now();
-        let claim = match variants.idempotency {
-            IdempotencyMode::CheckThenInsert => {
-                let seen = idempotency::naive_check(&mut tx, caller.user_id, key, fingerprint).await?;
-                tokio::time::sleep(naive_window).await;
-                seen.unwrap_or(Claim::Started)
-            }
-            _ => {
-                idempotency::claim(
-                    &mut tx,
-                    caller.user_id,
-                    key,
-                    fingerprint,
-                    config.idempotency.retention_hours,
-                    config.idempotency.wait_ms_max,
-                )
-                .await?
-            }
-        };
-        state
-            .metrics
-            .observe_layer(Layer::Idempotency.as_str(), started.elapsed());
-        if let Some(ended) = ended_by_claim(claim) {
-            return ended;
-        }
-    }
-
-    // Layer 3: the row guard.
-    let transfer_id = Uuid::now_v7();
-    let started = Instant::now();
-    let key_uuid = key.map(IdempotencyKey::as_uuid);
-    let guarded = match variants.row_guard {
-        RowGuardMode::Guarded => {
-            row_guard::apply(
-                &mut tx,
-                transfer_id,
-                request,
-                caller.user_id,
-                key_uuid,
-                i32::from(wallet_wait_ms),
-            )
-            .await?
-        }
-        RowGuardMode::ReadDecideWrite => {
-            row_guard::apply_read_decide_write(
-                &mut tx,
-                transfer_id,
-                request,
-                caller.user_id,
-                key_uuid,
-                naive_window,
-                variants.lab_only,
-            )
-            .await?
-        }
-    };
-    state
-        .metrics
-        .observe_layer(Layer::RowGuard.as_str(), started.elapsed());
-    let decision = decision_of(guarded.verdict).ok_or_else(|| TransactionError::Refused(not_your_wallet()))?;
-    let response = match guarded.applied {
-        // The same receipt the one-call path stores: one format.
-        Some(applied) => StoredResponse {
-            status: StatusCode::CREATED.as_u16(),
-            body: sqlx::query_scalar::<_, String>("SELECT transfer_receipt($1, $2, $3, $4, $5, $6)")
-                .bind(transfer_id)
-                .bind(request.from.0)
-                .bind(request.to.0)
-                .bind(request.amount.get())
-                .bind(applied.created_at)
-                .bind(applied.balance_minor_after)
-                .fetch_one(&mut *tx)
-                .await?,
-        },
-        None => StoredResponse::refusal(guarded.verdict, Some(trace_id))?,
-    };
-    let receipt = guarded.applied.map(|_| response.body.as_str());
-
-    match (key, variants.idempotency) {
-        (Some(key), IdempotencyMode::CheckThenInsert) => {
-            tx.commit().await.map_err(TransactionError::at_commit)?;
-            idempotency::naive_record(
-                &state.db,
-                caller.user_id,
-                key,
-                fingerprint,
-                guarded.verdict,
-                receipt,
-                trace_id,
-                transfer_id,
-                config.idempotency.retention_hours,
-            )
-            .await
-            // The transfer is committed; only its key's record failed.
-            .map_err(TransactionError::at_commit)?;
-        }
-        (Some(key), _) => {
-            idempotency::complete(
-                &mut tx,
-                caller.user_id,
-                key,
-                guarded.verdict,
-                receipt,
-                trace_id,
-                transfer_id,
-            )
-            .await?;
-            tx.commit().await.map_err(TransactionError::at_commit)?;
-        }
-        (None, _) => tx.commit().await.map_err(TransactionError::at_commit)?,
-    }
-    Ok(Settled {
-        response,
-        decision,
-        replayed: false,
-    })
 }
 
 /// serialization_failure or deadlock_detected: safe to run again.
