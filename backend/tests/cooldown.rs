@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use layered_wallet::defense::cooldown::{CooldownVerdict, CooldownLock, CooldownPermit};
+use layered_wallet::defense::cooldown::{CooldownLock, CooldownPermit, CooldownVerdict};
 use layered_wallet::domain::UserId;
 use layered_wallet::settings::{CooldownScope, StoreErrorPolicy};
 use secrecy::SecretString;
