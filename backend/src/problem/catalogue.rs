@@ -287,6 +287,7 @@ impl ProblemType {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::problem::Problem;
 
     #[test]
     fn every_problem_type_has_a_distinct_slug_and_a_sentence_for_people() {

@@ -1,0 +1,170 @@
+//! The deployment a run goes through: a private PostgreSQL and Redis, a
+//! counting proxy between the instances and PostgreSQL, and several
+//! `wallet-server` processes; how each fault is injected into it, and how
+//! its instances' `/readyz` reads.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use layered_wallet::settings::StoreErrorPolicy;
+use serde_json::Value;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+
+use super::fault::{Fault, Readiness};
+use super::{CHAOS_COOLDOWN_TTL_MS, REQUEST_SECONDS_MAX};
+use crate::TestUser;
+use crate::private_stores::{PgStopMode, PrivatePostgres, PrivateRedis, ScratchDir};
+use crate::proxy::CountingProxy;
+use crate::server_process::ServerProcess;
+
+/// What every client user is given on sign-up: enough that no transfer in
+/// a storm is refused for want of funds.
+const CHAOS_GRANT_MINOR: i64 = 100_000_000;
+const CHAOS_SIGNING_KEY: &str = "chaos-signing-key-chaos-signing-key-0123456789";
+
+/// A deployment of the chaos suite's own.
+pub(super) struct Deployment {
+    postgres: PrivatePostgres,
+    redis: PrivateRedis,
+    pub(super) proxy: CountingProxy,
+    pub(super) instances: Vec<ServerProcess>,
+    /// Straight to PostgreSQL, not through the proxy: for the checks.
+    pub(super) db: PgPool,
+    pub(super) client: reqwest::Client,
+    pub(super) logs: ScratchDir,
+}
+
+impl Deployment {
+    /// Starts everything, with the cooldown policy `policy`, and migrates.
+    pub(super) async fn start(binary: PathBuf, instances: usize, policy: StoreErrorPolicy) -> Self {
+        let postgres = tokio::task::spawn_blocking(PrivatePostgres::start)
+            .await
+            .expect("start the private PostgreSQL");
+        postgres.create_database("wallet").await;
+        let redis = tokio::task::spawn_blocking(PrivateRedis::start)
+            .await
+            .expect("start the private Redis");
+        let upstream = format!("127.0.0.1:{}", postgres.port).parse().expect("address");
+        let proxy = CountingProxy::start(upstream).await;
+        let logs = ScratchDir::for_logs("chaos-logs");
+        let policy_name = match policy {
+            StoreErrorPolicy::FailOpen => "fail_open",
+            StoreErrorPolicy::FailClosed => "fail_closed",
+        };
+        let env: Vec<(String, String)> = [
+            // Without TLS, so that the proxy can read the protocol.
+            (
+                "DATABASE_URL",
+                format!(
+                    "postgres://postgres@127.0.0.1:{}/wallet?sslmode=disable",
+                    proxy.port
+                ),
+            ),
+            ("REDIS_URL", redis.url()),
+            ("WALLET_TOKEN_SIGNING_KEY", CHAOS_SIGNING_KEY.to_owned()),
+            ("WALLET_REDIS_KEY_PREFIX", "chaos:".to_owned()),
+            ("WALLET_COOLDOWN_ON_STORE_ERROR", policy_name.to_owned()),
+            ("WALLET_COOLDOWN_TTL_MS", CHAOS_COOLDOWN_TTL_MS.to_string()),
+            ("WALLET_SIGNUP_GRANT_MINOR", CHAOS_GRANT_MINOR.to_string()),
+            ("WALLET_HTTP_WORKERS", "2".to_owned()),
+            ("WALLET_ADMIN_HTTP_ADDR", "127.0.0.1:0".to_owned()),
+            ("WALLET_ACCOUNT_LIMITS_ENABLED", "false".to_owned()),
+            ("WALLET_MIGRATE_ON_START", "false".to_owned()),
+            ("WALLET_SHUTDOWN_GRACE_S", "1".to_owned()),
+            ("WALLET_IDEMPOTENCY_SWEEP_INTERVAL_S", "3600".to_owned()),
+            ("RUST_LOG", "warn".to_owned()),
+        ]
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value))
+        .collect();
+        let migrate_binary = binary.clone();
+        let migrate_env = env.clone();
+        tokio::task::spawn_blocking(move || ServerProcess::migrate(&migrate_binary, &migrate_env))
+            .await
+            .expect("migrate");
+        let mut processes = Vec::with_capacity(instances);
+        for number in 0..instances {
+            let log = logs.path().join(format!("instance-{number}.log"));
+            processes.push(ServerProcess::start(binary.clone(), env.clone(), log).await);
+        }
+        let db = PgPoolOptions::new()
+            .max_connections(3)
+            .connect(&postgres.url("wallet"))
+            .await
+            .expect("connect to the private PostgreSQL");
+        Self {
+            postgres,
+            redis,
+            proxy,
+            instances: processes,
+            db,
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(2 * REQUEST_SECONDS_MAX))
+                .pool_max_idle_per_host(64)
+                .build()
+                .expect("client"),
+            logs,
+        }
+    }
+
+    fn url(&self, instance: usize, path: &str) -> String {
+        self.instances[instance % self.instances.len()].url(path)
+    }
+
+    pub(super) async fn sign_up(&self, name: &str) -> TestUser {
+        crate::sign_up_at(&self.client, &self.url(0, ""), name).await
+    }
+
+    /// Starts the fault; `end_fault` ends it.
+    pub(super) async fn begin_fault(&mut self, fault: Fault) {
+        match fault {
+            Fault::RedisKilled(_) => self.redis.kill(),
+            Fault::PostgresFastRestart => {
+                tokio::task::block_in_place(|| self.postgres.stop(PgStopMode::Fast))
+            }
+            Fault::PostgresCrash => tokio::task::block_in_place(|| self.postgres.stop(PgStopMode::Immediate)),
+            Fault::InstanceKilled => self.instances[0].kill_9(),
+            Fault::ConnectionsCut => self.proxy.cut_connections(),
+            Fault::CommitRepliesLost => self.proxy.keep_losing_replies_to("FROM transfer("),
+        }
+    }
+
+    /// Keeps a fault going that has to be repeated.
+    pub(super) fn sustain_fault(&self, fault: Fault) {
+        if fault == Fault::ConnectionsCut {
+            self.proxy.cut_connections();
+        }
+    }
+
+    pub(super) async fn end_fault(&mut self, fault: Fault) {
+        match fault {
+            Fault::RedisKilled(_) => tokio::task::block_in_place(|| self.redis.start_again()),
+            Fault::PostgresFastRestart | Fault::PostgresCrash => {
+                tokio::task::block_in_place(|| self.postgres.start_again())
+            }
+            Fault::InstanceKilled => self.instances[0].start_again().await,
+            Fault::ConnectionsCut => {}
+            Fault::CommitRepliesLost => self.proxy.stop_losing_replies(),
+        }
+    }
+
+    pub(super) async fn readiness(&self, instance: usize) -> Readiness {
+        let answer = self
+            .client
+            .get(self.url(instance, "/readyz"))
+            .timeout(Duration::from_secs(3))
+            .send()
+            .await;
+        let Ok(response) = answer else {
+            return Readiness::NoAnswer;
+        };
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or_default();
+        match (status.as_u16(), body["status"].as_str()) {
+            (200, Some("degraded")) => Readiness::Degraded,
+            (200, _) => Readiness::Ready,
+            _ => Readiness::NotReady,
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! The faults the chaos suite injects, and what each one allows and
+//! expects of the instances while it lasts.
+
+use layered_wallet::settings::StoreErrorPolicy;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Redis is killed (SIGKILL) and started again, empty, on its port.
+    RedisKilled(StoreErrorPolicy),
+    /// `pg_ctl stop -m fast`, then start: open transactions roll back.
+    PostgresFastRestart,
+    /// `pg_ctl stop -m immediate`, then start: a crash and WAL recovery.
+    PostgresCrash,
+    /// One instance gets SIGKILL and is started again.
+    InstanceKilled,
+    /// The proxy drops every open database connection, every 200 ms.
+    ConnectionsCut,
+    /// The proxy lets each `transfer()` call commit, then drops the
+    /// connection before the reply reaches the instance.
+    CommitRepliesLost,
+}
+
+impl Fault {
+    /// Every fault, in the order `docs/reliability.md` lists them.
+    pub const ALL: [Fault; 7] = [
+        Fault::RedisKilled(StoreErrorPolicy::FailOpen),
+        Fault::RedisKilled(StoreErrorPolicy::FailClosed),
+        Fault::PostgresFastRestart,
+        Fault::PostgresCrash,
+        Fault::InstanceKilled,
+        Fault::ConnectionsCut,
+        Fault::CommitRepliesLost,
+    ];
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Fault::RedisKilled(StoreErrorPolicy::FailOpen) => "Redis killed and restarted, `fail_open`",
+            Fault::RedisKilled(StoreErrorPolicy::FailClosed) => "Redis killed and restarted, `fail_closed`",
+            Fault::PostgresFastRestart => "PostgreSQL `stop -m fast`, then start",
+            Fault::PostgresCrash => "PostgreSQL `stop -m immediate` (a crash), then start",
+            Fault::InstanceKilled => "one instance `kill -9`, then start",
+            Fault::ConnectionsCut => "every database connection cut, every 200 ms",
+            Fault::CommitRepliesLost => "each committed transfer's reply lost",
+        }
+    }
+
+    pub(super) fn policy(self) -> StoreErrorPolicy {
+        match self {
+            Fault::RedisKilled(policy) => policy,
+            _ => StoreErrorPolicy::FailOpen,
+        }
+    }
+
+    /// Keyless double clicks may be charged twice only when the cooldown,
+    /// their one defense, lets everything through.
+    pub(super) fn allows_keyless_double_charges(self) -> bool {
+        self == Fault::RedisKilled(StoreErrorPolicy::FailOpen)
+    }
+
+    /// What `/readyz` must answer during the fault, per instance.
+    pub(super) fn expected_readiness(self, instance: usize) -> Readiness {
+        match self {
+            Fault::RedisKilled(StoreErrorPolicy::FailOpen) => Readiness::Degraded,
+            Fault::RedisKilled(StoreErrorPolicy::FailClosed) => Readiness::NotReady,
+            Fault::PostgresFastRestart | Fault::PostgresCrash => Readiness::NotReady,
+            Fault::InstanceKilled if instance == 0 => Readiness::NoAnswer,
+            Fault::InstanceKilled | Fault::ConnectionsCut | Fault::CommitRepliesLost => Readiness::Ready,
+        }
+    }
+}
+
+/// What an instance's `/readyz` answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Readiness {
+    Ready,
+    Degraded,
+    NotReady,
+    NoAnswer,
+}

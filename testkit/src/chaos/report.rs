@@ -1,0 +1,109 @@
+//! What a run reports: the measures behind a row of the table in
+//! `docs/reliability.md`, and every violation found.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::fault::{Fault, Readiness};
+
+/// What one fault did, measured, and what broke, if anything.
+pub struct ChaosReport {
+    pub fault: Fault,
+    pub answers: BTreeMap<String, usize>,
+    pub keys: usize,
+    pub keyed_double_effects: usize,
+    pub keyless_bursts: usize,
+    pub keyless_double_charges: usize,
+    pub server_errors: usize,
+    pub false_nothing_changed: usize,
+    pub slowest: Duration,
+    pub recovery: Duration,
+    pub replies_lost: u64,
+    pub readiness: String,
+    pub violations: Vec<String>,
+    /// Where the instances' logs are, for the reader of a failure.
+    pub(super) logs: PathBuf,
+}
+
+impl ChaosReport {
+    /// Panics with every violation found, and where the instances' logs are.
+    pub fn assert_held(&self) {
+        assert!(
+            self.violations.is_empty(),
+            "under {}:\n- {}\n{}\ninstance logs: {}",
+            self.fault.describe(),
+            self.violations.join("\n- "),
+            self.markdown_row(),
+            self.logs.display()
+        );
+    }
+
+    /// One row of the table in `docs/reliability.md`.
+    pub fn markdown_row(&self) -> String {
+        let answers = self
+            .answers
+            .iter()
+            .map(|(label, count)| format!("{count} × {label}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "| {} | {} | {} | {} | {} | {} of {} | {} | {:.2} s | {:.2} s |",
+            self.fault.describe(),
+            answers,
+            self.keys,
+            self.keyed_double_effects,
+            self.false_nothing_changed,
+            self.keyless_double_charges,
+            self.keyless_bursts,
+            self.readiness,
+            self.slowest.as_secs_f64(),
+            self.recovery.as_secs_f64(),
+        )
+    }
+
+    /// Prints the row, and when `CHAOS_REPORT_DIR` is set writes it there
+    /// as `row-<N>.md` (N: the fault's place in `Fault::ALL`) beside
+    /// `header.md`, for `scripts/chaos` to gather into a table.
+    pub fn publish(&self) {
+        println!("{}", self.markdown_row());
+        if let Some(dir) = std::env::var_os("CHAOS_REPORT_DIR") {
+            let dir = PathBuf::from(dir);
+            let place = Fault::ALL
+                .iter()
+                .position(|f| *f == self.fault)
+                .unwrap_or(Fault::ALL.len());
+            std::fs::create_dir_all(&dir).expect("create CHAOS_REPORT_DIR");
+            std::fs::write(dir.join("header.md"), format!("{REPORT_HEADER}\n")).expect("write the header");
+            std::fs::write(dir.join(format!("row-{place}.md")), self.markdown_row() + "\n")
+                .expect("write the report row");
+        }
+    }
+}
+
+/// What `/readyz` answered during the fault, as the report's column shows
+/// it: in the order the instances were asked, a state the next instance
+/// repeated said once.
+pub(super) fn readiness_summary(readiness_seen: &[(usize, Readiness)]) -> String {
+    let mut readiness = String::new();
+    let mut seen: Vec<_> = readiness_seen.iter().map(|(_, seen)| *seen).collect();
+    seen.dedup();
+    for (index, state) in seen.iter().enumerate() {
+        let _ = write!(
+            readiness,
+            "{}{}",
+            if index > 0 { ", " } else { "" },
+            match state {
+                Readiness::Ready => "200 ready",
+                Readiness::Degraded => "200 degraded",
+                Readiness::NotReady => "503",
+                Readiness::NoAnswer => "no answer (killed)",
+            }
+        );
+    }
+    readiness
+}
+
+/// The table's header, matching `markdown_row`.
+pub const REPORT_HEADER: &str = "| fault | answers | keys | keyed double effects | false \"nothing was changed\" | keyless double charges | /readyz during the fault | slowest request | recovery |\n|---|---|---|---|---|---|---|---|---|";

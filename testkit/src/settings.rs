@@ -1,0 +1,58 @@
+//! The settings a test app starts with, and the signing key the tests
+//! share with it.
+
+use layered_wallet::settings::Settings;
+use secrecy::{ExposeSecret, SecretString};
+
+use crate::redis_url;
+
+pub const SIGNING_KEY: &str = "test-signing-key-test-signing-key-0123456789";
+
+/// Settings for a test app on `database_url`, with short, test-friendly
+/// limits and a Redis prefix of its own.
+pub fn test_settings(database_url: &str, redis_prefix: &str) -> Settings {
+    Settings {
+        http_port: 0,
+        http_workers: 2,
+        database_url: SecretString::from(database_url.to_owned()),
+        db_pool_connections_max: 10,
+        db_pool_connections_min: 0,
+        redis_url: SecretString::from(redis_url()),
+        redis_key_prefix: redis_prefix.to_owned(),
+        token_signing_key: SecretString::from(SIGNING_KEY),
+        signup_grant_minor: 100_000,
+        idempotency_sweep_interval_s: 3600,
+        shutdown_grace_s: 1,
+        admin_http_addr: "127.0.0.1:0".into(),
+        // Tests sign up many users from 127.0.0.1; the limits' own tests
+        // switch them on.
+        account_limits_enabled: false,
+        // The shared Redis holds every test's keys; the budget's own test
+        // runs on a Redis of its own.
+        decision_feed_redis_memory_bytes_max: 1024 * 1024 * 1024,
+        // Tests count users and wallets; the demo recipient's own test
+        // names one.
+        demo_recipient_name: String::new(),
+        ..Settings::default()
+    }
+}
+
+/// Switches the cooldown off, which counts as an unsafe demonstration mode.
+pub fn without_cooldown(settings: &mut Settings) {
+    settings.cooldown_enabled = false;
+    settings.allow_unsafe_demo_modes = true;
+}
+
+pub fn expose(secret: &SecretString) -> &str {
+    secret.expose_secret()
+}
+
+/// A verified token for `user`, signed with the tests' key: what the
+/// cooldown lock is given for a request, for tests that call it directly.
+pub fn verified_token_for(user: layered_wallet::domain::UserId) -> layered_wallet::auth::VerifiedToken {
+    let signer = layered_wallet::auth::TokenSigner::new(&SecretString::from(SIGNING_KEY));
+    let issued = signer.issue(user, chrono::Duration::hours(1));
+    signer
+        .verify(issued.token.expose_secret())
+        .expect("a fresh token verifies")
+}
