@@ -1,0 +1,120 @@
+//! The settings that pick one of a few behaviours, and the values a file
+//! writes for each.
+
+use serde::Deserialize;
+
+use super::declare::{SettingValue, Shown, shown_choice};
+
+/// What the cooldown lock is keyed on besides the user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CooldownScope {
+    /// One window per user and action: any second transfer inside the window
+    /// is refused, whatever its body.
+    UserAction,
+    /// One window per user, action and request body: only an identical
+    /// transfer is refused, a different one goes through.
+    UserActionBody,
+}
+
+/// What the cooldown layer does when Redis cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreErrorPolicy {
+    /// Let the request through; the PostgreSQL layers alone keep correctness.
+    FailOpen,
+    /// Answer 503: for deployments that would rather refuse than lose the
+    /// edge's load shedding.
+    FailClosed,
+}
+
+/// How the idempotency layer claims a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum IdempotencyMode {
+    /// The claim is an insert under a unique key, in the transfer's
+    /// transaction. The only safe mode.
+    Atomic,
+    /// DEMO ONLY: look the key up, do the transfer, record the key
+    /// afterwards. Two requests that look at once both see no key.
+    CheckThenInsert,
+    /// DEMO ONLY: keys are ignored.
+    Off,
+}
+
+/// How the debit checks the balance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RowGuardMode {
+    /// Check and write in one guarded `UPDATE`, wallets locked in id order.
+    /// The only safe mode.
+    Guarded,
+    /// DEMO ONLY (the row guard switched off): read the balance, compare in
+    /// Rust, write the computed balance back, with no lock: a
+    /// time-of-check-to-time-of-use race and lost updates.
+    ReadDecideWrite,
+}
+
+/// How log lines are written: for people, or for a log collector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Each choice's values as a file writes them (serde's names); a test
+/// checks that each one parses.
+macro_rules! choice_values {
+    ($($choice:ty => [$($value:literal),+]),* $(,)?) => {$(
+        impl SettingValue for $choice {
+            const TYPE_NAME: &'static str = "choice";
+            const VALUES: &'static [&'static str] = &[$($value),+];
+
+            fn shown(&self) -> Shown {
+                shown_choice(self)
+            }
+        }
+    )*};
+}
+
+choice_values! {
+    CooldownScope => ["user_action", "user_action_body"],
+    StoreErrorPolicy => ["fail_open", "fail_closed"],
+    IdempotencyMode => ["atomic", "check_then_insert", "off"],
+    RowGuardMode => ["guarded", "read_decide_write"],
+    LogFormat => ["text", "json"],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every listed value parses, each to a different variant.
+    fn values_parse<T>()
+    where
+        T: SettingValue + PartialEq + std::fmt::Debug + for<'de> Deserialize<'de>,
+    {
+        let parsed: Vec<T> = T::VALUES
+            .iter()
+            .map(|value| {
+                T::deserialize(
+                    serde::de::IntoDeserializer::<serde::de::value::Error>::into_deserializer(*value),
+                )
+                .unwrap_or_else(|error| panic!("{value}: {error}"))
+            })
+            .collect();
+        for (index, choice) in parsed.iter().enumerate() {
+            assert_eq!(shown_choice(choice), Shown::Value(T::VALUES[index].to_owned()));
+        }
+    }
+
+    #[test]
+    fn every_listed_value_parses() {
+        values_parse::<CooldownScope>();
+        values_parse::<StoreErrorPolicy>();
+        values_parse::<IdempotencyMode>();
+        values_parse::<RowGuardMode>();
+        values_parse::<LogFormat>();
+    }
+}

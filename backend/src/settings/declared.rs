@@ -1,0 +1,388 @@
+//! Every setting, declared once: its doc comment, name, type, default and,
+//! for a number, its bounds and unit. `Settings`, its `Default`, the bound
+//! checks and `docs/settings.md` all follow from this list
+//! (`declare.rs`). A limit's unit is the last word of its name, or the
+//! word before `_max` / `_min`; the names are the contract with config
+//! files and `WALLET_*` variables.
+//!
+//! Rules that tie one setting to another, or that a string must follow,
+//! are code in `sections.rs`.
+
+use secrecy::SecretString;
+
+use super::declare::declare_settings;
+use super::{CooldownScope, IdempotencyMode, LogFormat, RowGuardMode, StoreErrorPolicy};
+
+declare_settings! {
+    section "HTTP" {
+        /// Address the public listener binds to.
+        http_host: String = "127.0.0.1".into();
+        /// Port of the public listener.
+        http_port: u16 = 8080, within 0..=65_535 "port";
+        /// `host:port` of the admin listener: `/metrics` and the detailed
+        /// `/readyz`. Keep it off the public network; port 0 picks a free one.
+        admin_http_addr: String = "127.0.0.1:9090".into();
+        /// actix worker threads; one per core is enough for an I/O-bound service.
+        http_workers: usize = 2, within 1..=256 "workers";
+        /// Largest request body accepted; a larger one gets 413.
+        request_body_bytes_max: usize = 16 * 1024, within 256..=(1024 * 1024) "bytes";
+        /// An oversized body is read and thrown away up to this many bytes
+        /// before the 413 is sent and the connection closed, so that a client
+        /// still sending its body reads the answer instead of a reset.
+        oversized_body_drain_bytes_max: usize = 8 * 1024 * 1024,
+            within 0..=(256 * 1024 * 1024) "bytes";
+        /// How long an oversized body is drained at most (see
+        /// `oversized_body_drain_bytes_max`).
+        oversized_body_drain_ms_max: u64 = 2_000, within 0..=60_000 "ms";
+        /// How long in-flight requests get to finish after SIGTERM.
+        shutdown_grace_s: u64 = 10, within 0..=3_600 "s";
+        /// How log lines are written.
+        log_format: LogFormat = LogFormat::Text;
+        /// Names this process in the decision feed and the logs. Empty: the
+        /// host name and a random suffix.
+        instance_id: String = String::new(), empty "the host name and a random suffix";
+    }
+
+    section "PostgreSQL" {
+        /// The database as the server's role. `sslmode` in it is honoured
+        /// (TLS by rustls, with the system's CA roots).
+        database_url: SecretString = SecretString::from("postgres://postgres@127.0.0.1:5432/layered_wallet");
+        /// The database as its owning role, for migrations only
+        /// (`wallet-server migrate`, `migrate_on_start`). Empty: `database_url`.
+        /// The server itself should connect as a role that may only read and
+        /// write rows and call functions (`deploy/postgres/roles.sql`).
+        database_migration_url: SecretString = SecretString::from(""), empty "`database_url`";
+        /// Most connections the PostgreSQL pool holds.
+        db_pool_connections_max: u32 = 16, within 1..=1_000 "connections";
+        /// Connections the PostgreSQL pool keeps open even when idle; at most
+        /// `db_pool_connections_max`.
+        db_pool_connections_min: u32 = 2, within 0..=1_000 "connections";
+        /// How long a request waits for a free connection before answering 503.
+        db_acquire_wait_ms_max: u64 = 2_000, within 1..=60_000 "ms";
+        /// A pooled connection idle at least this long is pinged before use;
+        /// one used more recently is not. 0 (the default) pings on every
+        /// checkout: a round trip per transfer, but a connection that broke
+        /// while idle is replaced before a transfer is sent down it, so the
+        /// client gets a clean answer instead of "outcome unknown".
+        db_idle_check_after_ms: u64 = 0, within 0..=3_600_000 "ms";
+        /// PostgreSQL `statement_timeout`. It must exceed the waits a transfer
+        /// statement encloses (`idempotency_wait_ms_max` +
+        /// `wallet_lock_wait_ms_max` + `STATEMENT_TIMEOUT_MARGIN_MS`), so that
+        /// each wait ends in its own answer (409, 503) rather than the timeout.
+        db_statement_timeout_ms: u64 = 6_000, within 1..=600_000 "ms";
+        /// Longest wait for a wallet row lock held by another transfer. This
+        /// and the idempotency wait and retention are `u16`: they go to
+        /// PostgreSQL as `int`, and the type makes that conversion total.
+        wallet_lock_wait_ms_max: u16 = 3_000, within 1..=60_000 "ms";
+        /// Retries of a transfer transaction that failed on a serialization
+        /// failure or a deadlock; never surfaced to the client as a 500.
+        transfer_retries_max: u32 = 3, within 0..=10 "retries";
+        /// Run pending migrations when the server starts.
+        migrate_on_start: bool = true;
+    }
+
+    section "Redis" {
+        /// The Redis server of the cooldown, the account limits and the
+        /// decision feed.
+        redis_url: SecretString = SecretString::from("redis://127.0.0.1:6379");
+        /// Commands in flight at once on the shared Redis connection; further
+        /// ones wait (within `redis_command_timeout_ms`).
+        redis_commands_in_flight_max: usize = 1_024, within 1..=100_000 "commands";
+        /// Upper bound on one Redis command, connecting included. A slow Redis is
+        /// treated like an unreachable one.
+        redis_command_timeout_ms: u64 = 250, within 1..=60_000 "ms";
+        /// Nodes of a Redis Cluster to use instead of `redis_url` (any subset;
+        /// the rest are discovered). Empty: one Redis server at `redis_url`.
+        redis_cluster_urls: Vec<SecretString> = Vec::new(), empty "one Redis server at `redis_url`";
+        /// Prepended to every Redis key, so several deployments (or tests) can
+        /// share one Redis.
+        redis_key_prefix: String = "lw:".into();
+    }
+
+    section "Layer 1: cooldown lock" {
+        /// The cooldown lock on or off; off, keyless double clicks pay twice
+        /// (an unsafe demonstration mode).
+        cooldown_enabled: bool = true;
+        /// The cooldown window: how long a further transfer under the same
+        /// lock is refused.
+        cooldown_ttl_ms: u64 = 5_000, within 1..=86_400_000 "ms";
+        /// What the lock is keyed on besides the user: the action
+        /// (`user_action`), or the action and the request body
+        /// (`user_action_body`).
+        cooldown_scope: CooldownScope = CooldownScope::UserAction;
+        /// What the cooldown and the account limits do when Redis cannot be
+        /// reached: let the request through (`fail_open`) or answer 503
+        /// (`fail_closed`).
+        cooldown_on_store_error: StoreErrorPolicy = StoreErrorPolicy::FailOpen;
+    }
+
+    section "Layer 2: idempotency key" {
+        /// How a key is claimed; anything but `atomic` is an unsafe
+        /// demonstration mode.
+        idempotency_mode: IdempotencyMode = IdempotencyMode::Atomic;
+        /// A transfer without an `Idempotency-Key` header gets 400.
+        idempotency_key_required: bool = false;
+        /// How long a request waits for a concurrent request with the same key
+        /// to finish before answering 409.
+        idempotency_wait_ms_max: u16 = 2_000, within 1..=60_000 "ms";
+        /// How long a key is remembered.
+        idempotency_retention_hours: u16 = 24, within 1..=8_760 "hours";
+        /// How often expired keys are deleted.
+        idempotency_sweep_interval_s: u64 = 900, within 1..=86_400 "s";
+        /// Rows one sweep statement deletes at most.
+        idempotency_sweep_batch_rows_max: i64 = 10_000, within 1..=100_000 "rows";
+    }
+
+    section "Layer 3: row guard" {
+        /// How the debit checks the balance; `read_decide_write` is an unsafe
+        /// demonstration mode.
+        row_guard_mode: RowGuardMode = RowGuardMode::Guarded;
+    }
+
+    section "Unsafe demonstration modes" {
+        /// Must be on for the server to start with any layer disabled or in a
+        /// naive mode. Never in production.
+        allow_unsafe_demo_modes: bool = false;
+        /// A pause inside the naive variants' race windows (between check and
+        /// insert, between read and write), so that demonstrations of the races
+        /// they allow are reliable rather than lucky.
+        naive_window_ms: u64 = 0, within 0..=10_000 "ms";
+    }
+
+    section "Race lab" {
+        /// Lets a race-lab run switch layers off for its own lab wallets; real
+        /// wallets refuse the switches whatever this says. Off: every run goes
+        /// through all three layers.
+        race_lab_switches_enabled: bool = true;
+        /// Requests one race-lab run fires at once.
+        race_lab_requests_max: usize = 200, within 2..=1_000 "requests";
+        /// Race-lab runs one instance fires at once; a further one is refused.
+        race_lab_runs_in_flight_max: usize = 2, within 1..=64 "runs";
+        /// What each of a visitor's two lab wallets holds when a run starts.
+        race_lab_balance_minor: i64 = 10_000, within 100..=1_000_000_000 "minor units";
+        /// A run's requests are given up after this long (the retry preset
+        /// waits out the cooldown window inside it).
+        race_lab_run_ms_max: u64 = 30_000, within 1_000..=600_000 "ms";
+        /// The pause inside a lab run's naive race windows (check-then-insert,
+        /// read-decide-write), so that the race a switched-off layer allows
+        /// shows on every run rather than by luck.
+        race_lab_naive_window_ms: u64 = 50, within 0..=1_000 "ms";
+    }
+
+    section "Browser demo" {
+        /// An account made at start-up (after migrations) that anyone can send
+        /// to and nobody can sign in as, so that a lone visitor has a
+        /// recipient. Empty: none.
+        demo_recipient_name: String = "demo".into();
+        /// A trace viewer's URL with `{trace_id}` in it, e.g.
+        /// `http://127.0.0.1:16686/trace/{trace_id}` for Jaeger; the race lab
+        /// links each request to its trace. Empty: no links.
+        trace_ui_url: String = String::new(), empty "no links";
+    }
+
+    section "Decision feed" {
+        /// Write and serve the decision feed.
+        decision_feed_enabled: bool = true;
+        /// In-process queue between requests and the feed writer; entries
+        /// beyond it are dropped (and counted), never waited for.
+        decision_feed_queue_entries_max: usize = 10_000, within 1..=1_000_000 "entries";
+        /// Length cap of each user's feed stream in Redis.
+        decision_feed_entries_per_user_max: u64 = 500, within 1..=100_000 "entries";
+        /// A user's stream expires this long (up to two minutes more) after
+        /// its last entry; its expiry is refreshed at most once a minute.
+        decision_feed_retention_hours: u64 = 1, within 1..=720 "hours";
+        /// The feed stops writing while Redis's `used_memory` is at or above
+        /// this, so that it can never fill Redis and refuse the cooldown.
+        decision_feed_redis_memory_bytes_max: u64 = 64 * 1024 * 1024,
+            within (1024 * 1024)..=(1024 * 1024 * 1024 * 1024) "bytes";
+        /// How often the feed writer reads `used_memory`, at most.
+        decision_feed_memory_check_ms: u64 = 250, within 10..=60_000 "ms";
+        /// Largest `limit` on `GET /api/v1/decisions`.
+        decisions_page_entries_max: usize = 200, within 1..=1_000 "entries";
+        /// Concurrent live streams (`/api/v1/decisions/stream`) per instance;
+        /// each holds one Redis connection.
+        decision_streams_max: usize = 64, within 1..=10_000 "streams";
+        /// How long one blocking read of a live stream waits before sending a
+        /// keep-alive comment.
+        decision_stream_keepalive_ms: u64 = 15_000, within 100..=300_000 "ms";
+        /// How often a live stream re-checks that its token is still valid; it
+        /// ends when the token is revoked or expires.
+        decision_stream_token_check_s: u64 = 5, within 1..=300 "s";
+        /// A live stream ends after this long; the client reconnects.
+        decision_stream_lifetime_s: u64 = 3_600, within 1..=86_400 "s";
+        /// Live streams one user may hold on one instance at once.
+        decision_streams_per_user_max: usize = 4, within 1..=1_000 "streams";
+    }
+
+    section "Money and accounts" {
+        /// The deployment's one currency: three upper-case letters, not `LAB`
+        /// (the race lab's sandbox money).
+        currency: String = "USD".into();
+        /// Opening balance of a new wallet.
+        signup_grant_minor: i64 = 100_000, within 0..=1_000_000_000_000_000 "minor units";
+        /// Largest single transfer.
+        transfer_amount_minor_max: i64 = 10_000_000, within 1..=1_000_000_000_000_000 "minor units";
+        /// Largest `limit` on the transfer history.
+        transfers_page_rows_max: i64 = 100, within 1..=1_000 "rows";
+        /// Longest user name.
+        user_name_chars_max: usize = 64, within 1..=64 "chars";
+        /// Shortest password; at most `password_chars_max`.
+        password_chars_min: usize = 8, within 1..=1_024 "chars";
+        /// Longest password.
+        password_chars_max: usize = 128, within 1..=1_024 "chars";
+    }
+
+    section "Authentication" {
+        /// Key for the MAC on bearer tokens; at least 32 bytes. Every instance
+        /// of one deployment needs the same key. Left empty, a random key is made
+        /// at start-up (tokens then die with the process: fine for a demo only).
+        token_signing_key: SecretString = SecretString::from(""),
+            empty "a random key per process, for a demo only";
+        /// How long a bearer token stays valid.
+        api_token_ttl_hours: u64 = 24, within 1..=8_760 "hours";
+        /// Threads that hash and verify passwords (argon2id: CPU and 19 MiB
+        /// each, by design); they bound what sign-ins can take.
+        password_hash_threads: usize = 2, within 1..=64 "threads";
+        /// Sign-ins waiting for a password thread before further ones get 503.
+        password_hash_queue_max: usize = 64, within 1..=100_000 "sign-ins";
+    }
+
+    section "Account rate limits" {
+        /// The sign-up and sign-in limits below. Off only for load tests that
+        /// sign up thousands of users from one address.
+        account_limits_enabled: bool = true;
+        /// Sign-ups one client address may make at once, refilled at this many
+        /// per hour. Each of these four limits is counted in Redis across every
+        /// instance.
+        signup_per_address_per_hour_max: u32 = 20, within 1..=1_000_000 "attempts";
+        /// Sign-ups under one name at once, refilled at this many per hour.
+        signup_per_name_per_hour_max: u32 = 5, within 1..=1_000_000 "attempts";
+        /// Sign-ins from one client address at once, refilled at this many per
+        /// minute.
+        signin_per_address_per_minute_max: u32 = 30, within 1..=1_000_000 "attempts";
+        /// Sign-ins to one name at once, refilled at this many per minute; a
+        /// refusal is 429 with `Retry-After`.
+        signin_per_name_per_minute_max: u32 = 10, within 1..=1_000_000 "attempts";
+        /// Addresses or networks (CIDR) of the load balancers in front of the
+        /// instances. Only from these is `X-Forwarded-For` believed.
+        trusted_proxies: Vec<String> = Vec::new(),
+            empty "no proxy; the client address is always the TCP peer";
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::checks::Checks;
+    use crate::settings::declare::{SettingDoc, Shown};
+
+    /// Units that measure (time, size, money), and the word that names
+    /// each in a setting's name.
+    const MEASURES: &[(&str, &str)] = &[
+        ("ms", "ms"),
+        ("s", "s"),
+        ("hours", "hours"),
+        ("bytes", "bytes"),
+        ("minor units", "minor"),
+    ];
+
+    fn default_number(setting: &SettingDoc) -> i128 {
+        match (setting.default)() {
+            Shown::Value(text) => text
+                .parse()
+                .unwrap_or_else(|error| panic!("{}: {text:?}: {error}", setting.name)),
+            other => panic!("{}: a number's default shows as {other:?}", setting.name),
+        }
+    }
+
+    #[test]
+    fn every_number_has_bounds_and_nothing_else_does() {
+        for setting in SETTINGS_DOC {
+            assert_eq!(setting.is_number, setting.bounds.is_some(), "{}", setting.name);
+        }
+    }
+
+    #[test]
+    fn every_default_lies_within_its_bounds() {
+        let mut check = Checks::default();
+        Settings::default().check_bounds(&mut check);
+        assert!(check.problems().is_empty(), "{:?}", check.problems());
+        for setting in SETTINGS_DOC {
+            if let Some(bounds) = setting.bounds {
+                let default = default_number(setting);
+                assert!(
+                    bounds.min <= default && default <= bounds.max,
+                    "{}: {default} outside {bounds:?}",
+                    setting.name
+                );
+            }
+        }
+    }
+
+    /// A measured limit ends in its unit, or in its unit and then `_max` /
+    /// `_min` (`cooldown_ttl_ms`, `request_body_bytes_max`); a count ends
+    /// in `_max` / `_min` or in what it counts (`http_workers`).
+    #[test]
+    fn every_name_ends_in_its_unit() {
+        for setting in SETTINGS_DOC {
+            let Some(bounds) = setting.bounds else { continue };
+            let name = setting.name;
+            let stem = name
+                .strip_suffix("_max")
+                .or_else(|| name.strip_suffix("_min"))
+                .unwrap_or(name);
+            let measure = MEASURES.iter().find(|(unit, _)| *unit == bounds.unit);
+            match measure {
+                Some((_, word)) => assert!(stem.ends_with(&format!("_{word}")), "{name}: unit {word}"),
+                None => assert!(
+                    stem != name || name.ends_with(&format!("_{}", bounds.unit)),
+                    "{name}: a count ends in _max, _min or _{}",
+                    bounds.unit
+                ),
+            }
+            for (unit, word) in MEASURES {
+                if stem.ends_with(&format!("_{word}")) {
+                    assert_eq!(bounds.unit, *unit, "{name} is named in {word}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_setting_says_what_empty_means_exactly_when_its_default_is_empty() {
+        for setting in SETTINGS_DOC {
+            let empty = (setting.default)() == Shown::Empty;
+            assert_eq!(empty, setting.empty_means.is_some(), "{}", setting.name);
+        }
+    }
+
+    #[test]
+    fn every_choice_defaults_to_one_of_its_values() {
+        for setting in SETTINGS_DOC.iter().filter(|setting| !setting.values.is_empty()) {
+            let Shown::Value(default) = (setting.default)() else {
+                panic!("{}: a choice's default must show", setting.name);
+            };
+            assert!(
+                setting.values.contains(&default.as_str()),
+                "{}: {default}",
+                setting.name
+            );
+        }
+    }
+
+    #[test]
+    fn every_setting_has_a_doc_and_one_section() {
+        let mut sections_seen: Vec<&str> = Vec::new();
+        for setting in SETTINGS_DOC {
+            assert!(!setting.doc.is_empty(), "{} has no doc", setting.name);
+            if sections_seen.last() != Some(&setting.section) {
+                assert!(
+                    !sections_seen.contains(&setting.section),
+                    "section {:?} is declared twice",
+                    setting.section
+                );
+                sections_seen.push(setting.section);
+            }
+        }
+    }
+}
