@@ -2,10 +2,12 @@
 //! PostgreSQL transaction that holds layers 2 and 3 (`transaction`), the
 //! history (`history`), and who money goes to (`recipient`).
 
+mod call;
 pub mod history;
 pub mod pipeline;
 pub mod recipient;
 mod statement_by_statement;
 mod transaction;
 
+pub use call::Settled;
 pub use transaction::*;

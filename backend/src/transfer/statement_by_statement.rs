@@ -11,9 +11,7 @@ use actix_web::http::StatusCode;
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
-use super::transaction::{
-    Call, Settled, TransactionError, Variants, decision_of, ended_by_claim, not_your_wallet,
-};
+use super::call::{Call, Settled, TransactionError, Variants, decision_of, ended_by_claim, not_your_wallet};
 use crate::auth;
 use crate::decision::Layer;
 use crate::defense::Refusal;
