@@ -137,6 +137,14 @@ impl TransferRequest {
     }
 }
 
+/// An id shortened for people: its last 8 hex digits, the part that
+/// differs. Ids are UUIDv7, whose first digits are a timestamp, so two ids
+/// made a second apart share their beginning and differ at the end.
+pub fn short_id(id: Uuid) -> String {
+    let hex = id.simple().to_string();
+    format!("…{}", &hex[hex.len() - 8..])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -39,7 +39,7 @@ async fn the_transfer_form_goes_through_the_layers_and_a_resubmit_replays() {
     // The review names the exact recipient and moves nothing.
     let (status, review) = alice.review("bob", "12.50").await;
     assert_eq!(status, 200);
-    let short_wallet = &bob.wallet_id.simple().to_string()[..8];
+    let short_wallet = &layered_wallet::domain::short_id(bob.wallet_id);
     assert!(
         review.contains("Send $12.50 to bob?") && review.contains(short_wallet),
         "{review}"

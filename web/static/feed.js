@@ -14,6 +14,13 @@
     return new Date(time).toISOString().slice(11, 23);
   }
 
+  // An id shortened for people: its last 8 hex digits, the part that differs
+  // (ids are UUIDv7, whose first digits are a timestamp).
+  function shortId(id) {
+    const hex = String(id).replace(/-/g, "");
+    return "…" + hex.slice(-8);
+  }
+
   function money(minor) {
     return (minor / 100).toFixed(2);
   }
@@ -49,9 +56,9 @@
       decision.appendChild(document.createTextNode(" "));
       decision.appendChild(link);
     }
-    cell(tr, entry.amount_minor ? money(entry.amount_minor) + " to " + entry.to_wallet_id.slice(0, 8) : "");
-    cell(tr, entry.idempotency_key ? entry.idempotency_key.slice(0, 8) : "none");
-    cell(tr, entry.request_id.slice(0, 8) + " on " + entry.instance_id);
+    cell(tr, entry.amount_minor ? money(entry.amount_minor) + " to " + shortId(entry.to_wallet_id) : "");
+    cell(tr, entry.idempotency_key ? shortId(entry.idempotency_key) : "none");
+    cell(tr, shortId(entry.request_id) + " on " + entry.instance_id);
     cell(tr, entry.latency_ms.toFixed(1) + " ms", "num");
     show(tr);
     tbody.insertBefore(tr, tbody.firstChild);

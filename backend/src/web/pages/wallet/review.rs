@@ -154,7 +154,7 @@ pub(super) fn review_page(
             amount_text,
             recipient_name: draft.recipient_name.clone(),
             to_wallet_id: draft.to_wallet_id,
-            to_wallet_short: draft.to_wallet_id.simple().to_string()[..8].to_owned(),
+            to_wallet_short: crate::domain::short_id(draft.to_wallet_id),
             typed_recipient: draft.typed_recipient.clone(),
             typed_amount: draft.typed_amount.clone(),
             balance_text: money::format(session.balance_minor, currency),
