@@ -14,7 +14,8 @@ CREATE TYPE guard_verdict AS ENUM (
 -- and the credit, the transfer and its two ledger entries follow:
 --   'accepted'           debited, credited, recorded;
 --   'insufficient_funds' the guard refused the debit; nothing written;
---   'unknown_target'     no such target wallet; nothing written;
+--   'unknown_target'     no such target wallet (or another visitor's lab
+--                        wallet); nothing written;
 --   'currency_mismatch'  the wallets hold different currencies (minor units
 --                        never move 1:1 between them); nothing written;
 --   'not_owner'          the caller does not own the source wallet.
@@ -36,6 +37,7 @@ DECLARE
     v_source_owner uuid;
     v_source_currency text;
     v_target_currency text;
+    v_target_owner uuid;
     v_wallet record;
 BEGIN
     PERFORM set_config('lock_timeout', p_wait_ms || 'ms', true);
@@ -50,6 +52,7 @@ BEGIN
             v_source_currency := v_wallet.currency;
         ELSE
             v_target_currency := v_wallet.currency;
+            v_target_owner := v_wallet.user_id;
         END IF;
     END LOOP;
     IF v_source_owner IS DISTINCT FROM p_user THEN
@@ -62,6 +65,13 @@ BEGIN
     END IF;
     IF v_target_currency <> v_source_currency THEN
         outcome := 'currency_mismatch';
+        RETURN;
+    END IF;
+    -- Lab money stays in its visitor's sandbox: another visitor's lab
+    -- wallet is answered as no wallet at all, so it cannot receive lab
+    -- money, and nothing says which lab wallets exist.
+    IF v_source_currency = 'LAB' AND v_target_owner <> p_user THEN
+        outcome := 'unknown_target';
         RETURN;
     END IF;
 

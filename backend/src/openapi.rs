@@ -95,6 +95,9 @@ fn failures(method: &str, path: &str) -> Vec<ProblemType> {
                 CurrencyMismatch,
                 CooldownActive,
                 OutcomeUnknown,
+                RaceLabSwitchesOff,
+                LabPassInvalid,
+                LabWalletsOnly,
             ],
         ]
         .concat(),

@@ -117,6 +117,12 @@ impl Application {
             stream_slots: Arc::new(tokio::sync::Semaphore::new(config.feed.streams_max)),
             public_address,
             lab_runs: Arc::new(tokio::sync::Semaphore::new(config.race_lab.runs_in_flight_max)),
+            lab_requests: Arc::new(tokio::sync::Semaphore::new(
+                config.race_lab.requests_in_flight_max,
+            )),
+            lab_passes: Arc::new(crate::race_lab::pass::LabPasses::new(
+                config.race_lab.runs_in_flight_max * config.race_lab.requests_max,
+            )),
             streams_per_user: Arc::default(),
             instance_id,
             api_document: serde_json::to_vec(&openapi::document(&config))?.into(),
@@ -211,6 +217,11 @@ pub async fn migrate(db: &PgPool) -> anyhow::Result<()> {
         sqlx::migrate::MigrateError::VersionMissing(version) => anyhow::anyhow!(
             "this database was made by an earlier build: it records migration {version}, which the schema's \
              baseline no longer has (migrations/README.md). Nothing was changed. Drop the database and create \
+             it empty, or point DATABASE_URL at a new one; ./scripts/serve does this for its own local database"
+        ),
+        sqlx::migrate::MigrateError::VersionMismatch(version) => anyhow::anyhow!(
+            "this database was made by an earlier build: its migration {version} differs from the schema's \
+             baseline of that number (migrations/README.md). Nothing was changed. Drop the database and create \
              it empty, or point DATABASE_URL at a new one; ./scripts/serve does this for its own local database"
         ),
         error => anyhow::anyhow!("failed to apply migrations: {error}"),

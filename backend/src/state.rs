@@ -31,6 +31,10 @@ pub struct AppState {
     pub public_address: std::net::SocketAddr,
     /// Bounds the race-lab runs this instance fires at once.
     pub lab_runs: Arc<tokio::sync::Semaphore>,
+    /// Bounds the lab requests all those runs have in flight at once.
+    pub lab_requests: Arc<tokio::sync::Semaphore>,
+    /// The passes its bursts carry: switches are honoured with one only.
+    pub lab_passes: Arc<crate::race_lab::pass::LabPasses>,
     /// The OpenAPI document, serialised once at start-up.
     pub api_document: actix_web::web::Bytes,
 }

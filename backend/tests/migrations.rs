@@ -59,16 +59,22 @@ fn each_sql_function_is_defined_once() {
     );
 }
 
-/// A database whose recorded migrations are not in the baseline is refused
-/// before anything is applied, with a message that says what to do.
-#[tokio::test]
-async fn a_database_made_by_an_earlier_build_is_refused_with_what_to_do() {
+/// A database of its own with the baseline applied.
+async fn migrated_database() -> (String, PgPool) {
     let (name, options) = create_database().await;
     let db = PgPool::connect_with(options).await.expect("connect");
     MIGRATOR
         .run(&db)
         .await
         .expect("the baseline applies to an empty database");
+    (name, db)
+}
+
+/// A database whose recorded migrations are not in the baseline is refused
+/// before anything is applied, with a message that says what to do.
+#[tokio::test]
+async fn a_database_made_by_an_earlier_build_is_refused_with_what_to_do() {
+    let (name, db) = migrated_database().await;
     // What an earlier build recorded: a migration the baseline no longer has.
     sqlx::query(
         "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
@@ -95,6 +101,22 @@ async fn a_database_made_by_an_earlier_build_is_refused_with_what_to_do() {
         .await
         .expect("count tables");
     assert_eq!(tables_after, tables_before, "nothing may be applied");
+    db.close().await;
+    drop_database(&name).await;
+}
+
+/// A database whose recorded migration of a number differs from the
+/// baseline's (an earlier build's baseline) is refused the same way.
+#[tokio::test]
+async fn a_database_with_an_earlier_baseline_is_refused_with_what_to_do() {
+    let (name, db) = migrated_database().await;
+    sqlx::query("UPDATE _sqlx_migrations SET checksum = '\\x00' WHERE version = 20261202000003")
+        .execute(&db)
+        .await
+        .expect("record an earlier baseline");
+    let message = migrate(&db).await.expect_err("must be refused").to_string();
+    assert!(message.contains("earlier build"), "{message}");
+    assert!(message.contains("20261202000003"), "{message}");
     db.close().await;
     drop_database(&name).await;
 }

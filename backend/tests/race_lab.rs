@@ -5,6 +5,7 @@
 
 use layered_wallet::defense::row_guard;
 use layered_wallet::domain::{TransferRequest, UserId, WalletId};
+use layered_wallet::race_lab;
 use serde_json::Value;
 use uuid::Uuid;
 use wallet_testkit::visitor::{Visitor, hidden, signed_up};
@@ -27,6 +28,15 @@ async fn lab_of(app: &TestApp, name: &str) -> Lab {
         .fetch_one(&app.db)
         .await
         .expect("lab state")
+}
+
+/// A user's two lab wallets, made or refilled by the database.
+async fn lab_wallets_of(app: &TestApp, user: Uuid) -> (Uuid, Uuid) {
+    sqlx::query_as("SELECT wallet_a, wallet_b FROM race_lab_reset($1, 10000)")
+        .bind(user)
+        .fetch_one(&app.db)
+        .await
+        .expect("lab wallets")
 }
 
 /// Posts the lab form; the page that comes back.
@@ -233,9 +243,10 @@ async fn each_layer_switched_off_shows_its_damage() {
     app.assert_invariants().await;
 }
 
-/// The switches reach lab wallets only: between real wallets they are
-/// refused before anything is written, a naive statement does not even see
-/// a real wallet, and lab money cannot cross to a real wallet.
+/// The switches reach lab wallets only: from any client but the lab's own
+/// burst they are refused before anything is written, the wallet check
+/// admits only the caller's own two lab wallets, a naive statement does not
+/// even see a real wallet, and lab money cannot cross to a real wallet.
 #[tokio::test]
 async fn switches_never_touch_real_money() {
     let app = spawn_app(|_| {}).await;
@@ -249,9 +260,32 @@ async fn switches_never_touch_real_money() {
         .await
         .expect("send");
     let (status, body) = problem(response).await;
-    assert_eq!(status, 422);
-    assert_eq!(body["type"], "/problems/lab-wallets-only");
+    assert_eq!(status, 403);
+    assert_eq!(body["type"], "/problems/race-lab-pass-invalid");
     assert_eq!(app.snapshot().await, before);
+
+    // The check a valid pass then meets: real wallets, or another
+    // visitor's lab wallet, are refused; only the caller's own pair passes.
+    let request = TransferRequest::new(WalletId(alice.wallet_id), WalletId(bob.wallet_id), 500, 1_000_000)
+        .expect("a valid request");
+    let (alice_a, alice_b) = lab_wallets_of(&app, alice.user_id).await;
+    let (bob_a, _) = lab_wallets_of(&app, bob.user_id).await;
+    let between = |from: Uuid, to: Uuid| {
+        TransferRequest::new(WalletId(from), WalletId(to), 500, 1_000_000).expect("valid")
+    };
+    let alice_id = UserId(alice.user_id);
+    for (request, allowed) in [
+        (request, false),
+        (between(alice_a, bob_a), false),
+        (between(bob_a, alice_a), false),
+        (between(alice_a, alice_b), true),
+    ] {
+        let admitted = race_lab::both_are_own_lab_wallets(&app.db, alice_id, &request)
+            .await
+            .expect("query");
+        assert_eq!(admitted, allowed, "{request:?}");
+    }
+    let before = app.snapshot().await;
 
     // The naive statements themselves, called directly on real wallets.
     let mut tx = app.db.begin().await.expect("begin");
@@ -274,11 +308,7 @@ async fn switches_never_touch_real_money() {
     assert_eq!(app.snapshot().await, before);
 
     // Lab money and real money never meet, with or without switches.
-    let lab_a: Uuid = sqlx::query_scalar("SELECT wallet_a FROM race_lab_reset($1, 10000)")
-        .bind(alice.user_id)
-        .fetch_one(&app.db)
-        .await
-        .expect("lab wallets");
+    let (lab_a, _) = lab_wallets_of(&app, alice.user_id).await;
     let before = app.snapshot().await;
     let response = app
         .transfer_request_from(&alice, lab_a, bob.wallet_id, 500, None)
@@ -296,7 +326,10 @@ async fn switches_never_touch_real_money() {
         .send()
         .await
         .expect("send");
-    assert_eq!(problem(response).await.1["type"], "/problems/lab-wallets-only");
+    assert_eq!(
+        problem(response).await.1["type"],
+        "/problems/race-lab-pass-invalid"
+    );
     assert_eq!(app.snapshot().await, before);
     app.assert_invariants().await;
 }
@@ -381,4 +414,129 @@ async fn a_lab_run_with_every_layer_on_sends_the_production_statement() {
         .filter(|statement| runs_a_layer(statement) && !statement.contains("race_lab_"))
         .collect();
     assert_eq!(lab_statements, vec![production[0].clone(); 10]);
+}
+
+/// Any API client sending switches, with no pass, a made-up one, or a new
+/// run id each time, is refused before the cooldown: nothing reaches
+/// PostgreSQL and no cooldown window is taken, so the header cannot be
+/// used to skip a defense. Read off the wire and off Redis.
+#[tokio::test]
+async fn forged_switches_are_refused_before_any_store() {
+    let (app, proxy) = spawn_app_behind_proxy(|_| {}).await;
+    let alice = app.sign_up("alice").await;
+    let (lab_a, lab_b) = lab_wallets_of(&app, alice.user_id).await;
+    let before = app.snapshot().await;
+    proxy.forget_statements();
+    let made_up = format!("{}.0.99999999999999.{}", Uuid::new_v4(), "ab".repeat(32));
+    for pass in [None, Some("nonsense".to_owned()), Some(made_up)] {
+        for _ in 0..3 {
+            let run = Uuid::new_v4();
+            let mut request = app.transfer_request_from(&alice, lab_a, lab_b, 100, None).header(
+                "Race-Lab-Switches",
+                format!("cooldown=off, row_guard=read_decide_write, run={run}"),
+            );
+            if let Some(pass) = &pass {
+                request = request.header("Race-Lab-Pass", pass.as_str());
+            }
+            let (status, body) = problem(request.send().await.expect("send")).await;
+            assert_eq!(
+                (status, body["type"].as_str()),
+                (403, Some("/problems/race-lab-pass-invalid")),
+                "{pass:?}"
+            );
+        }
+    }
+    assert_eq!(
+        proxy.statements_run(),
+        Vec::<String>::new(),
+        "nothing reached PostgreSQL"
+    );
+    assert_eq!(
+        app.cooldown_keys().await,
+        Vec::<String>::new(),
+        "no window was taken"
+    );
+    assert_eq!(app.snapshot().await, before);
+}
+
+/// Lab money stays in its visitor's sandbox, switches or not: another
+/// visitor's lab wallet is answered as no wallet at all, and the sender's
+/// next run still resets cleanly.
+#[tokio::test]
+async fn lab_money_stays_in_its_visitors_sandbox() {
+    let app = spawn_app(|_| {}).await;
+    let mut alice = signed_up(&app, "alice").await;
+    let mallory = app.sign_up("mallory").await;
+    let alice_id: Uuid = sqlx::query_scalar("SELECT id FROM users WHERE name = 'alice'")
+        .fetch_one(&app.db)
+        .await
+        .expect("alice");
+    let (alice_lab, _) = lab_wallets_of(&app, alice_id).await;
+    let (mallory_lab, _) = lab_wallets_of(&app, mallory.user_id).await;
+    let before = app.snapshot().await;
+    let response = app
+        .transfer_request_from(&mallory, mallory_lab, alice_lab, 100, None)
+        .send()
+        .await
+        .expect("send");
+    let (status, body) = problem(response).await;
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (422, Some("/problems/unknown-target-wallet"))
+    );
+    assert_eq!(app.snapshot().await, before);
+
+    let (status, page) = run(
+        &mut alice,
+        &[
+            ("preset", "same-key"),
+            ("count", "10"),
+            ("keys", "same"),
+            ("cooldown", "on"),
+        ],
+    )
+    .await;
+    assert_eq!(status, 200, "{}", text_of(&page, "summary"));
+    assert_eq!(lab_of(&app, "alice").await.transfers, 1);
+}
+
+/// A visitor's runs are spaced and counted per minute, across instances
+/// (the count lives in PostgreSQL): a run past either bound fires nothing.
+#[tokio::test]
+async fn a_visitors_runs_are_spaced_and_counted() {
+    let form: &[(&str, &str)] = &[
+        ("preset", "same-key"),
+        ("count", "10"),
+        ("keys", "same"),
+        ("cooldown", "on"),
+    ];
+
+    let app = spawn_app(|settings| {
+        settings.race_lab_run_spacing_ms = 0;
+        settings.race_lab_runs_per_user_per_minute_max = 2;
+    })
+    .await;
+    let mut alice = signed_up(&app, "alice").await;
+    for _ in 0..2 {
+        assert_eq!(run(&mut alice, form).await.0, 200);
+    }
+    let transfers = app.transfer_count().await;
+    let (status, page) = run(&mut alice, form).await;
+    assert_eq!(status, 429);
+    assert!(page.contains("You started runs too quickly"), "{page}");
+    assert_eq!(
+        app.transfer_count().await,
+        transfers,
+        "the refused run fired nothing"
+    );
+    // Another visitor has a quota of their own.
+    let mut bob = signed_up(&app, "bob").await;
+    assert_eq!(run(&mut bob, form).await.0, 200);
+
+    let spaced = spawn_app(|settings| settings.race_lab_run_spacing_ms = 60_000).await;
+    let mut carol = signed_up(&spaced, "carol").await;
+    assert_eq!(run(&mut carol, form).await.0, 200);
+    let (status, page) = run(&mut carol, form).await;
+    assert_eq!(status, 429);
+    assert!(page.contains("fire again in"), "{page}");
 }

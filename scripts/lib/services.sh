@@ -111,9 +111,12 @@ ensure_database() {
   # schema's baseline no longer has (migrations/README.md), and the server
   # would refuse it. It holds only local test data: make it again.
   local known stale
-  known=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../migrations" && ls -- *.sql | cut -d_ -f1 | paste -sd, -)
-  stale=$(psql "$(database_url "$name")" -Atqc "SELECT count(*) FROM _sqlx_migrations
-      WHERE version <> ALL ('{$known}'::bigint[])" 2>/dev/null || true)
+  # Each migration as sqlx records it: its version and the SHA-384 of its
+  # text. A recorded migration that is not one of these is stale.
+  known=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../migrations" &&
+    for file in *.sql; do printf "(%s,'%s'::bytea)," "${file%%_*}" "\\x$(sha384sum "$file" | cut -d' ' -f1)"; done)
+  stale=$(psql "$(database_url "$name")" -Atqc "SELECT count(*) FROM _sqlx_migrations m
+      WHERE (m.version, m.checksum) NOT IN (VALUES ${known%,})" 2>/dev/null || true)
   if [ -n "$stale" ] && [ "$stale" != 0 ]; then
     log "database $name was made by an earlier build's migrations; making it again"
     psql "$PG_SERVER_URL" -qc "DROP DATABASE $name WITH (FORCE)" >/dev/null

@@ -28,6 +28,7 @@ pub enum ProblemType {
     UnknownTargetWallet,
     CurrencyMismatch,
     RaceLabSwitchesOff,
+    LabPassInvalid,
     LabWalletsOnly,
     ServiceUnavailable,
     OutcomeUnknown,
@@ -46,7 +47,7 @@ struct Entry {
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 23] = [
+    pub const ALL: [ProblemType; 24] = [
         ProblemType::MalformedRequest,
         ProblemType::ValidationFailed,
         ProblemType::Unauthorized,
@@ -66,6 +67,7 @@ impl ProblemType {
         ProblemType::UnknownTargetWallet,
         ProblemType::CurrencyMismatch,
         ProblemType::RaceLabSwitchesOff,
+        ProblemType::LabPassInvalid,
         ProblemType::LabWalletsOnly,
         ProblemType::ServiceUnavailable,
         ProblemType::OutcomeUnknown,
@@ -208,12 +210,19 @@ impl ProblemType {
                 "This deployment runs every race-lab request through all three defenses, so layers cannot be switched off. Nothing was sent.",
                 "The request carried a Race-Lab-Switches header, and this deployment has race_lab_switches_enabled off. Send the request without the header. Nothing was changed.",
             ),
+            LabPassInvalid => (
+                "race-lab-pass-invalid",
+                StatusCode::FORBIDDEN,
+                "Race-lab switches without a valid pass",
+                "Only the race lab's own runs can switch a defense off. Start a run from the race lab page. Nothing was sent.",
+                "The request carried a Race-Lab-Switches header without a valid Race-Lab-Pass: switches are honoured only on the requests a race-lab run sends itself, each with a pass minted for that visitor, run and shot, accepted once and only before it expires. Send the request without the header. Nothing was changed.",
+            ),
             LabWalletsOnly => (
                 "lab-wallets-only",
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "Switches apply to lab wallets only",
                 "Switching a defense off is only possible between your two lab wallets, never with real money. Nothing was sent.",
-                "The request carried a Race-Lab-Switches header, but its wallets are not both race-lab wallets. The transaction checked the wallets before doing anything, and the naive statements match lab rows only. Nothing was changed.",
+                "The request carried a Race-Lab-Switches header, but its wallets are not both the caller's own race-lab wallets. The wallets were checked before any layer, and the naive statements match lab rows only. Nothing was changed.",
             ),
             ServiceUnavailable => (
                 "service-unavailable",

@@ -15,6 +15,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -22,7 +23,9 @@ use tokio::net::TcpStream;
 use tokio::sync::Barrier;
 use uuid::Uuid;
 
+use super::pass::LabPasses;
 use crate::decision::Decision;
+use crate::domain::UserId;
 
 /// An answer is read up to this many bytes: a transfer's answer is a few
 /// hundred.
@@ -72,8 +75,20 @@ pub struct Target<'a> {
     pub address: SocketAddr,
     /// The visitor's own bearer token: the burst speaks for them.
     pub bearer_token: &'a str,
-    pub switches_header: Option<String>,
+    /// The run's switches, with a pass for each shot.
+    pub switches: Option<SwitchesWithPasses<'a>>,
     pub give_up_after: Duration,
+}
+
+/// A run's switches header, and what mints each shot's pass for it.
+pub struct SwitchesWithPasses<'a> {
+    pub header: String,
+    pub passes: &'a LabPasses,
+    pub user: UserId,
+    pub run: Uuid,
+    pub pass_lifetime: Duration,
+    /// Numbers the shots of the whole run, across its waves.
+    pub next_shot: AtomicU32,
 }
 
 /// Fires `shots` together and waits for every answer (or `give_up_after`).
@@ -171,8 +186,19 @@ fn request_bytes(target: &Target<'_>, shot: &Shot) -> Vec<u8> {
     if let Some(key) = shot.key {
         head.push_str(&format!("Idempotency-Key: {key}\r\n"));
     }
-    if let Some(switches) = &target.switches_header {
-        head.push_str(&format!("Race-Lab-Switches: {switches}\r\n"));
+    if let Some(switches) = &target.switches {
+        let shot = switches.next_shot.fetch_add(1, Ordering::Relaxed);
+        let pass = (switches.passes).mint(
+            switches.user,
+            switches.run,
+            shot,
+            &switches.header,
+            switches.pass_lifetime,
+        );
+        head.push_str(&format!(
+            "Race-Lab-Switches: {}\r\nRace-Lab-Pass: {pass}\r\n",
+            switches.header
+        ));
     }
     head.push_str("\r\n");
     let mut bytes = head.into_bytes();

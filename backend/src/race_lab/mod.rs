@@ -13,6 +13,7 @@
 //!   released together, the last byte of each written at once.
 
 pub mod burst;
+pub mod pass;
 pub mod presets;
 pub mod run;
 pub mod switches;
@@ -91,12 +92,21 @@ impl LabState {
     }
 }
 
-/// Whether both wallets of a transfer are lab wallets: asked before any
-/// layer of a request that carries race-lab switches.
-pub async fn both_are_lab_wallets(db: &sqlx::PgPool, request: &TransferRequest) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar("SELECT count(*) = 2 FROM wallets WHERE id IN ($1, $2) AND lab_slot IS NOT NULL")
-        .bind(request.from.0)
-        .bind(request.to.0)
-        .fetch_one(db)
-        .await
+/// Whether both wallets of a transfer are the caller's own two lab
+/// wallets: asked before any layer of a request that carries race-lab
+/// switches. Another visitor's lab wallet is refused like a real one, so
+/// one visitor's run can never reach into another's sandbox.
+pub async fn both_are_own_lab_wallets(
+    db: &sqlx::PgPool,
+    caller: UserId,
+    request: &TransferRequest,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT count(*) = 2 FROM wallets WHERE id IN ($1, $2) AND lab_slot IS NOT NULL AND user_id = $3",
+    )
+    .bind(request.from.0)
+    .bind(request.to.0)
+    .bind(caller.0)
+    .fetch_one(db)
+    .await
 }

@@ -2,9 +2,10 @@
 //! bursts through the public endpoint, then read what happened from the
 //! database.
 
+use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
-use super::burst::{self, Answer, Target};
+use super::burst::{self, Answer, SwitchesWithPasses, Target};
 use super::presets::{Funnel, KeyStrategy, Plan, Preset};
 use super::{LabState, Switches};
 use crate::domain::UserId;
@@ -41,6 +42,11 @@ pub enum RunError {
     Busy,
     #[error("another race-lab run of yours is still going")]
     AlreadyRunning,
+    /// The visitor's last run started less than `race_lab_run_spacing_ms`
+    /// ago, or they have started `race_lab_runs_per_user_per_minute_max`
+    /// runs in the last minute.
+    #[error("too many race-lab runs of yours; the next may start in {} ms", .retry_after.as_millis())]
+    TooSoon { retry_after: Duration },
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
 }
@@ -53,6 +59,13 @@ pub async fn run(
 ) -> Result<Run, RunError> {
     let lab = &state.config.race_lab;
     let _slot = state.lab_runs.try_acquire().map_err(|_| RunError::Busy)?;
+    // Every lab request in flight on this instance holds one permit, so all
+    // runs together stay within `race_lab_requests_in_flight_max`.
+    let requests = u32::try_from(request.count).map_err(|_| RunError::Busy)?;
+    let _requests = state
+        .lab_requests
+        .try_acquire_many(requests)
+        .map_err(|_| RunError::Busy)?;
     // One run per visitor at a time, across instances: a transaction-scoped
     // advisory lock, released when `_lease` is dropped, however the run ends.
     let mut lease = state.db.begin().await?;
@@ -64,6 +77,7 @@ pub async fn run(
     if !leased {
         return Err(RunError::AlreadyRunning);
     }
+    start_within_quota(state, user).await?;
     let wallets = super::reset(&state.db, user, lab.balance_minor).await?;
     let plan = request.preset.plan(
         wallets,
@@ -72,11 +86,22 @@ pub async fn run(
         request.keys,
         state.config.cooldown.ttl,
     );
-    let switches_header = (state.config.race_lab.switches_enabled).then(|| request.switches.header_value());
+    let switches = match request.switches.run {
+        Some(run) if lab.switches_enabled => Some(SwitchesWithPasses {
+            header: request.switches.header_value(),
+            passes: &state.lab_passes,
+            user,
+            run,
+            // A shot is sent within the run, or not at all.
+            pass_lifetime: lab.run_max,
+            next_shot: AtomicU32::new(0),
+        }),
+        _ => None,
+    };
     let target = Target {
         address: state.public_address,
         bearer_token,
-        switches_header,
+        switches,
         give_up_after: lab.run_max,
     };
     let mut answers = Vec::with_capacity(request.count);
@@ -122,4 +147,46 @@ pub async fn run(
         state: lab_state,
         kept,
     })
+}
+
+/// Records the start of a run, or refuses it when the visitor's last run
+/// started less than `race_lab_run_spacing_ms` ago, or when they started
+/// `race_lab_runs_per_user_per_minute_max` runs in the last minute. Called
+/// while holding the visitor's run lease, so instances cannot race here;
+/// the record commits on its own, since the lease's transaction is rolled
+/// back.
+async fn start_within_quota(state: &AppState, user: UserId) -> Result<(), RunError> {
+    let lab = &state.config.race_lab;
+    let (runs_last_minute, since_last_ms, until_quota_ms): (i64, Option<f64>, Option<f64>) = sqlx::query_as(
+        "WITH gone AS (
+             DELETE FROM race_lab_runs WHERE user_id = $1 AND started_at < clock_timestamp() - interval '1 minute'
+         ),
+         recent AS (
+             SELECT started_at FROM race_lab_runs
+              WHERE user_id = $1 AND started_at >= clock_timestamp() - interval '1 minute'
+         )
+         SELECT count(*),
+                (extract(epoch FROM clock_timestamp() - max(started_at)) * 1000)::float8,
+                (extract(epoch FROM min(started_at) + interval '1 minute' - clock_timestamp()) * 1000)::float8
+           FROM recent",
+    )
+    .bind(user.0)
+    .fetch_one(&state.db)
+    .await?;
+    let spacing_ms = lab.run_spacing.as_secs_f64() * 1000.0;
+    let wait_ms = match (since_last_ms, until_quota_ms) {
+        _ if runs_last_minute >= i64::from(lab.runs_per_user_per_minute_max) => until_quota_ms,
+        (Some(since), _) if since < spacing_ms => Some(spacing_ms - since),
+        _ => None,
+    };
+    if let Some(wait_ms) = wait_ms {
+        return Err(RunError::TooSoon {
+            retry_after: Duration::from_secs_f64(wait_ms.max(1.0) / 1000.0),
+        });
+    }
+    sqlx::query("INSERT INTO race_lab_runs (user_id) VALUES ($1)")
+        .bind(user.0)
+        .execute(&state.db)
+        .await?;
+    Ok(())
 }

@@ -9,10 +9,12 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::auth::VerifiedToken;
 use crate::decision::{Layer, Outcome};
 use crate::defense::idempotency::IdempotencyKey;
 use crate::domain::TransferRequest;
 use crate::problem::{self, Problem, ProblemType};
+use crate::race_lab::pass::PassRefused;
 use crate::race_lab::{self, Switches};
 use crate::routes::{authenticate, read_json_body};
 use crate::state::AppState;
@@ -28,7 +30,9 @@ use crate::transfer::pipeline::{self, Decided};
     params(("Idempotency-Key" = Option<Uuid>, Header,
         description = "A UUID naming this transfer; retries with the same key replay the first response"),
         ("Race-Lab-Switches" = Option<String>, Header,
-        description = "Race lab only: e.g. `cooldown=off, idempotency=check_then_insert, row_guard=read_decide_write`. Honoured for transfers between two race-lab wallets and refused for any other wallet")),
+        description = "Race lab only: e.g. `cooldown=off, idempotency=check_then_insert, row_guard=read_decide_write, run=<uuid>`. Honoured only with a valid Race-Lab-Pass, for transfers between the caller's own two race-lab wallets"),
+        ("Race-Lab-Pass" = Option<String>, Header,
+        description = "Race lab only: the pass a race-lab run mints for each request it sends, bound to the caller, the run, the shot and the switches, accepted once before it expires. Other clients cannot make one")),
     responses(
         (status = 201, description = "Transferred (or replayed, with Idempotent-Replayed: true)", body = transfer::TransferReceipt),
     ),
@@ -73,15 +77,25 @@ async fn decide(
         Ok(key) => key,
         Err(problem) => return Decided::refused(problem, Layer::Idempotency, Outcome::Invalid, user, None),
     };
-    let lab = match lab_switches(request, state) {
+    let lab = match lab_switches(request, state, &caller) {
         Ok(lab) => lab,
+        Err(problem) if problem.kind == ProblemType::LabPassInvalid => {
+            return Decided::refused(problem, Layer::NoLayer, Outcome::Unauthorized, user, key);
+        }
         Err(problem) => return Decided::refused(problem, Layer::NoLayer, Outcome::Invalid, user, key),
     };
     pipeline::through_the_layers(state, context, &caller, &transfer_request, key, lab).await
 }
 
-/// A race-lab request's switches, from its `Race-Lab-Switches` header.
-fn lab_switches(request: &HttpRequest, state: &AppState) -> Result<Option<Switches>, Problem> {
+/// A race-lab request's switches, from its `Race-Lab-Switches` header,
+/// honoured only with a pass this instance's own burst minted for the
+/// caller and this run (`race_lab::pass`). Refused here, before the
+/// cooldown, so a forged header never reaches a store.
+fn lab_switches(
+    request: &HttpRequest,
+    state: &AppState,
+    caller: &VerifiedToken,
+) -> Result<Option<Switches>, Problem> {
     let Some(value) = request.headers().get(race_lab::switches::HEADER) else {
         return Ok(None);
     };
@@ -91,18 +105,33 @@ fn lab_switches(request: &HttpRequest, state: &AppState) -> Result<Option<Switch
             "This deployment does not let race-lab requests switch layers off. Nothing was changed.",
         ));
     }
-    value
-        .to_str()
-        .ok()
-        .and_then(Switches::parse)
-        .map(Some)
-        .ok_or_else(|| {
-            Problem::new(
-                ProblemType::ValidationFailed,
-                "Race-Lab-Switches must read like \"cooldown=off, idempotency=check_then_insert, \
-                 row_guard=read_decide_write\" (each optional). Nothing was changed.",
-            )
-        })
+    let value = value.to_str().unwrap_or_default();
+    let switches = Switches::parse(value).ok_or_else(|| {
+        Problem::new(
+            ProblemType::ValidationFailed,
+            "Race-Lab-Switches must read like \"cooldown=off, idempotency=check_then_insert, \
+             row_guard=read_decide_write\" (each optional). Nothing was changed.",
+        )
+    })?;
+    let pass = request
+        .headers()
+        .get(race_lab::pass::HEADER)
+        .and_then(|pass| pass.to_str().ok());
+    let accepted = state
+        .lab_passes
+        .accept(caller.user_id, pass, value)
+        .and_then(|run| {
+            (switches.run == Some(run))
+                .then_some(switches)
+                .ok_or(PassRefused::Forged)
+        });
+    accepted.map(Some).map_err(|refused| {
+        tracing::warn!(reason = %refused, "refused race-lab switches without a valid pass");
+        Problem::new(
+            ProblemType::LabPassInvalid,
+            "Race-Lab-Switches are honoured only on the requests a race-lab run sends itself. Nothing was changed.",
+        )
+    })
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]

@@ -167,6 +167,14 @@ declare_settings! {
         /// read-decide-write), so that the race a switched-off layer allows
         /// shows on every run rather than by luck.
         race_lab_naive_window_ms: u64 = 50, within 0..=1_000 "ms";
+        /// A visitor's runs start at least this far apart, across instances.
+        race_lab_run_spacing_ms: u64 = 1_000, within 0..=600_000 "ms";
+        /// Runs one visitor may start in any minute, across instances.
+        race_lab_runs_per_user_per_minute_max: u32 = 10, within 1..=1_000 "runs";
+        /// Lab requests all runs on one instance may have in flight at once: a
+        /// run that would pass it is refused, so the lab cannot starve real
+        /// transfers of workers and connections.
+        race_lab_requests_in_flight_max: usize = 400, within 2..=10_000 "requests";
     }
 
     section "Browser demo" {

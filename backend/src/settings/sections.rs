@@ -129,6 +129,9 @@ pub struct RaceLab {
     pub balance_minor: i64,
     pub run_max: Duration,
     pub naive_window: Duration,
+    pub run_spacing: Duration,
+    pub runs_per_user_per_minute_max: u32,
+    pub requests_in_flight_max: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -221,6 +224,10 @@ impl Config {
                 self.database.statement_timeout.as_millis(),
                 enclosed.as_millis()
             ),
+        );
+        check.require(
+            self.race_lab.requests_in_flight_max >= self.race_lab.requests_max,
+            "race_lab_requests_in_flight_max must be at least race_lab_requests_max, or no full run could start",
         );
         let unsafe_modes = self.unsafe_modes();
         check.require(
@@ -372,6 +379,9 @@ impl From<&Settings> for RaceLab {
             balance_minor: s.race_lab_balance_minor,
             run_max: Duration::from_millis(s.race_lab_run_ms_max),
             naive_window: Duration::from_millis(s.race_lab_naive_window_ms),
+            run_spacing: Duration::from_millis(s.race_lab_run_spacing_ms),
+            runs_per_user_per_minute_max: s.race_lab_runs_per_user_per_minute_max,
+            requests_in_flight_max: s.race_lab_requests_in_flight_max,
         }
     }
 }

@@ -108,7 +108,10 @@ pub async fn execute(
 async fn execute_once(call: &Call<'_>) -> Result<Settled, TransactionError> {
     // Switches are honoured for lab wallets only, and a wallet never
     // becomes or stops being one, so this read needs no transaction.
-    if call.lab.is_some() && !crate::race_lab::both_are_lab_wallets(&call.state.db, call.request).await? {
+    if call.lab.is_some()
+        && !crate::race_lab::both_are_own_lab_wallets(&call.state.db, call.caller.user_id, call.request)
+            .await?
+    {
         return Err(TransactionError::Refused(lab_wallets_only()));
     }
     match Variants::of(call) {
@@ -121,7 +124,7 @@ fn lab_wallets_only() -> Refusal {
     Refusal::new(
         Problem::new(
             ProblemType::LabWalletsOnly,
-            "Race-lab switches apply only to transfers between race-lab wallets. Nothing was changed.",
+            "Race-lab switches apply only to transfers between your own two race-lab wallets. Nothing was changed.",
         ),
         Layer::NoLayer,
         Outcome::Invalid,

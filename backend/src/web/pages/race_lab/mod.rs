@@ -141,6 +141,18 @@ pub async fn fire(
             Some("Another run of yours is still going, perhaps in another tab. Nothing was sent; wait for it to finish.".into()),
             None,
         ),
+        Err(RunError::TooSoon { retry_after }) => lab_page(
+            &state,
+            &session,
+            StatusCode::TOO_MANY_REQUESTS,
+            lab_form,
+            Some(format!(
+                "You started runs too quickly: the lab spaces each visitor's runs so that it never slows other \
+                 people's transfers. Nothing was sent; fire again in {} s.",
+                retry_after.as_millis().div_ceil(1000).max(1)
+            )),
+            None,
+        ),
         Err(RunError::Database(error)) => {
             tracing::error!(error = %error, "database error during a race-lab run");
             lab_page(

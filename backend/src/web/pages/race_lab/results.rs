@@ -307,7 +307,7 @@ fn groups(state: &AppState, answers: &[Answer]) -> Vec<Group> {
                         key: answer
                             .shot
                             .key
-                            .map(|key| key.simple().to_string()[..8].to_owned())
+                            .map(crate::domain::short_id)
                             .unwrap_or_else(|| "none".to_owned()),
                         latency: milliseconds(answer.latency()),
                         instance: state.instance_id.to_string(),
