@@ -187,7 +187,11 @@ impl Preset {
                     state.transfers == 1 && state.moved_minor == plan.amount_minor
                 }
                 Preset::RetryAfterWindow => state.transfers == 1 && funnel.replayed >= 1,
-                Preset::Overdraw => state.moved_minor <= balance_minor && funnel.guard >= 1,
+                // The row guard refuses what the balance cannot cover, unless
+                // the cooldown already stopped the copies before it.
+                Preset::Overdraw => {
+                    state.moved_minor <= balance_minor && (funnel.guard >= 1 || funnel.cooldown > 0)
+                }
                 Preset::Crossing => funnel.failed == 0,
             }
     }

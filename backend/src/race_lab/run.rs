@@ -6,6 +6,7 @@ use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
 use super::burst::{self, Answer, SwitchesWithPasses, Target};
+use super::judgement::{Damage, Judgement};
 use super::presets::{Funnel, KeyStrategy, Plan, Preset};
 use super::{LabState, Switches};
 use crate::domain::UserId;
@@ -33,7 +34,11 @@ pub struct Run {
     pub wave_max: usize,
     pub funnel: Funnel,
     pub state: LabState,
+    /// Whether the preset's promise held, judged from the database.
     pub kept: bool,
+    /// What the run showed against what its switches predict.
+    pub judgement: Judgement,
+    pub damage: Damage,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -127,6 +132,15 @@ pub async fn run(
     let funnel = Funnel::of(&answers);
     let lab_state = LabState::read(&state.db, user).await?;
     let kept = request.preset.kept(&funnel, &lab_state, &plan, lab.balance_minor);
+    let damage = Damage::of(request.preset, &lab_state, lab.balance_minor);
+    // What the run actually used: a deployment with the switches off runs
+    // every layer whatever was asked.
+    let used = if lab.switches_enabled {
+        request.switches
+    } else {
+        Switches::ALL_ON
+    };
+    let judgement = Judgement::of(request.preset, &used, request.keys, &funnel, kept, &damage);
     // The run's keys served their purpose inside it; left, a visitor firing
     // run after run would pile up keys until their retention ends.
     let keys: Vec<uuid::Uuid> = plan.waves.iter().flatten().filter_map(|shot| shot.key).collect();
@@ -146,6 +160,8 @@ pub async fn run(
         funnel,
         state: lab_state,
         kept,
+        judgement,
+        damage,
     })
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::problem::ProblemType;
 use crate::race_lab::burst::Answer;
+use crate::race_lab::judgement::{self, Judgement, damage_sentences};
 use crate::race_lab::presets::{Preset, Stage};
 use crate::race_lab::run::Run;
 use crate::race_lab::{LAB_CURRENCY, Switches};
@@ -20,7 +21,11 @@ const EXAMPLES_PER_GROUP_MAX: usize = 5;
 pub(super) struct RunView {
     pub(super) preset: &'static str,
     pub(super) promise: &'static str,
-    pub(super) kept: bool,
+    /// The judgement's mark and sentence, and its class on the page.
+    pub(super) headline: String,
+    pub(super) headline_class: &'static str,
+    /// The damage counted against the database, one sentence each.
+    pub(super) damage: Vec<String>,
     pub(super) switches_off: Vec<&'static str>,
     pub(super) keys: &'static str,
     pub(super) sent: usize,
@@ -116,11 +121,14 @@ impl RunView {
             percent: percent(count),
         };
         let (expected_moved, moved_as_expected) = expected_money(run);
+        let damage = damage_sentences(&run.damage, run.request.keys, &run.plan, lab);
         let lab_state = &run.state;
         Self {
             preset: run.request.preset.label(),
             promise: run.request.preset.promise(),
-            kept: run.kept,
+            headline: headline(run, &switches, &damage, funnel),
+            headline_class: run.judgement.class(),
+            damage,
             switches_off: switches.off(),
             keys: run.request.keys.described(),
             sent: funnel.sent,
@@ -154,6 +162,34 @@ impl RunView {
             timeline: Timeline::of(&run.answers),
             groups: groups(state, &run.answers),
         }
+    }
+}
+
+/// The run's judgement in one sentence, its mark first.
+fn headline(
+    run: &Run,
+    switches: &Switches,
+    damage: &[String],
+    funnel: &crate::race_lab::presets::Funnel,
+) -> String {
+    let mark = run.judgement.mark();
+    let (cause, layer) = judgement::cause(run.request.preset, switches, run.request.keys);
+    match run.judgement {
+        Judgement::Protected => format!("{mark} It showed what it should."),
+        Judgement::NotProtected => format!("{mark} It did not show what it should."),
+        Judgement::DamageAsExpected => format!(
+            "{mark} As expected with {cause}: {}. This is what {layer} exists to stop.",
+            damage.join("; ")
+        ),
+        Judgement::HiddenByCooldown => format!(
+            "{mark} The cooldown lock stopped {} of the {} copies, so the naive layer was never reached and could not \
+             fail. Untick the cooldown and fire again to watch it fail.",
+            funnel.cooldown, funnel.sent
+        ),
+        Judgement::NoDamageThisTime => format!(
+            "{mark} With {cause}, nothing was charged twice and no money was created this time: the race did not \
+             hit. Fire again; nothing but {layer} makes that certain."
+        ),
     }
 }
 
