@@ -139,6 +139,7 @@ impl Application {
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(data.clone())
+                .app_data(web::FormConfig::default().error_handler(crate::web::pages::unreadable_form))
                 .wrap(security_headers())
                 .wrap(actix_web::middleware::from_fn(telemetry::trace_requests))
                 .wrap(actix_web::middleware::from_fn(listener::keep_listeners_apart))

@@ -323,6 +323,22 @@ async fn the_race_lab_shows_each_layer_catch_what_it_catches() {
         .expect("widths");
     assert_eq!(overflow, json!(0), "the page scrolls sideways at 390 px");
 
+    // The live feed, with the runs' decisions in it, fits the phone too.
+    client.goto(&app.url("/feed")).await.expect("open the feed");
+    client
+        .wait()
+        .for_element(Locator::Css("#feed tbody tr"))
+        .await
+        .expect("the feed shows the runs' decisions");
+    let overflow = client
+        .execute(
+            "return document.documentElement.scrollWidth - document.documentElement.clientWidth;",
+            vec![],
+        )
+        .await
+        .expect("widths");
+    assert_eq!(overflow, json!(0), "the feed scrolls sideways at 390 px");
+
     // Real money is untouched.
     assert_eq!(app.balance(app.wallet_of("alice").await).await, 100_000);
     app.assert_invariants().await;

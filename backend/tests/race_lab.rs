@@ -599,3 +599,24 @@ async fn the_verdict_follows_the_switches_and_the_evidence() {
     );
     assert_eq!(lab_of(&app, "alice").await.transfers, 1);
 }
+
+/// A form that cannot be read gets a page for people, not the parser's
+/// text, and nothing is fired.
+#[tokio::test]
+async fn an_unreadable_form_gets_a_page_for_people() {
+    let app = spawn_app(|_| {}).await;
+    let mut alice = signed_up(&app, "alice").await;
+    let (_, page) = alice.get("/race-lab").await;
+    let csrf = hidden(&page, "csrf");
+    let response = alice.post("/race-lab/runs", &[("csrf", csrf.as_str())]).await;
+    assert_eq!(response.status().as_u16(), 400);
+    let content_type = response.headers()["content-type"]
+        .to_str()
+        .expect("ascii")
+        .to_owned();
+    assert!(content_type.starts_with("text/html"), "{content_type}");
+    let page = response.text().await.expect("page");
+    assert!(page.contains("This form could not be read"), "{page}");
+    assert!(!page.contains("Parse error"), "{page}");
+    assert_eq!(app.transfer_count().await, 0);
+}

@@ -31,9 +31,15 @@
     return "other";
   }
 
+  // Each cell carries its column's heading, so that on a narrow screen,
+  // where the rows are stacked instead of laid out as a table, each value
+  // still says what it is.
+  const headings = Array.from(document.querySelectorAll("#feed thead th")).map((th) => th.textContent);
+
   function cell(tr, text, className) {
     const td = document.createElement("td");
     td.textContent = text;
+    td.dataset.label = headings[tr.children.length] || "";
     if (className) td.className = className;
     tr.appendChild(td);
     return td;

@@ -84,6 +84,26 @@ fn error_page(
     }
 }
 
+/// The answer to a browser form whose body cannot be read at all (a field
+/// missing or mangled): a page for people, never the form parser's own
+/// text. Nothing was done with the form. The page cannot look up the
+/// session here, so it shows none.
+pub fn unreadable_form(error: actix_web::error::UrlencodedError, request: &HttpRequest) -> actix_web::Error {
+    tracing::info!(error = %error, path = request.path(), "a browser form could not be read");
+    let response = match request.app_data::<actix_web::web::Data<AppState>>() {
+        Some(state) => error_page(
+            state,
+            None,
+            StatusCode::BAD_REQUEST,
+            "This form could not be read",
+            "Something in the form your browser sent was missing or damaged, so nothing was done with it. Go back, \
+             reload the page and try again.",
+        ),
+        None => HttpResponse::BadRequest().finish(),
+    };
+    actix_web::error::InternalError::from_response(error, response).into()
+}
+
 fn unavailable(state: &AppState, session: Option<&Session>, error: &sqlx::Error) -> HttpResponse {
     tracing::error!(error = %error, "database error while rendering a page");
     error_page(
