@@ -249,13 +249,16 @@ async fn the_race_lab_shows_each_layer_catch_what_it_catches() {
         ("double-click", &[][..], true, "race-lab-double-click"),
         (
             "same-key",
-            &["#switch-cooldown", "#switch-idempotency"][..],
+            &[
+                "#switch-cooldown option[value=off]",
+                "#switch-idempotency option[value=check_then_insert]",
+            ][..],
             false,
             "race-lab-naive-key",
         ),
         (
             "overdraw",
-            &["#switch-row-guard"][..],
+            &["#switch-row-guard option[value=read_decide_write]"][..],
             false,
             "race-lab-naive-guard",
         ),

@@ -10,7 +10,7 @@
   form.querySelectorAll("input[name=preset]").forEach(function (radio) {
     radio.addEventListener("change", function () {
       const cooldown = document.getElementById("switch-cooldown");
-      if (!cooldown.disabled) cooldown.checked = radio.dataset.cooldown === "on";
+      if (!cooldown.disabled) cooldown.value = radio.dataset.cooldown === "on" ? "on" : "off";
       document.getElementById("keys").value = radio.dataset.keys;
     });
   });
