@@ -120,6 +120,7 @@ impl Application {
             lab_requests: Arc::new(tokio::sync::Semaphore::new(
                 config.race_lab.requests_in_flight_max,
             )),
+            lab_db_slots: Arc::new(tokio::sync::Semaphore::new(config.race_lab.db_connections_max)),
             lab_passes: Arc::new(crate::race_lab::pass::LabPasses::new(
                 config.race_lab.runs_in_flight_max * config.race_lab.requests_max,
             )),

@@ -33,6 +33,8 @@ pub struct AppState {
     pub lab_runs: Arc<tokio::sync::Semaphore>,
     /// Bounds the lab requests all those runs have in flight at once.
     pub lab_requests: Arc<tokio::sync::Semaphore>,
+    /// The PostgreSQL connections the lab's transactions may hold at once.
+    pub lab_db_slots: Arc<tokio::sync::Semaphore>,
     /// The passes its bursts carry: switches are honoured with one only.
     pub lab_passes: Arc<crate::race_lab::pass::LabPasses>,
     /// The OpenAPI document, serialised once at start-up.

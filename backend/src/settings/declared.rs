@@ -175,6 +175,10 @@ declare_settings! {
         /// run that would pass it is refused, so the lab cannot starve real
         /// transfers of workers and connections.
         race_lab_requests_in_flight_max: usize = 400, within 2..=10_000 "requests";
+        /// PostgreSQL connections the lab's transactions hold at once; further
+        /// lab requests wait for one, so a burst never takes the pool from real
+        /// transfers. Less than `db_pool_connections_max`.
+        race_lab_db_connections_max: u32 = 4, within 1..=1_000 "connections";
     }
 
     section "Browser demo" {

@@ -132,6 +132,7 @@ pub struct RaceLab {
     pub run_spacing: Duration,
     pub runs_per_user_per_minute_max: u32,
     pub requests_in_flight_max: usize,
+    pub db_connections_max: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -228,6 +229,11 @@ impl Config {
         check.require(
             self.race_lab.requests_in_flight_max >= self.race_lab.requests_max,
             "race_lab_requests_in_flight_max must be at least race_lab_requests_max, or no full run could start",
+        );
+        check.require(
+            self.race_lab.db_connections_max < self.database.pool_connections_max as usize,
+            "race_lab_db_connections_max must be less than db_pool_connections_max, so that real transfers always \
+             have a connection",
         );
         let unsafe_modes = self.unsafe_modes();
         check.require(
@@ -382,6 +388,7 @@ impl From<&Settings> for RaceLab {
             run_spacing: Duration::from_millis(s.race_lab_run_spacing_ms),
             runs_per_user_per_minute_max: s.race_lab_runs_per_user_per_minute_max,
             requests_in_flight_max: s.race_lab_requests_in_flight_max,
+            db_connections_max: s.race_lab_db_connections_max as usize,
         }
     }
 }

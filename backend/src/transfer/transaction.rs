@@ -64,6 +64,20 @@ pub async fn execute(
         trace_id,
         lab,
     };
+    // A lab run's transactions wait for one of the lab's own connections
+    // (`race_lab_db_connections_max`) before taking one from the pool, so a
+    // burst never holds the whole pool, and real transfers, and the lab's
+    // own requests, are not refused for want of a connection.
+    let _lab_connection = match lab {
+        Some(_) => Some(
+            state
+                .lab_db_slots
+                .acquire()
+                .await
+                .map_err(|_| Refusal::new(Problem::internal(), Layer::NoLayer, Outcome::Error))?,
+        ),
+        None => None,
+    };
     let mut attempt = 0;
     loop {
         match execute_once(&call).await {
@@ -76,6 +90,20 @@ pub async fn execute(
             Err(TransactionError::Database { error, .. }) if is_lock_timeout(&error) => {
                 tracing::warn!("gave up waiting for a wallet row lock");
                 return Err(row_guard::wallet_busy());
+            }
+            // Said as what it is: with the fixed lock order only a naive
+            // variant's crossing transfers can deadlock.
+            Err(TransactionError::Database { error, .. }) if is_retryable(&error) => {
+                tracing::warn!(attempts = attempt + 1, error = %error, "a transfer kept failing to serialize");
+                return Err(Refusal::new(
+                    Problem::unavailable(format!(
+                        "This transfer crossed others and PostgreSQL broke the deadlock by rolling it back, {} times. \
+                         Nothing was changed; retry shortly.",
+                        attempt + 1
+                    )),
+                    Layer::NoLayer,
+                    Outcome::Error,
+                ));
             }
             Err(TransactionError::Database {
                 error,
