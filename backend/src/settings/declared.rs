@@ -177,7 +177,7 @@ declare_settings! {
         race_lab_requests_in_flight_max: usize = 400, within 2..=10_000 "requests";
         /// PostgreSQL connections the lab's transactions hold at once; further
         /// lab requests wait for one, so a burst never takes the pool from real
-        /// transfers. Less than `db_pool_connections_max`.
+        /// transfers. At most all but one of `db_pool_connections_max` are used.
         race_lab_db_connections_max: u32 = 4, within 1..=1_000 "connections";
     }
 

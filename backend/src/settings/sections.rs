@@ -230,11 +230,6 @@ impl Config {
             self.race_lab.requests_in_flight_max >= self.race_lab.requests_max,
             "race_lab_requests_in_flight_max must be at least race_lab_requests_max, or no full run could start",
         );
-        check.require(
-            self.race_lab.db_connections_max < self.database.pool_connections_max as usize,
-            "race_lab_db_connections_max must be less than db_pool_connections_max, so that real transfers always \
-             have a connection",
-        );
         let unsafe_modes = self.unsafe_modes();
         check.require(
             unsafe_modes.is_empty() || self.demo.allow_unsafe_modes,
@@ -388,7 +383,10 @@ impl From<&Settings> for RaceLab {
             run_spacing: Duration::from_millis(s.race_lab_run_spacing_ms),
             runs_per_user_per_minute_max: s.race_lab_runs_per_user_per_minute_max,
             requests_in_flight_max: s.race_lab_requests_in_flight_max,
-            db_connections_max: s.race_lab_db_connections_max as usize,
+            // At most all but one of the pool's connections (at least one),
+            // so that real transfers always have one to take.
+            db_connections_max: (s.race_lab_db_connections_max as usize)
+                .min((s.db_pool_connections_max as usize).saturating_sub(1).max(1)),
         }
     }
 }
