@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use fantoccini::{Client, ClientBuilder, Locator};
-use serde_json::json;
+use serde_json::{Value, json};
 use wallet_testkit::*;
 
 /// A chromedriver process and a browser session on it; both end on drop.
@@ -111,6 +111,17 @@ async fn click(client: &Client, css: &str) {
         .click()
         .await
         .expect("click");
+}
+
+/// How far the page scrolls sideways, in CSS pixels: 0 when it fits.
+async fn sideways_scroll_px(client: &Client) -> Value {
+    client
+        .execute(
+            "return document.documentElement.scrollWidth - document.documentElement.clientWidth;",
+            vec![],
+        )
+        .await
+        .expect("widths")
 }
 
 async fn text_of(client: &Client, css: &str) -> String {
@@ -317,13 +328,7 @@ async fn the_race_lab_shows_each_layer_catch_what_it_catches() {
 
     // A phone's width: the result fits without sideways scrolling.
     client.set_window_size(390, 900).await.expect("narrow window");
-    let overflow = client
-        .execute(
-            "return document.documentElement.scrollWidth - document.documentElement.clientWidth;",
-            vec![],
-        )
-        .await
-        .expect("widths");
+    let overflow = sideways_scroll_px(client).await;
     assert_eq!(overflow, json!(0), "the page scrolls sideways at 390 px");
 
     // The live feed, with the runs' decisions in it, fits the phone too.
@@ -333,13 +338,7 @@ async fn the_race_lab_shows_each_layer_catch_what_it_catches() {
         .for_element(Locator::Css("#feed tbody tr"))
         .await
         .expect("the feed shows the runs' decisions");
-    let overflow = client
-        .execute(
-            "return document.documentElement.scrollWidth - document.documentElement.clientWidth;",
-            vec![],
-        )
-        .await
-        .expect("widths");
+    let overflow = sideways_scroll_px(client).await;
     assert_eq!(overflow, json!(0), "the feed scrolls sideways at 390 px");
 
     // Real money is untouched.

@@ -403,7 +403,7 @@ fn runs_a_layer(statement: &str) -> bool {
 async fn a_lab_run_with_every_layer_on_sends_the_production_statement() {
     let (app, proxy) = spawn_app_behind_proxy(|settings| settings.race_lab_run_ms_max = 10_000).await;
     let (alice, bob) = app.alice_and_bob().await;
-    proxy.forget_statements();
+    proxy.record_statements();
     let response = app.transfer(&alice, bob.wallet_id, 100, Some(&new_key())).await;
     assert_eq!(response.status(), 201);
     let production: Vec<String> = proxy
@@ -417,7 +417,7 @@ async fn a_lab_run_with_every_layer_on_sends_the_production_statement() {
     // Cooldown off, so that every request reaches the database; the key and
     // the row guard at full strength. Keyless double clicks: each moves money.
     let mut visitor = signed_up(&app, "carol").await;
-    proxy.forget_statements();
+    proxy.record_statements();
     let (status, page) = run(
         &mut visitor,
         &[("preset", "double-click"), ("count", "10"), ("keys", "none")],
@@ -444,7 +444,7 @@ async fn forged_switches_are_refused_before_any_store() {
     let alice = app.sign_up("alice").await;
     let (lab_a, lab_b) = lab_wallets_of(&app, alice.user_id).await;
     let before = app.snapshot().await;
-    proxy.forget_statements();
+    proxy.record_statements();
     let made_up = format!("{}.0.99999999999999.{}", Uuid::new_v4(), "ab".repeat(32));
     for pass in [None, Some("nonsense".to_owned()), Some(made_up)] {
         for _ in 0..3 {

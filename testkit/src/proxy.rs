@@ -29,8 +29,10 @@ struct Wire {
     cut: Arc<Notify>,
     lose_reply: Arc<std::sync::Mutex<Option<ReplyFault>>>,
     replies_lost: Arc<AtomicU64>,
-    /// The text of every statement run through the proxy, in order.
-    statements_run: Arc<std::sync::Mutex<Vec<String>>>,
+    /// The text of every statement run through the proxy since a test
+    /// asked (`record_statements`), in order; `None` until then, so that
+    /// long storms through the proxy keep nothing.
+    statements_run: Arc<std::sync::Mutex<Option<Vec<String>>>>,
 }
 
 /// Which statement's reply to lose, and whether to go on losing them.
@@ -61,15 +63,22 @@ impl CountingProxy {
         Self { port, refusing, wire }
     }
 
-    /// The text of every statement the app has run so far (a simple query,
-    /// or the Bind of a prepared one), in the order the proxy saw them.
+    /// The text of every statement the app has run since
+    /// `record_statements` (a simple query, or the Bind of a prepared one),
+    /// in the order the proxy saw them.
     pub fn statements_run(&self) -> Vec<String> {
-        self.wire.statements_run.lock().expect("lock").clone()
+        self.wire
+            .statements_run
+            .lock()
+            .expect("lock")
+            .clone()
+            .unwrap_or_default()
     }
 
-    /// Starts `statements_run` afresh.
-    pub fn forget_statements(&self) {
-        self.wire.statements_run.lock().expect("lock").clear();
+    /// Records the statements run from now on, forgetting any recorded
+    /// before.
+    pub fn record_statements(&self) {
+        *self.wire.statements_run.lock().expect("lock") = Some(Vec::new());
     }
 
     /// Arms a one-shot fault: the next statement whose text contains
@@ -169,9 +178,10 @@ async fn pipe(client: TcpStream, server: TcpStream, wire: Wire) {
                 let mut carries_it = false;
                 for message in &messages {
                     let executes = statements.note(message);
-                    if let Some(text) = &executes {
-                        let text = String::from_utf8_lossy(text).trim_end_matches('\0').to_owned();
-                        wire.statements_run.lock().expect("lock").push(text);
+                    if let (Some(text), Some(log)) =
+                        (&executes, wire.statements_run.lock().expect("lock").as_mut())
+                    {
+                        log.push(String::from_utf8_lossy(text).trim_end_matches('\0').to_owned());
                     }
                     carries_it |= armed.as_ref().zip(executes).is_some_and(|(fault, text)| {
                         text.windows(fault.needle.len()).any(|w| w == fault.needle)

@@ -9,6 +9,7 @@
 //! then the decision is reported (span, log line, metrics, feed) and turned
 //! into an answer by the caller: JSON for the API, a page for the form.
 
+use std::borrow::Cow;
 use std::time::Instant;
 
 use actix_web::HttpResponse;
@@ -201,12 +202,13 @@ async fn decide(
 
 /// The action the cooldown window is scoped to, or `None` when a race-lab
 /// run switched the layer off. A named lab run has windows of its own.
-fn cooldown_action(lab: Option<Switches>) -> Option<String> {
+/// Borrowed for a client's transfer, so that the hot path allocates nothing.
+fn cooldown_action(lab: Option<Switches>) -> Option<Cow<'static, str>> {
     match lab {
-        None => Some(COOLDOWN_ACTION.to_owned()),
+        None => Some(Cow::Borrowed(COOLDOWN_ACTION)),
         Some(switches) if !switches.cooldown => None,
-        Some(Switches { run: Some(run), .. }) => Some(format!("{LAB_COOLDOWN_ACTION}:{run}")),
-        Some(_) => Some(LAB_COOLDOWN_ACTION.to_owned()),
+        Some(Switches { run: Some(run), .. }) => Some(Cow::Owned(format!("{LAB_COOLDOWN_ACTION}:{run}"))),
+        Some(_) => Some(Cow::Borrowed(LAB_COOLDOWN_ACTION)),
     }
 }
 
