@@ -122,7 +122,7 @@ impl Application {
             )),
             lab_db_slots: Arc::new(tokio::sync::Semaphore::new(config.race_lab.db_connections_max)),
             lab_passes: Arc::new(crate::race_lab::pass::LabPasses::new(
-                config.race_lab.runs_in_flight_max * config.race_lab.requests_max,
+                config.race_lab.passes_held_max,
             )),
             streams_per_user: Arc::default(),
             instance_id,

@@ -23,7 +23,7 @@ use crate::domain::UserId;
 
 pub const HEADER: &str = "race-lab-pass";
 
-/// Why a pass was refused. Each is answered the same way (403
+/// Why a pass was refused. Each but `Full` is answered the same way (403
 /// `race-lab-pass-invalid`); the reason goes to the log only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum PassRefused {
@@ -37,7 +37,9 @@ pub enum PassRefused {
     Expired,
     #[error("the pass was used already")]
     Used,
-    #[error("more passes are in use than any run may hold")]
+    /// Not the client's fault: the instance holds as many used passes as
+    /// it may. Answered busy, not as a forgery.
+    #[error("this instance holds as many used passes as it may")]
     Full,
 }
 
@@ -46,8 +48,7 @@ pub struct LabPasses {
     key: [u8; 32],
     /// (run, shot) → expiry in unix ms, for passes accepted once.
     used: Mutex<HashMap<(Uuid, u32), u64>>,
-    /// Accepted passes held at once: every shot of every run this instance
-    /// fires at once (`race_lab_runs_in_flight_max` × `race_lab_requests_max`).
+    /// Used passes held until they expire (`race_lab_passes_held_max`).
     used_max: usize,
 }
 

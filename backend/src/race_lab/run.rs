@@ -97,8 +97,8 @@ pub async fn run(
             passes: &state.lab_passes,
             user,
             run,
-            // A shot is sent within the run, or not at all.
-            pass_lifetime: lab.run_max,
+            // Minted just before its request is sent.
+            pass_lifetime: lab.pass_lifetime,
             next_shot: AtomicU32::new(0),
         }),
         _ => None,

@@ -126,6 +126,10 @@ fn lab_switches(
                 .ok_or(PassRefused::Forged)
         });
     accepted.map(Some).map_err(|refused| {
+        if refused == PassRefused::Full {
+            tracing::warn!("the race lab's used passes are at race_lab_passes_held_max");
+            return Problem::unavailable("The race lab is busy. Nothing was changed; fire again in a few seconds.");
+        }
         tracing::warn!(reason = %refused, "refused race-lab switches without a valid pass");
         Problem::new(
             ProblemType::LabPassInvalid,

@@ -179,6 +179,12 @@ declare_settings! {
         /// lab requests wait for one, so a burst never takes the pool from real
         /// transfers. At most all but one of `db_pool_connections_max` are used.
         race_lab_db_connections_max: u32 = 4, within 1..=1_000 "connections";
+        /// How long a lab request's pass is valid after the burst mints it,
+        /// just before sending the request.
+        race_lab_pass_lifetime_ms: u64 = 5_000, within 100..=600_000 "ms";
+        /// Used passes one instance remembers until they expire, so that none
+        /// is accepted twice. Past it, lab requests are answered busy.
+        race_lab_passes_held_max: usize = 20_000, within 100..=1_000_000 "passes";
     }
 
     section "Browser demo" {

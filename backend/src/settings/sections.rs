@@ -133,6 +133,8 @@ pub struct RaceLab {
     pub runs_per_user_per_minute_max: u32,
     pub requests_in_flight_max: usize,
     pub db_connections_max: usize,
+    pub pass_lifetime: Duration,
+    pub passes_held_max: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -383,6 +385,8 @@ impl From<&Settings> for RaceLab {
             run_spacing: Duration::from_millis(s.race_lab_run_spacing_ms),
             runs_per_user_per_minute_max: s.race_lab_runs_per_user_per_minute_max,
             requests_in_flight_max: s.race_lab_requests_in_flight_max,
+            pass_lifetime: Duration::from_millis(s.race_lab_pass_lifetime_ms),
+            passes_held_max: s.race_lab_passes_held_max,
             // At most all but one of the pool's connections (at least one),
             // so that real transfers always have one to take.
             db_connections_max: (s.race_lab_db_connections_max as usize)
