@@ -50,10 +50,11 @@ route_table! {
     "/signup" => GET pages::sign_up_page, POST pages::sign_up;
     "/signout" => POST pages::sign_out;
     "/wallet" => GET pages::wallet;
-    "/wallet/review" => POST pages::review;
-    "/wallet/transfer" => POST pages::transfer;
+    "/wallet/review" => GET pages::to_wallet, POST pages::review;
+    "/wallet/transfer" => GET pages::to_wallet, POST pages::transfer;
     "/race-lab" => GET pages::race_lab;
-    "/race-lab/runs" => POST pages::fire_race_lab_run;
+    "/race-lab/runs" => GET pages::to_race_lab, POST pages::fire_race_lab_run;
+    "/race-lab/runs/{id}" => GET pages::show_race_lab_run;
     "/feed" => GET pages::feed;
     "/problems/{slug}" => GET pages::problem_type;
     "/static/{file}" => GET site::static_file;

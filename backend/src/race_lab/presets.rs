@@ -294,17 +294,6 @@ impl Stage {
         }
     }
 
-    /// The timeline lane's short name.
-    pub fn lane(self) -> &'static str {
-        match self {
-            Stage::Cooldown => "cooldown",
-            Stage::Key => "idempotency key",
-            Stage::Guard => "row guard",
-            Stage::Moved => "moved",
-            Stage::Other => "other",
-        }
-    }
-
     /// The style class, for colour.
     pub fn class(self) -> &'static str {
         match self {

@@ -185,6 +185,12 @@ declare_settings! {
         /// Used passes one instance remembers until they expire, so that none
         /// is accepted twice. Past it, lab requests are answered busy.
         race_lab_passes_held_max: usize = 20_000, within 100..=1_000_000 "passes";
+        /// How long a run's results stay at their address
+        /// (`/race-lab/runs/{id}`); the sweeper deletes them after it.
+        race_lab_result_retention_hours: u64 = 168, within 1..=8_760 "hours";
+        /// Results one visitor keeps at once: a newer run's results push out
+        /// their oldest.
+        race_lab_results_per_user_max: i64 = 50, within 1..=10_000 "results";
     }
 
     section "Browser demo" {

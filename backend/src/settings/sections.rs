@@ -135,6 +135,8 @@ pub struct RaceLab {
     pub db_connections_max: usize,
     pub pass_lifetime: Duration,
     pub passes_held_max: usize,
+    pub result_retention: Duration,
+    pub results_per_user_max: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -387,6 +389,8 @@ impl From<&Settings> for RaceLab {
             requests_in_flight_max: s.race_lab_requests_in_flight_max,
             pass_lifetime: Duration::from_millis(s.race_lab_pass_lifetime_ms),
             passes_held_max: s.race_lab_passes_held_max,
+            result_retention: Duration::from_secs(s.race_lab_result_retention_hours * 3_600),
+            results_per_user_max: s.race_lab_results_per_user_max,
             // At most all but one of the pool's connections (at least one),
             // so that real transfers always have one to take.
             db_connections_max: (s.race_lab_db_connections_max as usize)

@@ -8,7 +8,7 @@ mod wallet;
 
 pub use account::{home, sign_in, sign_in_page, sign_out, sign_up, sign_up_page};
 pub use problem_types::{not_found_page, problem_type};
-pub use race_lab::{feed, fire as fire_race_lab_run, race_lab};
+pub use race_lab::{feed, fire as fire_race_lab_run, race_lab, show_run as show_race_lab_run};
 pub use wallet::{review, transfer, wallet};
 
 use actix_web::http::{StatusCode, header};
@@ -113,6 +113,17 @@ fn unavailable(state: &AppState, session: Option<&Session>, error: &sqlx::Error)
         "The wallet is unavailable",
         "We could not reach the database. Nothing was changed; please try again in a moment.",
     )
+}
+
+/// `GET` on an address that only takes a form's post: the page the form
+/// is on, rather than a bare 405.
+pub async fn to_wallet() -> HttpResponse {
+    redirect("/wallet")
+}
+
+/// `GET /race-lab/runs`: the lab, where runs are fired and listed.
+pub async fn to_race_lab() -> HttpResponse {
+    redirect("/race-lab")
 }
 
 fn redirect(to: &str) -> HttpResponse {

@@ -1,9 +1,10 @@
 //! The race lab and the live feed pages.
 //!
 //! The lab's form posts to `/race-lab/runs`; the server fires the burst
-//! (`race_lab::run`) and answers with the page and its results: a timeline,
-//! the funnel, the money checked against the database, and the answers
-//! grouped by how they ended.
+//! (`race_lab::run`), keeps the results (`race_lab::saved`) and redirects to
+//! `/race-lab/runs/{id}`, which shows them: a timeline, the funnel, the
+//! money checked against the database, and the answers grouped by how they
+//! ended.
 
 use std::time::Duration;
 
@@ -11,11 +12,12 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use askama_web::WebTemplate;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::auth;
 use crate::race_lab::presets::{KeyStrategy, Preset};
 use crate::race_lab::run::{self, RunError, RunRequest};
+use crate::race_lab::saved;
 use crate::race_lab::{LAB_CURRENCY, Switches};
 use crate::settings::{IdempotencyMode, RowGuardMode};
 use crate::state::AppState;
@@ -35,8 +37,11 @@ struct RaceLabPage {
     switches_enabled: bool,
     requests_max: usize,
     lab_balance: String,
+    /// How long a run's results stay at their address, in words.
+    retention: String,
     problem: Option<String>,
-    result: Option<RunView>,
+    /// A run's id and results.
+    result: Option<(uuid::Uuid, RunView)>,
 }
 
 /// The form as the visitor last set it.
@@ -64,31 +69,177 @@ struct FeedPage {
     chrome: Chrome,
 }
 
-/// `GET /race-lab`: the form, each preset with its defaults.
-pub async fn race_lab(request: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
+/// `GET /race-lab`: the form, as the visitor last set it when they come
+/// back from a run that could not start, with the reason; otherwise each
+/// preset with its defaults.
+pub async fn race_lab(
+    request: HttpRequest,
+    query: web::Query<LabQuery>,
+    state: web::Data<AppState>,
+) -> HttpResponse {
     let session = match require_session(&request, &state).await {
         Ok(session) => session,
         Err(response) => return response,
     };
+    let requests_max = state.config.race_lab.requests_max;
+    let form = match parse_run(&query.form, requests_max) {
+        Ok(run_request) => LabForm::of(&run_request),
+        Err(_) => LabForm::defaults(Preset::SameKey, 50.min(requests_max)),
+    };
+    let problem = NotFired::from_slug(&query.refused).map(|refusal| refusal.sentence(&state, query.wait_s.parse().unwrap_or(1)));
+    lab_page(&state, Some(&session), form, problem, None)
+}
+
+/// `GET /race-lab/runs/{id}`: a run's results, as long as they are kept.
+/// Anyone with the address may look: it names lab money only.
+pub async fn show_run(
+    request: HttpRequest,
+    id: web::Path<String>,
+    state: web::Data<AppState>,
+) -> HttpResponse {
+    let session = match crate::web::session(&request, &state).await {
+        Ok(session) => session,
+        Err(error) => return unavailable(&state, None, &error),
+    };
+    let kept = match crate::domain::parse_uuid(&id) {
+        Some(id) => match saved::load::<RunView>(&state.db, id).await {
+            Ok(view) => view.map(|view| (id, view)),
+            Err(error) => return unavailable(&state, session.as_ref(), &error),
+        },
+        None => None,
+    };
+    let Some(result) = kept else {
+        return error_page(
+            &state,
+            session.as_ref(),
+            StatusCode::NOT_FOUND,
+            "This run is no longer kept",
+            &format!(
+                "A race-lab run's results are kept for {} after it is fired, and each visitor keeps their latest {}. \
+                 These are gone, or the address is wrong. Open the race lab to fire a new run.",
+                retention_in_words(&state),
+                state.config.race_lab.results_per_user_max
+            ),
+        );
+    };
     let form = LabForm::defaults(Preset::SameKey, 50.min(state.config.race_lab.requests_max));
-    lab_page(&state, &session, StatusCode::OK, form, None, None)
+    lab_page(&state, session.as_ref(), form, None, Some(result))
+}
+
+/// What `/race-lab` may be opened with: the form as it was, and why the
+/// run was not fired.
+#[derive(Deserialize)]
+pub struct LabQuery {
+    #[serde(flatten)]
+    form: RunFields,
+    #[serde(default)]
+    refused: String,
+    /// Whole seconds, as text: a flattened query reads every value as a
+    /// string.
+    #[serde(default)]
+    wait_s: String,
+}
+
+/// The lab form's fields, as posted, or as carried back to the form when a
+/// run could not start. Every field defaults to empty, so a damaged form
+/// gets a sentence rather than a bare 400.
+#[derive(Deserialize, Serialize, Default)]
+#[serde(default)]
+pub struct RunFields {
+    preset: String,
+    count: String,
+    cooldown: String,
+    keys: String,
+    idempotency: String,
+    row_guard: String,
 }
 
 #[derive(Deserialize)]
 pub struct RunForm {
     csrf: String,
-    preset: String,
-    count: String,
-    #[serde(default)]
-    cooldown: Option<String>,
-    keys: String,
-    #[serde(default)]
-    idempotency: Option<String>,
-    #[serde(default)]
-    row_guard: Option<String>,
+    #[serde(flatten)]
+    fields: RunFields,
 }
 
-/// `POST /race-lab/runs`: fires the burst, then shows what happened.
+/// Why a run was not fired. Carried in the address the form redirects to,
+/// as a slug, so that the page can say it after post/redirect/get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NotFired {
+    NoPreset,
+    BadCount,
+    NoKeys,
+    WindowTooLong,
+    Busy,
+    AlreadyRunning,
+    TooSoon,
+    DatabaseLost,
+}
+
+impl NotFired {
+    const ALL: [NotFired; 8] = [
+        NotFired::NoPreset,
+        NotFired::BadCount,
+        NotFired::NoKeys,
+        NotFired::WindowTooLong,
+        NotFired::Busy,
+        NotFired::AlreadyRunning,
+        NotFired::TooSoon,
+        NotFired::DatabaseLost,
+    ];
+
+    fn slug(self) -> &'static str {
+        match self {
+            NotFired::NoPreset => "no-preset",
+            NotFired::BadCount => "bad-count",
+            NotFired::NoKeys => "no-keys",
+            NotFired::WindowTooLong => "window-too-long",
+            NotFired::Busy => "busy",
+            NotFired::AlreadyRunning => "already-running",
+            NotFired::TooSoon => "too-soon",
+            NotFired::DatabaseLost => "database-lost",
+        }
+    }
+
+    fn from_slug(slug: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|refusal| refusal.slug() == slug)
+    }
+
+    fn sentence(self, state: &AppState, wait_s: u64) -> String {
+        let requests_max = state.config.race_lab.requests_max;
+        match self {
+            NotFired::NoPreset => "Choose one of the presets. Nothing was sent.".to_owned(),
+            NotFired::BadCount => {
+                format!("The number of requests must be a whole number from 2 to {requests_max}. Nothing was sent.")
+            }
+            NotFired::NoKeys => "Choose which idempotency keys the requests carry. Nothing was sent.".to_owned(),
+            NotFired::WindowTooLong => format!(
+                "The cooldown window here lasts {} s, longer than a race-lab run may wait, so this preset cannot run \
+                 on this deployment. Nothing was sent.",
+                state.config.cooldown.ttl.as_secs()
+            ),
+            NotFired::Busy => {
+                "The race lab is busy with other visitors' runs. Nothing was sent; try again in a few seconds."
+                    .to_owned()
+            }
+            NotFired::AlreadyRunning => "Another run of yours is still going, perhaps in another tab. Nothing was \
+                                         sent; wait for it to finish."
+                .to_owned(),
+            NotFired::TooSoon => format!(
+                "You started runs too quickly: the lab spaces each visitor's runs so that it never slows other \
+                 people's transfers. Nothing was sent; fire again in {} s.",
+                wait_s.max(1)
+            ),
+            NotFired::DatabaseLost => "The race lab lost the database during this run, so it cannot show what \
+                                       happened. Only lab money can have moved: your real balance is untouched. Fire \
+                                       again in a moment; the next run starts from refilled lab wallets."
+                .to_owned(),
+        }
+    }
+}
+
+/// `POST /race-lab/runs`: fires the burst, keeps the results, and
+/// redirects to them (post/redirect/get); a run that cannot start
+/// redirects back to the form with the reason.
 pub async fn fire(
     request: HttpRequest,
     form: web::Form<RunForm>,
@@ -98,114 +249,86 @@ pub async fn fire(
         Ok(session) => session,
         Err(response) => return response,
     };
-    let requests_max = state.config.race_lab.requests_max;
-    let parsed = parse_run(&form, requests_max).and_then(|run_request| fits_in_a_run(&state, run_request));
-    let lab_form = match &parsed {
-        Ok(run_request) => LabForm::of(run_request),
-        Err(_) => LabForm::defaults(Preset::SameKey, 50.min(requests_max)),
+    let fields = &form.fields;
+    let not_fired = |refusal: NotFired, wait_s: u64| {
+        let query = serde_urlencoded::to_string(fields).unwrap_or_default();
+        redirect(&format!("/race-lab?{query}&refused={}&wait_s={wait_s}", refusal.slug()))
     };
-    let run_request = match parsed {
+    let run_request = match parse_run(fields, state.config.race_lab.requests_max)
+        .and_then(|run_request| fits_in_a_run(&state, run_request))
+    {
         Ok(run_request) => run_request,
-        Err(sentence) => {
-            return lab_page(
-                &state,
-                &session,
-                StatusCode::UNPROCESSABLE_ENTITY,
-                lab_form,
-                Some(sentence),
-                None,
-            );
-        }
+        Err(refusal) => return not_fired(refusal, 0),
     };
     let Some(cookie) = request.cookie(auth::SESSION_COOKIE) else {
         return redirect("/signin");
     };
-    match run::run(&state, session.token.user_id, cookie.value(), run_request).await {
-        Ok(run) => {
-            let view = RunView::of(&state, &run);
-            lab_page(&state, &session, StatusCode::OK, lab_form, None, Some(view))
+    let run = match run::run(&state, session.token.user_id, cookie.value(), run_request).await {
+        Ok(run) => run,
+        Err(RunError::Busy) => return not_fired(NotFired::Busy, 0),
+        Err(RunError::AlreadyRunning) => return not_fired(NotFired::AlreadyRunning, 0),
+        Err(RunError::TooSoon { retry_after }) => {
+            return not_fired(NotFired::TooSoon, retry_after.as_millis().div_ceil(1000) as u64);
         }
-        Err(RunError::Busy) => lab_page(
-            &state,
-            &session,
-            StatusCode::SERVICE_UNAVAILABLE,
-            lab_form,
-            Some("The race lab is busy with other visitors' runs. Nothing was sent; try again in a few seconds.".into()),
-            None,
-        ),
-        Err(RunError::AlreadyRunning) => lab_page(
-            &state,
-            &session,
-            StatusCode::CONFLICT,
-            lab_form,
-            Some("Another run of yours is still going, perhaps in another tab. Nothing was sent; wait for it to finish.".into()),
-            None,
-        ),
-        Err(RunError::TooSoon { retry_after }) => lab_page(
-            &state,
-            &session,
-            StatusCode::TOO_MANY_REQUESTS,
-            lab_form,
-            Some(format!(
-                "You started runs too quickly: the lab spaces each visitor's runs so that it never slows other \
-                 people's transfers. Nothing was sent; fire again in {} s.",
-                retry_after.as_millis().div_ceil(1000).max(1)
-            )),
-            None,
-        ),
         Err(RunError::Database(error)) => {
             tracing::error!(error = %error, "database error during a race-lab run");
-            lab_page(
-                &state,
-                &session,
-                StatusCode::SERVICE_UNAVAILABLE,
-                lab_form,
-                Some(
-                    "The race lab lost the database during this run, so it cannot show what happened. Only lab money \
-                     can have moved: your real balance is untouched. Fire again in a moment; the next run starts \
-                     from refilled lab wallets."
-                        .into(),
-                ),
-                None,
-            )
+            return not_fired(NotFired::DatabaseLost, 0);
+        }
+    };
+    let id = uuid::Uuid::new_v4();
+    let lab = &state.config.race_lab;
+    let view = RunView::of(&state, &run);
+    match saved::save(
+        &state.db,
+        session.token.user_id,
+        id,
+        &view,
+        lab.result_retention,
+        lab.results_per_user_max,
+    )
+    .await
+    {
+        Ok(()) => redirect(&format!("/race-lab/runs/{id}")),
+        Err(error) => {
+            // The run happened and its results are in hand: show them here
+            // rather than lose them, and say that they have no address.
+            tracing::error!(error = %error, "database error while keeping a race-lab run's results");
+            let form = LabForm::of(&run.request);
+            let problem = "These results could not be kept, so this page has no address of its own: reloading it \
+                           would fire again. Only lab money moved.";
+            lab_page(&state, Some(&session), form, Some(problem.to_owned()), Some((id, view)))
         }
     }
 }
 
 /// The retry preset waits out a cooldown window inside the run: with a
 /// window longer than a run may last, it cannot be fired here.
-fn fits_in_a_run(state: &AppState, run_request: RunRequest) -> Result<RunRequest, String> {
-    let window = state.config.cooldown.ttl;
-    let needed = window + Duration::from_secs(5);
+fn fits_in_a_run(state: &AppState, run_request: RunRequest) -> Result<RunRequest, NotFired> {
+    let needed = state.config.cooldown.ttl + Duration::from_secs(5);
     if run_request.preset == Preset::RetryAfterWindow && needed > state.config.race_lab.run_max {
-        return Err(format!(
-            "The cooldown window here lasts {} s, longer than a race-lab run may wait, so this preset cannot run on \
-             this deployment. Nothing was sent.",
-            window.as_secs()
-        ));
+        return Err(NotFired::WindowTooLong);
     }
     Ok(run_request)
 }
 
-fn parse_run(form: &RunForm, requests_max: usize) -> Result<RunRequest, String> {
-    let preset = Preset::from_slug(&form.preset).ok_or("Choose one of the presets.")?;
+fn parse_run(form: &RunFields, requests_max: usize) -> Result<RunRequest, NotFired> {
+    let preset = Preset::from_slug(&form.preset).ok_or(NotFired::NoPreset)?;
     let count = form
         .count
         .trim()
         .parse::<usize>()
         .ok()
         .filter(|count| (2..=requests_max).contains(count))
-        .ok_or_else(|| format!("The number of requests must be a whole number from 2 to {requests_max}."))?;
-    let keys =
-        KeyStrategy::from_slug(&form.keys).ok_or("Choose which idempotency keys the requests carry.")?;
+        .ok_or(NotFired::BadCount)?;
+    let keys = KeyStrategy::from_slug(&form.keys).ok_or(NotFired::NoKeys)?;
     let switches = Switches {
-        cooldown: form.cooldown.as_deref() == Some("on"),
-        idempotency: if form.idempotency.as_deref() == Some("check_then_insert") {
+        cooldown: form.cooldown == "on",
+        idempotency: if form.idempotency == "check_then_insert" {
             IdempotencyMode::CheckThenInsert
         } else {
             IdempotencyMode::Atomic
         },
-        row_guard: if form.row_guard.as_deref() == Some("read_decide_write") {
+        row_guard: if form.row_guard == "read_decide_write" {
             RowGuardMode::ReadDecideWrite
         } else {
             RowGuardMode::Guarded
@@ -220,19 +343,29 @@ fn parse_run(form: &RunForm, requests_max: usize) -> Result<RunRequest, String> 
     })
 }
 
+/// How long results are kept, in words.
+fn retention_in_words(state: &AppState) -> String {
+    let hours = state.config.race_lab.result_retention.as_secs() / 3_600;
+    match hours {
+        h if h % 24 == 0 && h >= 48 => format!("{} days", h / 24),
+        24 => "a day".to_owned(),
+        1 => "an hour".to_owned(),
+        h => format!("{h} hours"),
+    }
+}
+
 fn lab_page(
     state: &AppState,
-    session: &crate::web::Session,
-    status: StatusCode,
+    session: Option<&crate::web::Session>,
     form: LabForm,
     problem: Option<String>,
-    result: Option<RunView>,
+    result: Option<(uuid::Uuid, RunView)>,
 ) -> HttpResponse {
     let lab = &state.config.race_lab;
     with_page(
-        status,
+        StatusCode::OK,
         RaceLabPage {
-            chrome: Chrome::new(state, "Race lab", Some(session)),
+            chrome: Chrome::new(state, "Race lab", session),
             form,
             presets: Preset::ALL
                 .into_iter()
@@ -247,6 +380,7 @@ fn lab_page(
             switches_enabled: lab.switches_enabled,
             requests_max: lab.requests_max,
             lab_balance: money::format(lab.balance_minor, LAB_CURRENCY),
+            retention: retention_in_words(state),
             problem,
             result,
         },

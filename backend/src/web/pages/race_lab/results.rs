@@ -5,6 +5,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use crate::problem::ProblemType;
 use crate::race_lab::burst::Answer;
 use crate::race_lab::judgement::{self, Judgement, damage_sentences};
@@ -17,17 +19,20 @@ use crate::web::money;
 /// Examples shown under each group of answers.
 const EXAMPLES_PER_GROUP_MAX: usize = 5;
 
-/// One run, as the page shows it.
+/// One run, as the page shows it. Stored as JSON with the run
+/// (`race_lab_results`), so that its address shows the same page for as
+/// long as it is kept.
+#[derive(Serialize, Deserialize)]
 pub(super) struct RunView {
-    pub(super) preset: &'static str,
-    pub(super) promise: &'static str,
+    pub(super) preset: String,
+    pub(super) promise: String,
     /// The judgement's mark and sentence, and its class on the page.
     pub(super) headline: String,
-    pub(super) headline_class: &'static str,
+    pub(super) headline_class: String,
     /// The damage counted against the database, one sentence each.
     pub(super) damage: Vec<String>,
-    pub(super) switches_off: Vec<&'static str>,
-    pub(super) keys: &'static str,
+    pub(super) switches_off: Vec<String>,
+    pub(super) keys: String,
     pub(super) sent: usize,
     pub(super) overlap_max: usize,
     pub(super) wave: usize,
@@ -42,51 +47,73 @@ pub(super) struct RunView {
     pub(super) checks: Vec<Check>,
     pub(super) timeline: Timeline,
     pub(super) groups: Vec<Group>,
+    /// When the run was fired, in UTC, for the page of a stored run.
+    pub(super) fired_at: String,
 }
 
+#[derive(Serialize, Deserialize)]
 pub(super) struct FunnelRow {
-    pub(super) label: &'static str,
-    pub(super) class: &'static str,
+    pub(super) label: String,
+    pub(super) class: String,
     pub(super) count: usize,
     /// Bar width, percent of the requests sent.
     pub(super) percent: usize,
 }
 
+#[derive(Serialize, Deserialize)]
 pub(super) struct Check {
-    pub(super) label: &'static str,
+    pub(super) label: String,
     pub(super) held: bool,
 }
 
+/// Every answer on one time axis, one lane per stage. Marks are drawn in
+/// SVG (the page's policy allows no inline styles), words in HTML, so that
+/// the text keeps its size on a phone while the drawing scales.
+#[derive(Serialize, Deserialize)]
 pub(super) struct Timeline {
+    /// The drawing's width in SVG units; the axis runs from 0 to it.
     pub(super) width: u32,
-    pub(super) height: u32,
-    pub(super) last_ms: String,
     pub(super) lanes: Vec<Lane>,
+    /// Axis labels at 0, ¼, ½, ¾ and the whole of the axis.
+    pub(super) ticks: Vec<String>,
+    /// The x of each tick line.
+    pub(super) tick_xs: Vec<u32>,
+    /// The cooldown window from the first request, when the cooldown was
+    /// on: its right edge in SVG units (the axis width when the window
+    /// outlasts the run), and a sentence saying what the shading is.
+    pub(super) window_x: Option<u32>,
+    pub(super) window_note: String,
+}
+
+#[derive(Serialize, Deserialize)]
+pub(super) struct Lane {
+    pub(super) label: String,
+    pub(super) class: String,
+    pub(super) count: usize,
+    /// The lane's height in SVG units: its tallest column of marks.
+    pub(super) height: u32,
     pub(super) marks: Vec<Mark>,
 }
 
-pub(super) struct Lane {
-    pub(super) y: u32,
-    pub(super) label: &'static str,
-}
-
+#[derive(Serialize, Deserialize)]
 pub(super) struct Mark {
     pub(super) x: u32,
     pub(super) y: u32,
-    pub(super) class: &'static str,
     /// `circle`, `square` or `diamond`: moved, refused or replayed.
-    pub(super) shape: &'static str,
+    pub(super) shape: String,
     pub(super) title: String,
 }
 
+#[derive(Serialize, Deserialize)]
 pub(super) struct Group {
-    pub(super) label: &'static str,
-    pub(super) class: &'static str,
+    pub(super) label: String,
+    pub(super) class: String,
     pub(super) how: String,
     pub(super) count: usize,
     pub(super) examples: Vec<Example>,
 }
 
+#[derive(Serialize, Deserialize)]
 pub(super) struct Example {
     pub(super) number: usize,
     pub(super) status: String,
@@ -115,22 +142,23 @@ impl RunView {
         let funnel = &run.funnel;
         let percent = |count: usize| (count * 100).checked_div(funnel.sent).unwrap_or(0);
         let row = |stage: Stage, count: usize| FunnelRow {
-            label: stage.label(),
-            class: stage.class(),
+            label: stage.label().to_owned(),
+            class: stage.class().to_owned(),
             count,
             percent: percent(count),
         };
         let (expected_moved, moved_as_expected) = expected_money(run);
         let damage = damage_sentences(&run.damage, run.request.keys, &run.plan, lab);
         let lab_state = &run.state;
+        let cooldown_window = switches.cooldown.then_some(state.config.cooldown.ttl);
         Self {
-            preset: run.request.preset.label(),
-            promise: run.request.preset.promise(),
+            preset: run.request.preset.label().to_owned(),
+            promise: run.request.preset.promise().to_owned(),
             headline: headline(run, &switches, &damage, funnel),
-            headline_class: run.judgement.class(),
+            headline_class: run.judgement.class().to_owned(),
             damage,
-            switches_off: switches.off(),
-            keys: run.request.keys.described(),
+            switches_off: switches.off().into_iter().map(str::to_owned).collect(),
+            keys: run.request.keys.described().to_owned(),
             sent: funnel.sent,
             overlap_max: run.overlap_max,
             wave: run.wave_max,
@@ -138,8 +166,8 @@ impl RunView {
             amount: lab(run.plan.amount_minor),
             funnel: vec![
                 FunnelRow {
-                    label: "Sent",
-                    class: "sent",
+                    label: "Sent".to_owned(),
+                    class: "sent".to_owned(),
                     count: funnel.sent,
                     percent: 100,
                 },
@@ -157,10 +185,14 @@ impl RunView {
             checks: lab_state
                 .invariants()
                 .into_iter()
-                .map(|(label, held)| Check { label, held })
+                .map(|(label, held)| Check {
+                    label: label.to_owned(),
+                    held,
+                })
                 .collect(),
-            timeline: Timeline::of(&run.answers),
+            timeline: Timeline::of(&run.answers, cooldown_window),
             groups: groups(state, &run.answers),
+            fired_at: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
         }
     }
 }
@@ -217,70 +249,155 @@ fn expected_money(run: &Run) -> (String, bool) {
 }
 
 impl Timeline {
-    const WIDTH: u32 = 640;
-    const LEFT: u32 = 130;
-    const LANE_HEIGHT: u32 = 36;
+    /// The axis in SVG units: `COLUMNS` columns of `STEP` each.
+    const COLUMNS: u32 = 40;
+    const STEP: u32 = 10;
+    /// Marks one column holds before the next go to the nearest column
+    /// with room: a dense moment spreads sideways a little rather than
+    /// growing a lane taller than a screen. 40 columns of 10 hold 400
+    /// marks, twice the largest run.
+    const STACK_MAX: u32 = 10;
 
-    /// One lane per stage, x the milliseconds since the burst at which the
-    /// answer came, one mark per request.
-    fn of(answers: &[Answer]) -> Self {
-        let stages = Stage::ALL;
+    /// One lane per stage that any answer reached; x is the moment the
+    /// answer came, since the burst; one mark per request, stacked, so
+    /// that every mark can be counted at any N.
+    fn of(answers: &[Answer], cooldown_window: Option<Duration>) -> Self {
         let last = answers
             .iter()
             .map(|answer| answer.answered)
             .max()
-            .unwrap_or(Duration::ZERO)
-            .max(Duration::from_millis(1));
-        let span = Self::WIDTH - Self::LEFT - 16;
-        let lane_y = |stage: Stage| {
-            let index = stages
-                .iter()
-                .position(|s| *s == stage)
-                .unwrap_or(stages.len() - 1);
-            20 + Self::LANE_HEIGHT * u32::try_from(index).unwrap_or(0)
+            .unwrap_or(Duration::ZERO);
+        let axis_ms = nice_axis_ms(last.as_secs_f64() * 1000.0);
+        let width = Self::COLUMNS * Self::STEP;
+        let column_of = |at: Duration| {
+            let fraction = (at.as_secs_f64() * 1000.0 / axis_ms).clamp(0.0, 1.0);
+            ((fraction * f64::from(Self::COLUMNS)) as u32).min(Self::COLUMNS - 1)
         };
-        let marks = answers
-            .iter()
-            .enumerate()
-            .map(|(index, answer)| {
-                let stage = Stage::of(answer);
-                let fraction = answer.answered.as_secs_f64() / last.as_secs_f64();
-                // Spread marks that land together over the lane's height.
-                let jitter = u32::try_from(index % 5).unwrap_or(0) * 5;
-                Mark {
-                    x: Self::LEFT + (fraction * f64::from(span)).round() as u32,
-                    y: lane_y(stage) - 10 + jitter,
-                    class: stage.class(),
-                    shape: if answer.replayed {
-                        "diamond"
-                    } else if stage == Stage::Moved {
-                        "circle"
-                    } else {
-                        "square"
-                    },
-                    title: format!(
-                        "Request {}: {} after {}",
-                        index + 1,
-                        how_it_ended(answer),
-                        milliseconds(answer.answered)
-                    ),
-                }
+        let lanes = Stage::ALL
+            .into_iter()
+            .filter_map(|stage| {
+                let mut heights = vec![0u32; Self::COLUMNS as usize];
+                let marks: Vec<Mark> = answers
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, answer)| Stage::of(answer) == stage)
+                    .map(|(index, answer)| {
+                        let column = nearest_column_with_room(&heights, column_of(answer.answered), Self::STACK_MAX);
+                        let level = heights[column];
+                        heights[column] += 1;
+                        Mark {
+                            x: column as u32 * Self::STEP + Self::STEP / 2,
+                            y: level * Self::STEP + Self::STEP / 2,
+                            shape: if answer.replayed {
+                                "diamond"
+                            } else if stage == Stage::Moved {
+                                "circle"
+                            } else {
+                                "square"
+                            }
+                            .to_owned(),
+                            title: format!(
+                                "Request {}: {} after {}",
+                                index + 1,
+                                how_it_ended(answer),
+                                milliseconds(answer.answered)
+                            ),
+                        }
+                    })
+                    .collect();
+                let stack = heights.iter().copied().max().unwrap_or(0);
+                // Marks are placed from the top; flip them so that columns
+                // grow upwards from the lane's baseline.
+                let height = stack * Self::STEP;
+                let marks = marks
+                    .into_iter()
+                    .map(|mark| Mark {
+                        y: height - mark.y,
+                        ..mark
+                    })
+                    .collect::<Vec<_>>();
+                (!marks.is_empty()).then(|| Lane {
+                    label: stage.label().to_owned(),
+                    class: stage.class().to_owned(),
+                    count: marks.len(),
+                    height,
+                    marks,
+                })
             })
             .collect();
+        let quarter = axis_ms / 4.0;
+        let (window_x, window_note) = match cooldown_window {
+            None => (None, String::new()),
+            Some(window) => {
+                let window_ms = window.as_secs_f64() * 1000.0;
+                let edge = (window_ms / axis_ms).min(1.0) * f64::from(width);
+                let note = if window_ms >= axis_ms {
+                    format!(
+                        "Shaded: the cooldown window, {} from the first request. The whole run fell inside it.",
+                        axis_label(window_ms)
+                    )
+                } else {
+                    format!(
+                        "Shaded: the cooldown window, {} from the first request; it had ended when the requests \
+                         to its right arrived.",
+                        axis_label(window_ms)
+                    )
+                };
+                (Some(edge.round() as u32), note)
+            }
+        };
         Self {
-            width: Self::WIDTH,
-            height: 20 + Self::LANE_HEIGHT * 5,
-            last_ms: milliseconds(last),
-            lanes: stages
-                .into_iter()
-                .map(|stage| Lane {
-                    y: lane_y(stage),
-                    label: stage.lane(),
-                })
-                .collect(),
-            marks,
+            width,
+            lanes,
+            ticks: (0..=4).map(|i| axis_label(quarter * f64::from(i))).collect(),
+            tick_xs: (0..=4).map(|i| width * i / 4).collect(),
+            window_x,
+            window_note,
         }
     }
+}
+
+/// The column nearest `wanted` with fewer than `stack_max` marks, looking
+/// left and right alternately; `wanted` itself when every column is full.
+fn nearest_column_with_room(heights: &[u32], wanted: u32, stack_max: u32) -> usize {
+    let wanted = wanted as usize;
+    (0..heights.len())
+        .flat_map(|distance| [wanted.checked_add(distance), wanted.checked_sub(distance)])
+        .flatten()
+        .find(|column| heights.get(*column).is_some_and(|height| *height < stack_max))
+        .unwrap_or(wanted)
+}
+
+/// An axis end at or above `last_ms` whose quarters are round numbers of
+/// milliseconds: 1, 2, 4, 6 or 8 times a power of ten.
+fn nice_axis_ms(last_ms: f64) -> f64 {
+    let last_ms = last_ms.max(1.0);
+    let mut power = 1.0;
+    while power * 10.0 < last_ms {
+        power *= 10.0;
+    }
+    [1.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+        .into_iter()
+        .map(|factor| factor * power)
+        .find(|end| *end >= last_ms)
+        .unwrap_or(10.0 * power)
+}
+
+/// A tick's label: milliseconds, with a thousands separator.
+fn axis_label(ms: f64) -> String {
+    let whole = ms.round() as u64;
+    if ms < 10.0 && (ms - ms.round()).abs() > f64::EPSILON {
+        return format!("{ms:.1} ms");
+    }
+    let digits = whole.to_string();
+    let mut grouped = String::new();
+    for (index, digit) in digits.chars().enumerate() {
+        if index > 0 && (digits.len() - index) % 3 == 0 {
+            grouped.push(',');
+        }
+        grouped.push(digit);
+    }
+    format!("{grouped} ms")
 }
 
 fn milliseconds(duration: Duration) -> String {
@@ -316,8 +433,8 @@ fn groups(state: &AppState, answers: &[Answer]) -> Vec<Group> {
     grouped
         .into_iter()
         .map(|((stage, how), members)| Group {
-            label: stage.label(),
-            class: stage.class(),
+            label: stage.label().to_owned(),
+            class: stage.class().to_owned(),
             how,
             count: members.len(),
             examples: members
