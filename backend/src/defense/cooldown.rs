@@ -55,13 +55,35 @@ use crate::settings::{Config, CooldownScope, StoreErrorPolicy};
 /// Redis Cluster keeps them in one slot.
 const ACQUIRE: &str = r"
 if redis.call('EXISTS', KEYS[2]) == 1 then
-    return {2, 0}
+    return {2, 0, 0}
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    return {1, 0}
+    return {1, 0, 0}
 end
-return {0, redis.call('PTTL', KEYS[1])}
+local holder = redis.call('GET', KEYS[1])
+local refused = 0
+if holder and string.sub(holder, -string.len(ARGV[3])) == ARGV[3] then
+    refused = 1
+end
+return {0, redis.call('PTTL', KEYS[1]), refused}
 ";
+
+/// Marks the window of a request that was refused after it took the
+/// window (insufficient funds, a reused key): the window stays, so that a
+/// burst of the same refused request still meets the edge, but the next
+/// 429 can say that the last attempt was refused rather than sent. Only
+/// the holder may mark it; the time left is kept.
+const MARK_REFUSED_IF_OWNER: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    redis.call('SET', KEYS[1], ARGV[1] .. ARGV[2], 'KEEPTTL')
+    return 1
+end
+return 0
+";
+
+/// What a refused holder's token is followed by in its window's key
+/// (`ARGV[3]` of `ACQUIRE`, `ARGV[2]` of `MARK_REFUSED_IF_OWNER`).
+const REFUSED_SUFFIX: &str = ":refused";
 
 /// Compare-and-delete: only the holder of `token` may remove the key.
 const RELEASE_IF_OWNER: &str = r"
@@ -82,6 +104,9 @@ pub enum CooldownVerdict {
         retry_after: Duration,
         /// Since the window began: since the transfer that holds it.
         elapsed: Duration,
+        /// The request that took the window was refused (and moved
+        /// nothing).
+        last_refused: bool,
     },
     /// The token was revoked: refused before it could take the window.
     TokenRevoked,
@@ -135,6 +160,7 @@ pub struct CooldownLock {
     command_timeout: Duration,
     acquire_script: Arc<Script>,
     release_script: Arc<Script>,
+    mark_refused_script: Arc<Script>,
     /// Requests let through because Redis could not be asked.
     fail_open_passes: IntCounter,
 }
@@ -153,6 +179,7 @@ impl CooldownLock {
             command_timeout: config.redis.command_timeout,
             acquire_script: Arc::new(Script::new(ACQUIRE)),
             release_script: Arc::new(Script::new(RELEASE_IF_OWNER)),
+            mark_refused_script: Arc::new(Script::new(MARK_REFUSED_IF_OWNER)),
             fail_open_passes,
         }
     }
@@ -217,8 +244,12 @@ impl CooldownLock {
                 without_store: true,
             }),
             Ok(CooldownVerdict::Disabled) => Ok(CooldownPass::OFF),
-            Ok(CooldownVerdict::Active { retry_after, elapsed }) => Err(Refusal::new(
-                self.window_still_open(retry_after, elapsed),
+            Ok(CooldownVerdict::Active {
+                retry_after,
+                elapsed,
+                last_refused,
+            }) => Err(Refusal::new(
+                self.window_still_open(retry_after, elapsed, last_refused),
                 Layer::Cooldown,
                 Outcome::Rejected,
             )),
@@ -235,7 +266,7 @@ impl CooldownLock {
     }
 
     /// The 429, saying what happened and when the next transfer is possible.
-    fn window_still_open(&self, retry_after: Duration, elapsed: Duration) -> Problem {
+    fn window_still_open(&self, retry_after: Duration, elapsed: Duration, last_refused: bool) -> Problem {
         let seconds = retry_after_s(retry_after);
         let ago = if elapsed.as_secs() == 0 {
             "less than a second ago".to_owned()
@@ -243,14 +274,21 @@ impl CooldownLock {
             format!("{} s ago", elapsed.as_secs())
         };
         let spacing = human_duration(self.ttl);
+        // A refused attempt keeps its window too: a burst of one refused
+        // request must still meet the edge, not the database.
+        let (last, kept) = if last_refused {
+            ("tried", " It was refused, and its window still holds.")
+        } else {
+            ("sent", "")
+        };
         let detail = match self.scope {
             CooldownScope::UserAction => format!(
-                "You sent a transfer {ago}. Transfers are spaced at least {spacing} apart so that duplicates \
-                 cannot slip through. Try again in {seconds} s."
+                "You {last} a transfer {ago}.{kept} Transfers are spaced at least {spacing} apart so that \
+                 duplicates cannot slip through. Try again in {seconds} s."
             ),
             CooldownScope::UserActionBody => format!(
-                "You sent this same transfer {ago}. Identical transfers are spaced at least {spacing} apart so \
-                 that duplicates cannot slip through. Try again in {seconds} s."
+                "You {last} this same transfer {ago}.{kept} Identical transfers are spaced at least {spacing} \
+                 apart so that duplicates cannot slip through. Try again in {seconds} s."
             ),
         };
         Problem::new(ProblemType::CooldownActive, detail)
@@ -301,21 +339,23 @@ impl CooldownLock {
                 .key(self.revocation_key(caller))
                 .arg(&token)
                 .arg(self.ttl.as_millis())
-                .invoke_async::<(i64, i64)>(&mut conn)
+                .arg(REFUSED_SUFFIX)
+                .invoke_async::<(i64, i64, i64)>(&mut conn)
                 .await
                 .map_err(|e| e.to_string())
         };
         match tokio::time::timeout(self.command_timeout, attempt).await {
-            Ok(Ok((1, _))) => Ok(CooldownVerdict::Acquired(CooldownPermit { key, token })),
-            Ok(Ok((2, _))) => Ok(CooldownVerdict::TokenRevoked),
+            Ok(Ok((1, _, _))) => Ok(CooldownVerdict::Acquired(CooldownPermit { key, token })),
+            Ok(Ok((2, _, _))) => Ok(CooldownVerdict::TokenRevoked),
             // A window always has a TTL (the script sets none without one),
             // so a negative PTTL cannot happen; clamp it anyway.
-            Ok(Ok((_, remaining_ms))) => {
+            Ok(Ok((_, remaining_ms, refused))) => {
                 let retry_after =
                     Duration::from_millis(u64::try_from(remaining_ms).unwrap_or(0)).min(self.ttl);
                 Ok(CooldownVerdict::Active {
                     retry_after,
                     elapsed: self.ttl - retry_after,
+                    last_refused: refused == 1,
                 })
             }
             Ok(Err(error)) => self.store_failed(&error),
@@ -367,6 +407,31 @@ impl CooldownLock {
             Ok(Ok(())) => {}
             Ok(Err(error)) => tracing::warn!(error, "could not record a token's revocation in Redis"),
             Err(_elapsed) => tracing::warn!("recording a token's revocation in Redis timed out"),
+        }
+    }
+
+    /// Marks the window as held by a refused attempt, if we still own it,
+    /// so that the next 429 says "tried" rather than "sent". Best effort:
+    /// if Redis is gone, the next 429 says "sent", and the window expires
+    /// as usual.
+    pub async fn mark_refused(&self, permit: &CooldownPermit) {
+        let Some(store) = &self.store else {
+            return;
+        };
+        let attempt = async {
+            let mut conn = store.get().await?;
+            self.mark_refused_script
+                .key(&permit.key)
+                .arg(&permit.token)
+                .arg(REFUSED_SUFFIX)
+                .invoke_async::<i64>(&mut conn)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(self.command_timeout, attempt).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => tracing::warn!(error, "could not mark the cooldown window as refused"),
+            Err(_elapsed) => tracing::warn!("marking the cooldown window as refused timed out"),
         }
     }
 

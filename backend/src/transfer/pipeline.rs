@@ -217,14 +217,19 @@ fn cooldown_action(lab: Option<Switches>) -> Option<Cow<'static, str>> {
 /// (so an honest retry is not blocked for the rest of the TTL), or a token
 /// the transaction found revoked (whose owner it must not lock out). When
 /// the outcome is unknown the window stays: a keyless retry inside it
-/// could pay twice.
+/// could pay twice. A refusal keeps its window too (a burst of the same
+/// refused request must still meet the edge), marked so that the next 429
+/// says the last attempt was refused.
 async fn give_the_window_back_if_unused(state: &AppState, cooldown: CooldownPass, decided: &Decided) {
     let Some(permit) = cooldown.permit else {
         return;
     };
-    let changed_nothing = decided.status() >= 500 && !decided.is_refusal(ProblemType::OutcomeUnknown);
+    let status = decided.status();
+    let changed_nothing = status >= 500 && !decided.is_refusal(ProblemType::OutcomeUnknown);
     if changed_nothing || decided.is_refusal(ProblemType::Unauthorized) {
         state.cooldown.release(&permit).await;
+    } else if (400..500).contains(&status) {
+        state.cooldown.mark_refused(&permit).await;
     }
 }
 
