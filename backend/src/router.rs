@@ -50,7 +50,7 @@ route_table! {
     "/signup" => GET pages::sign_up_page, POST pages::sign_up;
     "/signout" => POST pages::sign_out;
     "/wallet" => GET pages::wallet;
-    "/wallet/review" => GET pages::to_wallet, POST pages::review;
+    "/wallet/review" => GET pages::review_shown, POST pages::review;
     "/wallet/transfer" => GET pages::to_wallet, POST pages::transfer;
     "/race-lab" => GET pages::race_lab;
     "/race-lab/runs" => GET pages::to_race_lab, POST pages::fire_race_lab_run;

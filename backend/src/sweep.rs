@@ -1,6 +1,6 @@
 //! Deleting what has expired: idempotency keys past their retention, token
-//! hashes past their expiry and race-lab results past theirs, in bounded
-//! batches, on a timer.
+//! hashes past their expiry, and race-lab results and wallet pages past
+//! theirs, in bounded batches, on a timer.
 
 use std::time::Duration;
 
@@ -51,6 +51,20 @@ pub async fn expired_race_lab_results(pool: &PgPool, batch_rows_max: i64) -> Res
     .await
 }
 
+/// Deletes kept wallet pages past `wallet_page_retention_s`, at most
+/// `batch_rows_max` per statement; returns how many it deleted. An expired
+/// page is not shown whether or not its row is still there.
+pub async fn expired_wallet_pages(pool: &PgPool, batch_rows_max: i64) -> Result<u64, sqlx::Error> {
+    delete_in_batches(
+        pool,
+        "DELETE FROM wallet_pages_shown WHERE user_id IN (
+             SELECT user_id FROM wallet_pages_shown WHERE expires_at <= now()
+             LIMIT $1 FOR UPDATE SKIP LOCKED)",
+        batch_rows_max,
+    )
+    .await
+}
+
 /// Runs `statement` (a `DELETE` whose `$1` is the batch size) until a batch
 /// deletes fewer rows than `batch_rows_max`; returns how many it deleted.
 /// Each batch is its own statement, so no sweep holds many row locks or
@@ -74,8 +88,8 @@ async fn delete_in_batches(
     }
 }
 
-/// Deletes expired idempotency keys, token hashes and race-lab results
-/// every `interval`
+/// Deletes expired idempotency keys, token hashes, race-lab results and
+/// wallet pages every `interval`
 /// until the returned handle is aborted (at shutdown). Several instances
 /// may sweep at once: `SKIP LOCKED` keeps them off each other's rows.
 pub fn spawn_sweeper(pool: PgPool, interval: Duration, batch_rows_max: i64) -> tokio::task::JoinHandle<()> {
@@ -101,9 +115,19 @@ pub fn spawn_sweeper(pool: PgPool, interval: Duration, batch_rows_max: i64) -> t
                 Ok(deleted) => tracing::info!(tokens.deleted = deleted, "swept expired tokens"),
                 Err(error) => tracing::warn!(error = %error, "token sweep failed; will retry next interval"),
             }
+            match expired_wallet_pages(&pool, batch_rows_max).await {
+                Ok(0) => {}
+                Ok(deleted) => tracing::info!(wallet.pages_deleted = deleted, "swept expired wallet pages"),
+                Err(error) => {
+                    tracing::warn!(error = %error, "wallet page sweep failed; will retry next interval")
+                }
+            }
             match expired_race_lab_results(&pool, batch_rows_max).await {
                 Ok(0) => {}
-                Ok(deleted) => tracing::info!(race_lab.results_deleted = deleted, "swept expired race-lab results"),
+                Ok(deleted) => tracing::info!(
+                    race_lab.results_deleted = deleted,
+                    "swept expired race-lab results"
+                ),
                 Err(error) => {
                     tracing::warn!(error = %error, "race-lab result sweep failed; will retry next interval")
                 }

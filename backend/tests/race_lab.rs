@@ -49,7 +49,11 @@ async fn run(visitor: &mut Visitor, form: &[(&str, &str)]) -> (String, String) {
     let mut fields = vec![("csrf", csrf.as_str())];
     fields.extend_from_slice(form);
     let response = visitor.post("/race-lab/runs", &fields).await;
-    assert_eq!(response.status(), 303, "the lab form redirects, whatever happened");
+    assert_eq!(
+        response.status(),
+        303,
+        "the lab form redirects, whatever happened"
+    );
     let location = response.headers()["location"].to_str().expect("ascii").to_owned();
     let led = match location.strip_prefix("/race-lab/runs/") {
         Some(_) => "fired".to_owned(),
@@ -633,8 +637,15 @@ async fn an_unreadable_form_gets_a_page_for_people() {
 
     let (led, page) = run(&mut alice, &[]).await;
     assert_eq!(led, "no-preset");
-    assert!(page.contains("Choose one of the presets. Nothing was sent."), "{page}");
-    let (led, page) = run(&mut alice, &[("preset", "same-key"), ("count", "9000"), ("keys", "same")]).await;
+    assert!(
+        page.contains("Choose one of the presets. Nothing was sent."),
+        "{page}"
+    );
+    let (led, page) = run(
+        &mut alice,
+        &[("preset", "same-key"), ("count", "9000"), ("keys", "same")],
+    )
+    .await;
     assert_eq!(led, "bad-count");
     assert!(page.contains("from 2 to 200"), "{page}");
     assert_eq!(app.transfer_count().await, 0);
@@ -680,7 +691,10 @@ async fn a_run_is_kept_at_its_own_address_and_reloading_fires_nothing() {
     // Kept at most race_lab_results_per_user_max per visitor: two newer
     // runs push the first out, and its address says so.
     for _ in 0..2 {
-        sqlx::query("DELETE FROM race_lab_runs").execute(&app.db).await.expect("quota reset");
+        sqlx::query("DELETE FROM race_lab_runs")
+            .execute(&app.db)
+            .await
+            .expect("quota reset");
         assert_eq!(run(&mut alice, form).await.0, "fired");
     }
     let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM race_lab_results")
@@ -693,7 +707,12 @@ async fn a_run_is_kept_at_its_own_address_and_reloading_fires_nothing() {
     assert!(gone.contains("This run is no longer kept"), "{gone}");
 
     // Opening the form's address by hand leads to the lab, not to a 405.
-    let response = alice.http.get(format!("{}/race-lab/runs", app.address)).send().await.expect("get");
+    let response = alice
+        .http
+        .get(format!("{}/race-lab/runs", app.address))
+        .send()
+        .await
+        .expect("get");
     assert_eq!(response.status(), 303);
     assert_eq!(response.headers()["location"], "/race-lab");
 }

@@ -65,14 +65,40 @@ async fn the_transfer_form_goes_through_the_layers_and_a_resubmit_replays() {
     assert_eq!(app.transfer_count().await, 1, "and sends nothing");
     assert!(page.contains("$987.50"));
 
-    // The browser resubmits the same confirmation (same hidden key).
+    // The browser resubmits the same confirmation (same hidden key): the
+    // replay has an address of its own too, and reloading it sends nothing.
     let again = alice.confirm(&review).await;
-    let page = again.text().await.expect("page");
-    assert!(
-        page.contains("Already processed — showing the original result"),
-        "{page}"
-    );
+    assert_eq!(again.status(), 303);
+    let replay_address = again.headers()["location"].to_str().expect("ascii").to_owned();
+    assert!(replay_address.starts_with("/wallet?shown="), "{replay_address}");
+    for _ in 0..2 {
+        let (status, page) = alice.get(&replay_address).await;
+        assert_eq!(status, 200);
+        assert!(
+            page.contains("Already processed — showing the original result"),
+            "{page}"
+        );
+    }
     assert_eq!(app.transfer_count().await, 1);
+
+    // The review and Send's own address, opened by hand, lead to the
+    // wallet rather than to a bare 405.
+    for path in ["/wallet/review", "/wallet/transfer"] {
+        let response = alice
+            .http
+            .get(app.url(path))
+            .header("cookie", alice.cookie_header())
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(response.status(), 303, "{path}");
+        assert_eq!(response.headers()["location"], "/wallet", "{path}");
+    }
+    // Another person cannot open someone's kept page.
+    let mut carol = signed_up(&app, "carol").await;
+    let (_, foreign) = carol.get(&replay_address).await;
+    assert!(!foreign.contains("Already processed"), "{foreign}");
+    assert!(foreign.contains("no longer kept here"), "{foreign}");
 
     // A bad amount and an unknown recipient are explained, not attempted.
     let (_, page) = alice.review("bob", "12.345").await;

@@ -117,7 +117,8 @@ pub async fn signed_up(app: &TestApp, name: &str) -> Visitor {
 
 impl Visitor {
     /// Fills in the wallet form and asks for the review: the confirmation
-    /// page, or the wallet page with the reason it was refused.
+    /// page, or the wallet page with the reason it was refused, each at the
+    /// address the form redirects to.
     pub async fn review(&mut self, recipient: &str, amount: &str) -> (u16, String) {
         let (_, wallet) = self.get("/wallet").await;
         let response = self
@@ -131,8 +132,12 @@ impl Visitor {
                 ],
             )
             .await;
-        let status = response.status().as_u16();
-        (status, response.text().await.expect("page"))
+        assert_eq!(
+            response.status(),
+            303,
+            "the review form redirects (post/redirect/get)"
+        );
+        self.follow(response).await
     }
 
     /// Presses Send on a confirmation page, as it stands.
@@ -150,6 +155,12 @@ impl Visitor {
         .collect();
         let form: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
         self.post("/wallet/transfer", &form).await
+    }
+
+    /// Presses Send and follows the redirect: the page Send leads to.
+    pub async fn confirmed(&mut self, review: &str) -> String {
+        let response = self.confirm(review).await;
+        self.follow(response).await.1
     }
 
     /// The page a response leads to: its own body, or, after a redirect

@@ -1,5 +1,6 @@
 // After a cooldown refusal the Send button waits until the window has passed:
-// it counts down, then works again. Without JavaScript the page says when.
+// the button and the notice's last sentence count down together from one
+// timer, then the button works again. Without JavaScript the page says when.
 (function () {
   "use strict";
   const button = document.querySelector("button[data-wait-s]");
@@ -16,7 +17,7 @@
     }
     button.disabled = true;
     button.textContent = label + " (" + left + " s)";
-    if (line) line.textContent = "You can send again in " + left + " s.";
+    if (line) line.textContent = "Try again in " + left + " s.";
     left -= 1;
     setTimeout(tick, 1000);
   }

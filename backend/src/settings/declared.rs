@@ -202,6 +202,10 @@ declare_settings! {
         /// `http://127.0.0.1:16686/trace/{trace_id}` for Jaeger; the race lab
         /// links each request to its trace. Empty: no links.
         trace_ui_url: String = String::new(), empty "no links";
+        /// How long the page a wallet form leads to (a review, or what
+        /// happened after Send) stays at its address, so that reloading it
+        /// shows it again. One per person; their next form replaces it.
+        wallet_page_retention_s: u64 = 3_600, within 10..=86_400 "s";
     }
 
     section "Decision feed" {

@@ -119,6 +119,7 @@ pub struct Demo {
     pub trace_ui_url: String,
     /// Empty: no demo recipient.
     pub recipient_name: String,
+    pub wallet_page_retention: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -371,6 +372,7 @@ impl From<&Settings> for Demo {
             naive_window: Duration::from_millis(s.naive_window_ms),
             trace_ui_url: s.trace_ui_url.clone(),
             recipient_name: s.demo_recipient_name.trim().to_owned(),
+            wallet_page_retention: Duration::from_secs(s.wallet_page_retention_s),
         }
     }
 }

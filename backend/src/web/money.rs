@@ -37,8 +37,9 @@ pub fn currency_name(currency: &str) -> String {
     }
 }
 
-/// The one grammar of a typed amount, shared word for word by the server
-/// (`parse_typed`), the form's HTML `pattern` and the race lab's script:
+/// The one grammar of a typed amount (`parse_typed`); the wallet form has
+/// no HTML `pattern`, so that the server's sentence, which quotes what was
+/// read, is what a person sees:
 /// digits with an optional dot and at most two decimals, and a comma only as
 /// a true thousands separator (`1,234.50`). Spaces around it are allowed.
 /// No signs, no currency symbols, no exponents, no other digits than 0-9.

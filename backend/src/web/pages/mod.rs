@@ -9,7 +9,7 @@ mod wallet;
 pub use account::{home, sign_in, sign_in_page, sign_out, sign_up, sign_up_page};
 pub use problem_types::{not_found_page, problem_type};
 pub use race_lab::{feed, fire as fire_race_lab_run, race_lab, show_run as show_race_lab_run};
-pub use wallet::{review, transfer, wallet};
+pub use wallet::{review, review_shown, transfer, wallet};
 
 use actix_web::http::{StatusCode, header};
 use actix_web::{HttpRequest, HttpResponse};
@@ -42,12 +42,14 @@ impl Chrome {
     }
 }
 
-/// The result of a form submission, as the page states it.
+/// The result of a form submission, as the page states it. Kept with the
+/// page it is on, so that a form can redirect to it.
+#[derive(serde::Serialize, serde::Deserialize)]
 pub struct Notice {
-    /// `success`, `replay` or `refused`: the notice's style.
-    kind: &'static str,
+    /// `success`, `replayed` or `refused`: the notice's style.
+    kind: String,
     /// Which defense decided, for a refusal.
-    layer: Option<&'static str>,
+    layer: Option<String>,
     text: String,
 }
 

@@ -86,7 +86,8 @@ pub async fn race_lab(
         Ok(run_request) => LabForm::of(&run_request),
         Err(_) => LabForm::defaults(Preset::SameKey, 50.min(requests_max)),
     };
-    let problem = NotFired::from_slug(&query.refused).map(|refusal| refusal.sentence(&state, query.wait_s.parse().unwrap_or(1)));
+    let problem = NotFired::from_slug(&query.refused)
+        .map(|refusal| refusal.sentence(&state, query.wait_s.parse().unwrap_or(1)));
     lab_page(&state, Some(&session), form, problem, None)
 }
 
@@ -252,7 +253,10 @@ pub async fn fire(
     let fields = &form.fields;
     let not_fired = |refusal: NotFired, wait_s: u64| {
         let query = serde_urlencoded::to_string(fields).unwrap_or_default();
-        redirect(&format!("/race-lab?{query}&refused={}&wait_s={wait_s}", refusal.slug()))
+        redirect(&format!(
+            "/race-lab?{query}&refused={}&wait_s={wait_s}",
+            refusal.slug()
+        ))
     };
     let run_request = match parse_run(fields, state.config.race_lab.requests_max)
         .and_then(|run_request| fits_in_a_run(&state, run_request))
@@ -296,7 +300,13 @@ pub async fn fire(
             let form = LabForm::of(&run.request);
             let problem = "These results could not be kept, so this page has no address of its own: reloading it \
                            would fire again. Only lab money moved.";
-            lab_page(&state, Some(&session), form, Some(problem.to_owned()), Some((id, view)))
+            lab_page(
+                &state,
+                Some(&session),
+                form,
+                Some(problem.to_owned()),
+                Some((id, view)),
+            )
         }
     }
 }

@@ -282,7 +282,8 @@ impl Timeline {
                     .enumerate()
                     .filter(|(_, answer)| Stage::of(answer) == stage)
                     .map(|(index, answer)| {
-                        let column = nearest_column_with_room(&heights, column_of(answer.answered), Self::STACK_MAX);
+                        let column =
+                            nearest_column_with_room(&heights, column_of(answer.answered), Self::STACK_MAX);
                         let level = heights[column];
                         heights[column] += 1;
                         Mark {

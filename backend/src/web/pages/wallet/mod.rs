@@ -3,6 +3,7 @@
 
 mod review;
 mod send;
+mod shown;
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -18,8 +19,9 @@ use crate::transfer::{history, recipient};
 use crate::web::{Session, money};
 
 use super::*;
+use shown::Shown;
 
-pub use review::review;
+pub use review::{review, review_shown};
 pub use send::transfer;
 
 #[derive(Template, WebTemplate)]
@@ -33,7 +35,6 @@ struct WalletPage {
     history: Vec<HistoryRow>,
     recipient: String,
     amount: String,
-    amount_pattern: &'static str,
     currency_name: String,
 }
 
@@ -99,7 +100,6 @@ pub(super) async fn wallet_page(
             history,
             recipient,
             amount,
-            amount_pattern: money::AMOUNT_PATTERN,
             currency_name: money::currency_name(&session.currency),
         },
     )
@@ -114,6 +114,8 @@ pub struct Prefill {
     /// The key of a transfer just sent: the page shows its result, so the
     /// address after Send can be reloaded or bookmarked.
     sent: String,
+    /// A page a form led to (`shown`): a refusal, a replay, a cooldown.
+    shown: String,
 }
 
 pub async fn wallet(
@@ -125,19 +127,64 @@ pub async fn wallet(
         recipient,
         amount,
         sent,
+        shown,
     } = prefill.into_inner();
     let session = match require_session(&request, &state).await {
         Ok(session) => session,
         Err(response) => return response,
     };
+    if !shown.is_empty() {
+        return match shown::load(&state, session.token.user_id, &shown).await {
+            Ok(Some(Shown::Wallet {
+                notice,
+                recipient,
+                amount,
+            })) => wallet_page(&state, &session, Some(notice), recipient, amount).await,
+            Ok(Some(review @ Shown::Review { .. })) => redirect(&review.address(&shown)),
+            Ok(None) => {
+                let notice = Notice {
+                    kind: "info".into(),
+                    layer: None,
+                    text:
+                        "That page is no longer kept here, so it cannot be shown again. Nothing was sent by \
+                           opening it: the history below lists every transfer that was made."
+                            .into(),
+                };
+                wallet_page(&state, &session, Some(notice), String::new(), String::new()).await
+            }
+            Err(error) => result_unavailable(&state, &session, &error),
+        };
+    }
     let notice = match IdempotencyKey::parse(&sent) {
         Ok(key) => match sent_notice(&state, &session, key).await {
             Ok(notice) => notice,
-            Err(error) => return unavailable(&state, Some(&session), &error),
+            Err(error) => return result_unavailable(&state, &session, &error),
         },
         Err(_) => None,
     };
     wallet_page(&state, &session, notice, recipient, amount).await
+}
+
+/// The database failed while showing what a transfer did: what happened is
+/// not known here, so the page says where to find out, and that sending
+/// the same confirmation again is safe.
+fn result_unavailable(state: &AppState, session: &Session, error: &sqlx::Error) -> HttpResponse {
+    tracing::error!(error = %error, "database error while showing a transfer's result");
+    error_page(
+        state,
+        Some(session),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "The result cannot be shown",
+        "We could not load your wallet to show what happened to this transfer. Open your wallet in a moment: its \
+         history shows whether the transfer went through. Sending the same confirmation again is safe, because it \
+         carries the same key.",
+    )
+}
+
+/// Keeps the page a form leads to and redirects there.
+async fn lead_to(state: &AppState, session: &Session, shown: Shown) -> Result<HttpResponse, sqlx::Error> {
+    let id = shown::keep(state, session.token.user_id, &shown).await?;
+    Ok(redirect(&shown.address(&id)))
 }
 
 /// The result of the visitor's own transfer sent with `key`, as a notice.
@@ -164,7 +211,7 @@ async fn sent_notice(
     .unwrap_or_else(|| "that wallet".to_owned());
     Ok(Some(if stored.status == 201 {
         Notice {
-            kind: "success",
+            kind: "success".into(),
             layer: None,
             text: receipt_text(&stored, &recipient, &session.currency)
                 .unwrap_or_else(|| "The transfer was made.".into()),
@@ -176,7 +223,7 @@ async fn sent_notice(
 
 pub(super) fn refused_notice(text: impl Into<String>) -> Notice {
     Notice {
-        kind: "refused",
+        kind: "refused".into(),
         layer: None,
         text: text.into(),
     }
@@ -206,8 +253,8 @@ pub(super) fn replay_notice(original: &StoredResponse, recipient: &str, currency
         problem_text(&original.body)
     };
     Notice {
-        kind: "replayed",
-        layer: Some("Idempotency key"),
+        kind: "replayed".into(),
+        layer: Some("Idempotency key".into()),
         text: format!("Already processed — showing the original result. {result}"),
     }
 }

@@ -9,7 +9,8 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::super::*;
-use super::{refused_notice, wallet_page};
+use super::shown::{self, Shown};
+use super::{lead_to, refused_notice};
 use crate::domain::parse_uuid;
 use crate::state::AppState;
 use crate::transfer::recipient;
@@ -46,6 +47,7 @@ pub struct ReviewForm {
 }
 
 /// A transfer read back to the person before any money moves.
+#[derive(serde::Serialize, Deserialize)]
 pub(super) struct Draft {
     pub(super) to_wallet_id: Uuid,
     pub(super) recipient_name: String,
@@ -56,7 +58,8 @@ pub(super) struct Draft {
 }
 
 /// The first step of sending: read the typed amount with the one grammar,
-/// find the exact recipient, and show what will happen. Nothing moves here.
+/// find the exact recipient, and lead to a page that shows what will
+/// happen (or why it cannot). Nothing moves here.
 pub async fn review(
     request: HttpRequest,
     form: web::Form<ReviewForm>,
@@ -67,42 +70,84 @@ pub async fn review(
         Ok(session) => session,
         Err(response) => return response,
     };
-    let refused = |text: String| {
-        wallet_page(
-            &state,
-            &session,
-            Some(refused_notice(text)),
-            form.recipient.clone(),
-            form.amount.clone(),
-        )
+    let refused = |text: String| Shown::Wallet {
+        notice: refused_notice(text),
+        recipient: form.recipient.clone(),
+        amount: form.amount.clone(),
     };
-    let amount_minor = match money::parse_typed(
+    let shown = match money::parse_typed(
         &form.amount,
         state.config.money.transfer_amount_minor_max,
         &session.currency,
     ) {
-        Ok(minor) => minor,
-        Err(refusal) => return refused(refusal.0).await,
+        Err(refusal) => refused(refusal.0),
+        Ok(amount_minor) => {
+            let typed_recipient = form.recipient.trim();
+            match recipient::resolve(&state.db, typed_recipient).await {
+                Ok(None) => refused(format!("We found no user or wallet called “{typed_recipient}”.")),
+                Ok(Some((to_wallet_id, _))) if to_wallet_id == session.wallet_id => {
+                    refused("That is your own wallet. Choose someone else to send to.".to_owned())
+                }
+                Ok(Some((to_wallet_id, recipient_name))) => {
+                    let form_key = parse_uuid(&form.form_key).unwrap_or_else(Uuid::new_v4);
+                    Shown::Review {
+                        draft: Draft {
+                            to_wallet_id,
+                            recipient_name,
+                            amount_minor,
+                            typed_recipient: typed_recipient.to_owned(),
+                            typed_amount: form.amount.trim().to_owned(),
+                            idempotency_key: confirmation_key(form_key, to_wallet_id, amount_minor),
+                        },
+                        notice: None,
+                        send_again_at_ms: None,
+                    }
+                }
+                Err(error) => return unavailable(&state, Some(&session), &error),
+            }
+        }
     };
-    let typed_recipient = form.recipient.trim();
-    let (to_wallet_id, recipient_name) = match recipient::resolve(&state.db, typed_recipient).await {
-        Ok(Some(recipient)) => recipient,
-        Ok(None) => return refused(format!("We found no user or wallet called “{typed_recipient}”.")).await,
-        Err(error) => return unavailable(&state, Some(&session), &error),
+    // Nothing was sent here, so a failure to keep the page says so.
+    lead_to(&state, &session, shown)
+        .await
+        .unwrap_or_else(|error| unavailable(&state, Some(&session), &error))
+}
+
+/// `GET /wallet/review?shown=…`: the confirmation a form led to; any other
+/// visit goes to the wallet.
+pub async fn review_shown(
+    request: HttpRequest,
+    query: web::Query<ShownQuery>,
+    state: web::Data<AppState>,
+) -> HttpResponse {
+    let session = match require_session(&request, &state).await {
+        Ok(session) => session,
+        Err(response) => return response,
     };
-    if to_wallet_id == session.wallet_id {
-        return refused("That is your own wallet. Choose someone else to send to.".to_owned()).await;
+    match shown::load(&state, session.token.user_id, &query.shown).await {
+        Ok(Some(Shown::Review {
+            draft,
+            notice,
+            send_again_at_ms,
+        })) => review_page(
+            &state,
+            &session,
+            &draft,
+            notice,
+            shown::seconds_until(send_again_at_ms),
+        ),
+        Ok(_) if query.shown.is_empty() => redirect("/wallet"),
+        // Replaced, expired or not a review: the wallet says which.
+        Ok(_) => redirect(&format!("/wallet?shown={}", query.shown)),
+        Err(error) => unavailable(&state, Some(&session), &error),
     }
-    let form_key = parse_uuid(&form.form_key).unwrap_or_else(Uuid::new_v4);
-    let draft = Draft {
-        to_wallet_id,
-        recipient_name,
-        amount_minor,
-        typed_recipient: typed_recipient.to_owned(),
-        typed_amount: form.amount.trim().to_owned(),
-        idempotency_key: confirmation_key(form_key, to_wallet_id, amount_minor),
-    };
-    review_page(&state, &session, &draft, None, None)
+}
+
+/// Which kept page to show.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub struct ShownQuery {
+    shown: String,
 }
 
 /// The idempotency key of one confirmation: the same wallet form asking the
@@ -146,6 +191,17 @@ pub(super) fn review_page(
         None
     };
     let amount_text = money::format(draft.amount_minor, currency);
+    // While Send counts down, the notice's own "Try again in N s." is
+    // replaced by the live count the page keeps (`#countdown`).
+    let notice = match (notice, wait_s) {
+        (Some(mut notice), Some(_)) => {
+            if let Some((before, _)) = notice.text.rsplit_once(" Try again in ") {
+                notice.text = before.to_owned();
+            }
+            Some(notice)
+        }
+        (notice, _) => notice,
+    };
     with_page(
         StatusCode::OK,
         ReviewPage {

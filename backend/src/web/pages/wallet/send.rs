@@ -4,13 +4,13 @@
 
 use std::time::{Duration, Instant};
 
-use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 
 use super::super::*;
-use super::review::{Draft, review_page};
-use super::{problem_text, receipt_text, refused_notice, replay_notice, wallet_page};
+use super::review::Draft;
+use super::shown::Shown;
+use super::{lead_to, problem_text, receipt_text, refused_notice, replay_notice, result_unavailable};
 use crate::decision::{Layer, Outcome};
 use crate::defense::idempotency::{self, IdempotencyKey, StoredResponse};
 use crate::domain::{TransferRequest, WalletId, parse_uuid};
@@ -19,7 +19,7 @@ use crate::state::AppState;
 use crate::telemetry::RequestContext;
 use crate::transfer::pipeline::{self, Answer, Decided};
 use crate::transfer::recipient;
-use crate::web::{self as site, Session};
+use crate::web::Session;
 
 /// How often a double submit looks for its first copy's stored result,
 /// within `idempotency_wait_ms_max`.
@@ -43,9 +43,8 @@ pub struct TransferForm {
 /// What the page shows after Send, chosen from the decision alone.
 #[derive(Debug, PartialEq, Eq)]
 enum AfterSend {
-    /// Sent: post/redirect/get, so that the address can be reloaded or
-    /// bookmarked without sending again. The wallet it leads to shows the
-    /// receipt and the balance after it.
+    /// Sent: the wallet shows the receipt from the stored answer, and the
+    /// balance after it.
     Redirect,
     /// A double submit the cooldown refused while the first copy ran: the
     /// first copy's result, not a refusal.
@@ -112,7 +111,7 @@ pub async fn transfer(
         let notice = refused_notice(
             "This confirmation was damaged, so nothing was sent. Please fill in the form again.",
         );
-        return wallet_page(&state, &session, Some(notice), form.recipient, form.amount).await;
+        return nothing_sent(&state, &session, notice, form).await;
     };
     let request_body = match TransferRequest::new(
         WalletId(session.wallet_id),
@@ -122,8 +121,7 @@ pub async fn transfer(
     ) {
         Ok(parsed) => parsed,
         Err(problem) => {
-            let notice = refused_notice(problem.for_people());
-            return wallet_page(&state, &session, Some(notice), form.recipient, form.amount).await;
+            return nothing_sent(&state, &session, refused_notice(problem.for_people()), form).await;
         }
     };
     let recipient_name = match recipient::owner_name(&state.db, to_wallet_id).await {
@@ -142,65 +140,71 @@ pub async fn transfer(
         }
         _ => None,
     };
-    let after = after_send(&decided, original);
-    // Every answer but a sent transfer is shown here, with the balance
-    // after it.
-    let session = if after == AfterSend::Redirect {
-        session
-    } else {
-        match site::session(&request, &state).await {
-            Ok(Some(session)) => session,
-            Ok(None) => return redirect("/signin"),
-            Err(error) => return result_unavailable(&state, &session, &error),
-        }
-    };
-    let currency = session.currency.clone();
-    let mut response = match after {
-        AfterSend::Redirect => redirect(&format!("/wallet?sent={}", key.as_uuid())),
-        AfterSend::Original(original) => {
-            let notice = replay_notice(&original, &recipient_name, &currency);
-            wallet_page(&state, &session, Some(notice), String::new(), String::new()).await
-        }
-        AfterSend::Review { wait_s } => {
-            let draft = Draft {
+    let currency = &session.currency;
+    // Every answer leads to a page of its own (post/redirect/get), so that
+    // reloading it sends nothing.
+    let shown = match after_send(&decided, original) {
+        AfterSend::Redirect => None,
+        AfterSend::Original(original) => Some(Shown::Wallet {
+            notice: replay_notice(&original, &recipient_name, currency),
+            recipient: String::new(),
+            amount: String::new(),
+        }),
+        AfterSend::Review { wait_s } => Some(Shown::Review {
+            notice: Some(notice_for(&decided, &recipient_name, currency)),
+            draft: Draft {
                 to_wallet_id,
-                recipient_name: recipient_name.clone(),
+                recipient_name,
                 amount_minor,
                 typed_recipient: form.recipient,
                 typed_amount: form.amount,
                 idempotency_key: key.as_uuid(),
-            };
-            let notice = notice_for(&decided, &recipient_name, &currency);
-            review_page(&state, &session, &draft, Some(notice), wait_s)
-        }
+            },
+            send_again_at_ms: wait_s.map(|seconds| {
+                chrono::Utc::now().timestamp_millis() + i64::try_from(seconds * 1000).unwrap_or(0)
+            }),
+        }),
         AfterSend::Wallet { keep_typed } => {
-            let notice = notice_for(&decided, &recipient_name, &currency);
-            let (recipient_text, amount_text) = if keep_typed {
+            let notice = notice_for(&decided, &recipient_name, currency);
+            let (recipient, amount) = if keep_typed {
                 (form.recipient, form.amount)
             } else {
                 (String::new(), String::new())
             };
-            wallet_page(&state, &session, Some(notice), recipient_text, amount_text).await
+            Some(Shown::Wallet {
+                notice,
+                recipient,
+                amount,
+            })
         }
+    };
+    let mut response = match shown {
+        // The wallet it leads to shows the receipt, from the stored answer.
+        None => redirect(&format!("/wallet?sent={}", key.as_uuid())),
+        Some(shown) => lead_to(&state, &session, shown)
+            .await
+            .unwrap_or_else(|error| result_unavailable(&state, &session, &error)),
     };
     decided.decision.mark(&mut response);
     response
 }
 
-/// The database failed after the transfer was decided, while reading the
-/// page to show: what happened is not known here, so the page says where
-/// to find out, and that sending the same confirmation again is safe.
-fn result_unavailable(state: &AppState, session: &Session, error: &sqlx::Error) -> HttpResponse {
-    tracing::error!(error = %error, "database error while showing a transfer's result");
-    error_page(
-        state,
-        Some(session),
-        StatusCode::SERVICE_UNAVAILABLE,
-        "The result cannot be shown",
-        "We could not load your wallet to show what happened to this transfer. Open your wallet in a moment: its \
-         history shows whether the transfer went through. Sending the same confirmation again is safe, because it \
-         carries the same key.",
-    )
+/// A confirmation refused before any layer: nothing was sent, and the
+/// wallet says why, with what was typed.
+async fn nothing_sent(
+    state: &AppState,
+    session: &Session,
+    notice: Notice,
+    form: TransferForm,
+) -> HttpResponse {
+    let shown = Shown::Wallet {
+        notice,
+        recipient: form.recipient,
+        amount: form.amount,
+    };
+    lead_to(state, session, shown)
+        .await
+        .unwrap_or_else(|error| unavailable(state, Some(session), &error))
 }
 
 /// The stored result of the key's first request, waiting for it at most
@@ -234,19 +238,19 @@ fn notice_for(decided: &Decided, recipient: &str, currency: &str) -> Notice {
             response,
             replayed: false,
         } if response.status == 201 => Notice {
-            kind: "success",
+            kind: "success".into(),
             layer: None,
             text: receipt_text(response, recipient, currency)
                 .unwrap_or_else(|| "The transfer was made.".into()),
         },
         Answer::Stored { response, .. } => Notice {
-            kind: "refused",
-            layer: decided.decision.layer.name_for_people(),
+            kind: "refused".into(),
+            layer: decided.decision.layer.name_for_people().map(str::to_owned),
             text: problem_text(&response.body),
         },
         Answer::Refused(problem) => Notice {
-            kind: "refused",
-            layer: decided.decision.layer.name_for_people(),
+            kind: "refused".into(),
+            layer: decided.decision.layer.name_for_people().map(str::to_owned),
             text: problem.for_people().to_owned(),
         },
     }

@@ -1,0 +1,82 @@
+//! The page a wallet form leads to, kept so that the form can redirect to
+//! it (post/redirect/get): reloading the address shows the same page and
+//! sends nothing. One per person (`wallet_pages_shown`), replaced by their
+//! next form, for `wallet_page_retention_s`.
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::super::Notice;
+use super::review::Draft;
+use crate::domain::UserId;
+use crate::state::AppState;
+
+/// What a wallet form leads to.
+#[derive(Serialize, Deserialize)]
+pub(super) enum Shown {
+    /// The wallet with a notice; `recipient` and `amount` refill the form
+    /// after a refusal, so that it can be corrected.
+    Wallet {
+        notice: Notice,
+        recipient: String,
+        amount: String,
+    },
+    /// A confirmation, perhaps again after Send, with why. Send counts down
+    /// until `send_again_at_ms` (Unix milliseconds) after a cooldown
+    /// refusal.
+    Review {
+        draft: Draft,
+        notice: Option<Notice>,
+        send_again_at_ms: Option<i64>,
+    },
+}
+
+impl Shown {
+    /// The address that shows it, kept as `id`.
+    pub(super) fn address(&self, id: &impl std::fmt::Display) -> String {
+        match self {
+            Shown::Wallet { .. } => format!("/wallet?shown={id}"),
+            Shown::Review { .. } => format!("/wallet/review?shown={id}"),
+        }
+    }
+}
+
+/// Keeps `shown` as `user`'s page, replacing the one before; its id.
+pub(super) async fn keep(state: &AppState, user: UserId, shown: &Shown) -> Result<Uuid, sqlx::Error> {
+    let id = Uuid::new_v4();
+    let page = serde_json::to_value(shown).map_err(|error| sqlx::Error::Encode(Box::new(error)))?;
+    sqlx::query(
+        "INSERT INTO wallet_pages_shown (user_id, id, expires_at, page)
+         VALUES ($1, $2, now() + make_interval(secs => $3), $4)
+         ON CONFLICT (user_id) DO UPDATE
+            SET id = excluded.id, expires_at = excluded.expires_at, page = excluded.page",
+    )
+    .bind(user.0)
+    .bind(id)
+    .bind(state.config.demo.wallet_page_retention.as_secs_f64())
+    .bind(page)
+    .execute(&state.db)
+    .await?;
+    Ok(id)
+}
+
+/// `user`'s page `id`, unless a later form replaced it or it expired.
+pub(super) async fn load(state: &AppState, user: UserId, id: &str) -> Result<Option<Shown>, sqlx::Error> {
+    let Some(id) = crate::domain::parse_uuid(id) else {
+        return Ok(None);
+    };
+    let page: Option<serde_json::Value> = sqlx::query_scalar(
+        "SELECT page FROM wallet_pages_shown WHERE user_id = $1 AND id = $2 AND expires_at > now()",
+    )
+    .bind(user.0)
+    .bind(id)
+    .fetch_optional(&state.db)
+    .await?;
+    Ok(page.and_then(|page| serde_json::from_value(page).ok()))
+}
+
+/// The seconds left until `send_again_at_ms`, if any are.
+pub(super) fn seconds_until(send_again_at_ms: Option<i64>) -> Option<u64> {
+    let left_ms = send_again_at_ms? - chrono::Utc::now().timestamp_millis();
+    (left_ms > 0).then(|| u64::try_from(left_ms).unwrap_or(0).div_ceil(1000))
+}
