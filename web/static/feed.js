@@ -7,6 +7,12 @@
   const status = document.getElementById("feed-status");
   const empty = document.getElementById("feed-empty");
   const filter = document.getElementById("feed-filter");
+  const moneyFilter = document.getElementById("feed-money");
+  // Rows kept per kind of money, so that a lab burst never pushes a real
+  // transfer off the page.
+  const ROWS_PER_MONEY_MAX = 200;
+  const labWallets = new Set((table.dataset.labWallets || "").split(",").filter(Boolean));
+  const currency = table.dataset.currency || "";
   const LAYERS = { cooldown: "Cooldown lock", idempotency: "Idempotency key", row_guard: "Row guard", none: "Before the layers" };
 
   // One zone for every entry, whatever the visitor's clock says.
@@ -21,8 +27,14 @@
     return "…" + hex.slice(-8);
   }
 
-  function money(minor) {
-    return (minor / 100).toFixed(2);
+  // A transfer to one of the visitor's lab wallets moved lab money: the row
+  // guard lets lab money move only between their own two.
+  function isLab(entry) {
+    return Boolean(entry.to_wallet_id) && labWallets.has(entry.to_wallet_id);
+  }
+
+  function money(minor, code) {
+    return code + " " + (minor / 100).toFixed(2);
   }
 
   function kindOf(entry) {
@@ -46,12 +58,15 @@
   }
 
   function show(tr) {
-    tr.hidden = filter.value !== "all" && tr.dataset.kind !== filter.value;
+    tr.hidden = (filter.value !== "all" && tr.dataset.kind !== filter.value) ||
+      (moneyFilter.value !== "all" && tr.dataset.money !== moneyFilter.value);
   }
 
   function row(entry) {
     const tr = document.createElement("tr");
     tr.dataset.kind = kindOf(entry);
+    const lab = isLab(entry);
+    tr.dataset.money = lab ? "lab" : "real";
     cell(tr, utc(entry.time));
     const decision = cell(tr, (LAYERS[entry.layer] || entry.layer) + ": " + entry.outcome.replace(/_/g, " ") + " (" + entry.status + ")",
       "outcome-" + entry.outcome);
@@ -62,19 +77,22 @@
       decision.appendChild(document.createTextNode(" "));
       decision.appendChild(link);
     }
-    cell(tr, entry.amount_minor ? money(entry.amount_minor) + " to " + shortId(entry.to_wallet_id) : "");
+    cell(tr, entry.amount_minor ? money(entry.amount_minor, lab ? "LAB" : currency) + " to " + shortId(entry.to_wallet_id) : "");
     cell(tr, entry.idempotency_key ? shortId(entry.idempotency_key) : "none");
     cell(tr, shortId(entry.request_id) + " on " + entry.instance_id);
     cell(tr, entry.latency_ms.toFixed(1) + " ms", "num");
     show(tr);
     tbody.insertBefore(tr, tbody.firstChild);
-    while (tbody.children.length > 200) tbody.removeChild(tbody.lastChild);
+    const same = tbody.querySelectorAll("tr[data-money=" + tr.dataset.money + "]");
+    for (let i = ROWS_PER_MONEY_MAX; i < same.length; i += 1) tbody.removeChild(same[i]);
     table.hidden = false;
     empty.hidden = true;
   }
 
-  filter.addEventListener("change", function () {
-    Array.prototype.forEach.call(tbody.children, show);
+  [filter, moneyFilter].forEach(function (select) {
+    select.addEventListener("change", function () {
+      Array.prototype.forEach.call(tbody.children, show);
+    });
   });
 
   fetch("/api/v1/decisions?limit=50", { credentials: "same-origin" })

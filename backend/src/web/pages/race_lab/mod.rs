@@ -67,6 +67,12 @@ struct PresetChoice {
 #[template(path = "feed.html")]
 struct FeedPage {
     chrome: Chrome,
+    /// The visitor's lab wallets, comma-separated: a transfer to one of
+    /// them moved lab money (the row guard allows lab transfers only
+    /// between a visitor's own two), whatever the deployment's switches.
+    lab_wallets: String,
+    /// The deployment's currency, for every other transfer.
+    currency: String,
 }
 
 /// `GET /race-lab`: the form, as the visitor last set it when they come
@@ -423,13 +429,29 @@ impl LabForm {
 }
 
 pub async fn feed(request: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
-    match require_session(&request, &state).await {
-        Ok(session) => with_page(
-            StatusCode::OK,
-            FeedPage {
-                chrome: Chrome::new(&state, "Live feed", Some(&session)),
-            },
-        ),
-        Err(response) => response,
-    }
+    let session = match require_session(&request, &state).await {
+        Ok(session) => session,
+        Err(response) => return response,
+    };
+    let lab_wallets: Vec<uuid::Uuid> =
+        match sqlx::query_scalar("SELECT id FROM wallets WHERE user_id = $1 AND lab_slot IS NOT NULL")
+            .bind(session.token.user_id.0)
+            .fetch_all(&state.db)
+            .await
+        {
+            Ok(wallets) => wallets,
+            Err(error) => return unavailable(&state, Some(&session), &error),
+        };
+    with_page(
+        StatusCode::OK,
+        FeedPage {
+            chrome: Chrome::new(&state, "Live feed", Some(&session)),
+            lab_wallets: lab_wallets
+                .iter()
+                .map(uuid::Uuid::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+            currency: session.currency.clone(),
+        },
+    )
 }
