@@ -100,36 +100,27 @@ pub fn spawn_sweeper(pool: PgPool, interval: Duration, batch_rows_max: i64) -> t
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticker.tick().await;
-            match expired_idempotency_keys(&pool, batch_rows_max).await {
-                Ok(0) => {}
-                Ok(deleted) => tracing::info!(
-                    idempotency.keys_deleted = deleted,
-                    "swept expired idempotency keys"
+            let sweeps = [
+                (
+                    "idempotency keys",
+                    expired_idempotency_keys(&pool, batch_rows_max).await,
                 ),
-                Err(error) => {
-                    tracing::warn!(error = %error, "idempotency sweep failed; will retry next interval")
-                }
-            }
-            match expired_tokens(&pool, batch_rows_max).await {
-                Ok(0) => {}
-                Ok(deleted) => tracing::info!(tokens.deleted = deleted, "swept expired tokens"),
-                Err(error) => tracing::warn!(error = %error, "token sweep failed; will retry next interval"),
-            }
-            match expired_wallet_pages(&pool, batch_rows_max).await {
-                Ok(0) => {}
-                Ok(deleted) => tracing::info!(wallet.pages_deleted = deleted, "swept expired wallet pages"),
-                Err(error) => {
-                    tracing::warn!(error = %error, "wallet page sweep failed; will retry next interval")
-                }
-            }
-            match expired_race_lab_results(&pool, batch_rows_max).await {
-                Ok(0) => {}
-                Ok(deleted) => tracing::info!(
-                    race_lab.results_deleted = deleted,
-                    "swept expired race-lab results"
+                ("tokens", expired_tokens(&pool, batch_rows_max).await),
+                ("wallet pages", expired_wallet_pages(&pool, batch_rows_max).await),
+                (
+                    "race-lab results",
+                    expired_race_lab_results(&pool, batch_rows_max).await,
                 ),
-                Err(error) => {
-                    tracing::warn!(error = %error, "race-lab result sweep failed; will retry next interval")
+            ];
+            for (rows, swept) in sweeps {
+                match swept {
+                    Ok(0) => {}
+                    Ok(deleted) => {
+                        tracing::info!(sweep.rows = rows, sweep.deleted = deleted, "swept expired rows")
+                    }
+                    Err(error) => {
+                        tracing::warn!(sweep.rows = rows, error = %error, "sweep failed; will retry next interval")
+                    }
                 }
             }
         }

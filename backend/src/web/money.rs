@@ -10,14 +10,7 @@ pub fn format(minor: i64, currency: &str) -> String {
     let abs = minor.unsigned_abs();
     let major = abs / MINOR_PER_MAJOR as u64;
     let cents = abs % MINOR_PER_MAJOR as u64;
-    let digits = major.to_string();
-    let mut grouped = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            grouped.push(',');
-        }
-        grouped.push(c);
-    }
+    let grouped = group_thousands(major);
     let symbol = match currency {
         "USD" => "$".to_owned(),
         "EUR" => "€".to_owned(),
@@ -25,6 +18,20 @@ pub fn format(minor: i64, currency: &str) -> String {
         other => format!("{other} "),
     };
     format!("{sign}{symbol}{grouped}.{cents:02}")
+}
+
+/// `1234567` → `1,234,567`: digits grouped in threes with commas, as
+/// people read amounts and milliseconds alike.
+pub fn group_thousands(number: u64) -> String {
+    let digits = number.to_string();
+    let mut grouped = String::with_capacity(digits.len() + digits.len() / 3);
+    for (index, digit) in digits.chars().enumerate() {
+        if index > 0 && (digits.len() - index) % 3 == 0 {
+            grouped.push(',');
+        }
+        grouped.push(digit);
+    }
+    grouped
 }
 
 /// What people call the currency, for hints: "US dollars".

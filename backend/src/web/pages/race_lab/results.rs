@@ -390,15 +390,7 @@ fn axis_label(ms: f64) -> String {
     if ms < 10.0 && (ms - ms.round()).abs() > f64::EPSILON {
         return format!("{ms:.1} ms");
     }
-    let digits = whole.to_string();
-    let mut grouped = String::new();
-    for (index, digit) in digits.chars().enumerate() {
-        if index > 0 && (digits.len() - index) % 3 == 0 {
-            grouped.push(',');
-        }
-        grouped.push(digit);
-    }
-    format!("{grouped} ms")
+    format!("{} ms", money::group_thousands(whole))
 }
 
 fn milliseconds(duration: Duration) -> String {
@@ -482,4 +474,29 @@ fn problem_sentence(answer: &Answer) -> String {
         .and_then(|body| body.get("detail").and_then(|d| d.as_str()).map(str::to_owned))
         .filter(|_| answer.status >= 400)
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_axis_ends_at_a_round_number_at_or_past_the_last_answer() {
+        assert_eq!(nice_axis_ms(0.3), 1.0);
+        assert_eq!(nice_axis_ms(37.0), 40.0);
+        assert_eq!(nice_axis_ms(100.0), 100.0);
+        assert_eq!(nice_axis_ms(5_300.0), 6_000.0);
+        assert_eq!(axis_label(0.5), "0.5 ms");
+        assert_eq!(axis_label(1_500.0), "1,500 ms");
+    }
+
+    #[test]
+    fn a_full_column_spills_to_the_nearest_column_with_room() {
+        let heights = [0, 0, 10, 10, 0];
+        assert_eq!(nearest_column_with_room(&heights, 2, 10), 1);
+        assert_eq!(nearest_column_with_room(&heights, 3, 10), 4);
+        assert_eq!(nearest_column_with_room(&heights, 0, 10), 0);
+        // Every column full: the mark stays where it belongs.
+        assert_eq!(nearest_column_with_room(&[10, 10], 1, 10), 1);
+    }
 }
