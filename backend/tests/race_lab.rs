@@ -754,3 +754,49 @@ async fn crossing_with_the_naive_guard_shows_lost_updates_not_pool_timeouts() {
         "{summary}"
     );
 }
+
+/// All runs on one instance share `race_lab_requests_in_flight_max`: two
+/// visitors firing at once, whose runs together would pass it, get one run
+/// fired and the other sent back as busy, with nothing of it sent.
+#[tokio::test]
+async fn concurrent_runs_share_one_in_flight_budget() {
+    let app = spawn_app(|settings| {
+        // A retry run holds its permits across the cooldown window.
+        settings.cooldown_ttl_ms = 1_000;
+        settings.race_lab_requests_max = 20;
+        settings.race_lab_requests_in_flight_max = 30;
+        settings.race_lab_runs_in_flight_max = 4;
+    })
+    .await;
+    let mut alice = signed_up(&app, "alice").await;
+    let mut bob = signed_up(&app, "bob").await;
+    let form: &[(&str, &str)] = &[
+        ("preset", "retry-after-window"),
+        ("count", "20"),
+        ("keys", "same"),
+        ("cooldown", "on"),
+    ];
+    let ((alice_led, alice_page), (bob_led, bob_page)) =
+        tokio::join!(run(&mut alice, form), run(&mut bob, form));
+    let mut led = [alice_led.as_str(), bob_led.as_str()];
+    led.sort_unstable();
+    assert_eq!(
+        led,
+        ["busy", "fired"],
+        "20 + 20 requests would pass a budget of 30"
+    );
+    let busy_page = if alice_led == "busy" {
+        &alice_page
+    } else {
+        &bob_page
+    };
+    assert!(busy_page.contains("busy with other visitors"), "{busy_page}");
+    // Only the fired run moved money: one transfer, its retries replayed
+    // or refused.
+    assert_eq!(app.transfer_count().await, 1);
+    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM race_lab_results")
+        .fetch_one(&app.db)
+        .await
+        .expect("count");
+    assert_eq!(runs, 1, "only the fired run was kept");
+}
