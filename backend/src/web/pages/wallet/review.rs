@@ -9,7 +9,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::super::*;
-use super::shown::{self, Shown};
+use super::shown::{self, Draft, Shown};
 use super::{lead_to, refused_notice};
 use crate::domain::parse_uuid;
 use crate::state::AppState;
@@ -44,17 +44,6 @@ pub struct ReviewForm {
     amount: String,
     form_key: String,
     csrf: String,
-}
-
-/// A transfer read back to the person before any money moves.
-#[derive(serde::Serialize, Deserialize)]
-pub(super) struct Draft {
-    pub(super) to_wallet_id: Uuid,
-    pub(super) recipient_name: String,
-    pub(super) amount_minor: i64,
-    pub(super) typed_recipient: String,
-    pub(super) typed_amount: String,
-    pub(super) idempotency_key: Uuid,
 }
 
 /// The first step of sending: read the typed amount with the one grammar,

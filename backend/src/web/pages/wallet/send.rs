@@ -8,8 +8,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 
 use super::super::*;
-use super::review::Draft;
-use super::shown::Shown;
+use super::shown::{Draft, Shown};
 use super::{lead_to, problem_text, receipt_text, refused_notice, replay_notice, result_unavailable};
 use crate::decision::{Layer, Outcome};
 use crate::defense::idempotency::{self, IdempotencyKey, StoredResponse};

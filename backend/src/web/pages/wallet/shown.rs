@@ -7,9 +7,19 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::super::Notice;
-use super::review::Draft;
 use crate::domain::UserId;
 use crate::state::AppState;
+
+/// A transfer read back to the person before any money moves.
+#[derive(Serialize, Deserialize)]
+pub(super) struct Draft {
+    pub(super) to_wallet_id: Uuid,
+    pub(super) recipient_name: String,
+    pub(super) amount_minor: i64,
+    pub(super) typed_recipient: String,
+    pub(super) typed_amount: String,
+    pub(super) idempotency_key: Uuid,
+}
 
 /// What a wallet form leads to.
 #[derive(Serialize, Deserialize)]
