@@ -8,6 +8,7 @@ pub mod decision;
 pub mod defense;
 pub mod demo_recipient;
 pub mod domain;
+pub mod kept_pages;
 pub mod listener;
 pub mod metrics;
 pub mod names;

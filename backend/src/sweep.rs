@@ -1,6 +1,6 @@
 //! Deleting what has expired: idempotency keys past their retention, token
-//! hashes past their expiry, and race-lab results and wallet pages past
-//! theirs, in bounded batches, on a timer.
+//! hashes past their expiry, and kept pages past theirs, in bounded
+//! batches, on a timer.
 
 use std::time::Duration;
 
@@ -37,28 +37,15 @@ pub async fn expired_tokens(pool: &PgPool, batch_rows_max: i64) -> Result<u64, s
     .await
 }
 
-/// Deletes race-lab results past `race_lab_result_retention_hours`, at
-/// most `batch_rows_max` per statement; returns how many it deleted. An
-/// expired result is not shown whether or not its row is still there.
-pub async fn expired_race_lab_results(pool: &PgPool, batch_rows_max: i64) -> Result<u64, sqlx::Error> {
+/// Deletes kept pages past their retention (`race_lab_result_retention_hours`,
+/// `wallet_page_retention_s`), at most `batch_rows_max` per statement;
+/// returns how many it deleted. An expired page is not shown whether or
+/// not its row is still there.
+pub async fn expired_kept_pages(pool: &PgPool, batch_rows_max: i64) -> Result<u64, sqlx::Error> {
     delete_in_batches(
         pool,
-        "DELETE FROM race_lab_results WHERE id IN (
-             SELECT id FROM race_lab_results WHERE expires_at <= now()
-             LIMIT $1 FOR UPDATE SKIP LOCKED)",
-        batch_rows_max,
-    )
-    .await
-}
-
-/// Deletes kept wallet pages past `wallet_page_retention_s`, at most
-/// `batch_rows_max` per statement; returns how many it deleted. An expired
-/// page is not shown whether or not its row is still there.
-pub async fn expired_wallet_pages(pool: &PgPool, batch_rows_max: i64) -> Result<u64, sqlx::Error> {
-    delete_in_batches(
-        pool,
-        "DELETE FROM wallet_pages_shown WHERE user_id IN (
-             SELECT user_id FROM wallet_pages_shown WHERE expires_at <= now()
+        "DELETE FROM kept_pages WHERE id IN (
+             SELECT id FROM kept_pages WHERE expires_at <= now()
              LIMIT $1 FOR UPDATE SKIP LOCKED)",
         batch_rows_max,
     )
@@ -88,8 +75,8 @@ async fn delete_in_batches(
     }
 }
 
-/// Deletes expired idempotency keys, token hashes, race-lab results and
-/// wallet pages every `interval`
+/// Deletes expired idempotency keys, token hashes and kept pages every
+/// `interval`
 /// until the returned handle is aborted (at shutdown). Several instances
 /// may sweep at once: `SKIP LOCKED` keeps them off each other's rows.
 pub fn spawn_sweeper(pool: PgPool, interval: Duration, batch_rows_max: i64) -> tokio::task::JoinHandle<()> {
@@ -106,11 +93,7 @@ pub fn spawn_sweeper(pool: PgPool, interval: Duration, batch_rows_max: i64) -> t
                     expired_idempotency_keys(&pool, batch_rows_max).await,
                 ),
                 ("tokens", expired_tokens(&pool, batch_rows_max).await),
-                ("wallet pages", expired_wallet_pages(&pool, batch_rows_max).await),
-                (
-                    "race-lab results",
-                    expired_race_lab_results(&pool, batch_rows_max).await,
-                ),
+                ("kept pages", expired_kept_pages(&pool, batch_rows_max).await),
             ];
             for (rows, swept) in sweeps {
                 match swept {

@@ -697,7 +697,7 @@ async fn a_run_is_kept_at_its_own_address_and_reloading_fires_nothing() {
             .expect("quota reset");
         assert_eq!(run(&mut alice, form).await.0, "fired");
     }
-    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM race_lab_results")
+    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM kept_pages WHERE kind = 'race_lab_run'")
         .fetch_one(&app.db)
         .await
         .expect("count");
@@ -705,6 +705,25 @@ async fn a_run_is_kept_at_its_own_address_and_reloading_fires_nothing() {
     let (status, gone) = alice.get(&address).await;
     assert_eq!(status, 404);
     assert!(gone.contains("This run is no longer kept"), "{gone}");
+
+    // Past its retention a run is no longer shown, and the sweeper deletes
+    // it.
+    sqlx::query("UPDATE kept_pages SET expires_at = now() - interval '1 second'")
+        .execute(&app.db)
+        .await
+        .expect("expire");
+    let kept_address = format!(
+        "/race-lab/runs/{}",
+        sqlx::query_scalar::<_, Uuid>("SELECT id FROM kept_pages LIMIT 1")
+            .fetch_one(&app.db)
+            .await
+            .expect("a kept run")
+    );
+    assert_eq!(alice.get(&kept_address).await.0, 404);
+    let swept = layered_wallet::sweep::expired_kept_pages(&app.db, 1)
+        .await
+        .expect("sweep");
+    assert_eq!(swept, 2, "the sweep deletes in batches until none is left");
 
     // Opening the form's address by hand leads to the lab, not to a 405.
     let response = alice
@@ -794,7 +813,7 @@ async fn concurrent_runs_share_one_in_flight_budget() {
     // Only the fired run moved money: one transfer, its retries replayed
     // or refused.
     assert_eq!(app.transfer_count().await, 1);
-    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM race_lab_results")
+    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM kept_pages WHERE kind = 'race_lab_run'")
         .fetch_one(&app.db)
         .await
         .expect("count");

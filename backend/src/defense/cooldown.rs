@@ -51,7 +51,8 @@ use crate::settings::{Config, CooldownScope, StoreErrorPolicy};
 
 /// The window, in one atomic script: refuse a revoked token (KEYS[2]
 /// exists), else `SET KEYS[1] ARGV[1] NX PX ARGV[2]`; on refusal, the
-/// window's remaining time. Both keys carry the user as a hash tag, so a
+/// window's remaining time and whether its holder was refused (its value
+/// ends in `ARGV[3]`). Both keys carry the user as a hash tag, so a
 /// Redis Cluster keeps them in one slot.
 const ACQUIRE: &str = r"
 if redis.call('EXISTS', KEYS[2]) == 1 then
@@ -86,6 +87,7 @@ return 0
 const REFUSED_SUFFIX: &str = ":refused";
 
 /// Compare-and-delete: only the holder of `token` may remove the key.
+/// (`ARGV[2]`, the refused suffix, is for the marking script only.)
 const RELEASE_IF_OWNER: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
     return redis.call('DEL', KEYS[1])
@@ -415,12 +417,25 @@ impl CooldownLock {
     /// if Redis is gone, the next 429 says "sent", and the window expires
     /// as usual.
     pub async fn mark_refused(&self, permit: &CooldownPermit) {
-        let Some(store) = &self.store else {
-            return;
-        };
+        self.as_holder(&self.mark_refused_script, permit, "mark as refused")
+            .await;
+    }
+
+    /// Gives the window back after a server-side failure, if we still own
+    /// it. Best effort: if Redis is gone too, the window simply expires.
+    pub async fn release(&self, permit: &CooldownPermit) -> bool {
+        self.as_holder(&self.release_script, permit, "release").await == Some(1)
+    }
+
+    /// Runs an owner-checked script on the permit's window (`KEYS[1]` the
+    /// window, `ARGV[1]` the holder's token, `ARGV[2]` the refused suffix),
+    /// within `command_timeout`: the script's answer, or `None`, logged,
+    /// when Redis could not be asked.
+    async fn as_holder(&self, script: &Script, permit: &CooldownPermit, step: &'static str) -> Option<i64> {
+        let store = self.store.as_ref()?;
         let attempt = async {
             let mut conn = store.get().await?;
-            self.mark_refused_script
+            script
                 .key(&permit.key)
                 .arg(&permit.token)
                 .arg(REFUSED_SUFFIX)
@@ -429,36 +444,18 @@ impl CooldownLock {
                 .map_err(|e| e.to_string())
         };
         match tokio::time::timeout(self.command_timeout, attempt).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(error)) => tracing::warn!(error, "could not mark the cooldown window as refused"),
-            Err(_elapsed) => tracing::warn!("marking the cooldown window as refused timed out"),
-        }
-    }
-
-    /// Gives the window back after a server-side failure, if we still own
-    /// it. Best effort: if Redis is gone too, the window simply expires.
-    pub async fn release(&self, permit: &CooldownPermit) -> bool {
-        let Some(store) = &self.store else {
-            return false;
-        };
-        let attempt = async {
-            let mut conn = store.get().await?;
-            self.release_script
-                .key(&permit.key)
-                .arg(&permit.token)
-                .invoke_async::<i64>(&mut conn)
-                .await
-                .map_err(|e| e.to_string())
-        };
-        match tokio::time::timeout(self.command_timeout, attempt).await {
-            Ok(Ok(deleted)) => deleted == 1,
+            Ok(Ok(answer)) => Some(answer),
             Ok(Err(error)) => {
-                tracing::warn!(error, "could not release the cooldown window");
-                false
+                tracing::warn!(
+                    error,
+                    cooldown.step = step,
+                    "could not change the cooldown window"
+                );
+                None
             }
             Err(_elapsed) => {
-                tracing::warn!("releasing the cooldown window timed out");
-                false
+                tracing::warn!(cooldown.step = step, "changing the cooldown window timed out");
+                None
             }
         }
     }

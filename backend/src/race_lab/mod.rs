@@ -11,14 +11,12 @@
 //!   with what it should show, checked after the run against the database.
 //! - **The burst** (`burst`): N requests over N connections opened first,
 //!   released together, the last byte of each written at once.
-//! - **Saved results** (`saved`): each run's page, kept at its own address.
 
 pub mod burst;
 pub mod judgement;
 pub mod pass;
 pub mod presets;
 pub mod run;
-pub mod saved;
 pub mod switches;
 
 use uuid::Uuid;

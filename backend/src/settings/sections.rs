@@ -119,7 +119,8 @@ pub struct Demo {
     pub trace_ui_url: String,
     /// Empty: no demo recipient.
     pub recipient_name: String,
-    pub wallet_page_retention: Duration,
+    /// How long the page a wallet form leads to is kept; one per person.
+    pub wallet_pages: crate::kept_pages::Bounds,
 }
 
 #[derive(Debug, Clone)]
@@ -136,8 +137,9 @@ pub struct RaceLab {
     pub db_connections_max: usize,
     pub pass_lifetime: Duration,
     pub passes_held_max: usize,
-    pub result_retention: Duration,
-    pub results_per_user_max: i64,
+    /// How long a run's results are kept at their address, and how many
+    /// one visitor keeps.
+    pub results: crate::kept_pages::Bounds,
 }
 
 #[derive(Debug, Clone)]
@@ -372,7 +374,11 @@ impl From<&Settings> for Demo {
             naive_window: Duration::from_millis(s.naive_window_ms),
             trace_ui_url: s.trace_ui_url.clone(),
             recipient_name: s.demo_recipient_name.trim().to_owned(),
-            wallet_page_retention: Duration::from_secs(s.wallet_page_retention_s),
+            // One per person: their next form replaces it.
+            wallet_pages: crate::kept_pages::Bounds {
+                retention: Duration::from_secs(s.wallet_page_retention_s),
+                per_user_max: 1,
+            },
         }
     }
 }
@@ -391,8 +397,10 @@ impl From<&Settings> for RaceLab {
             requests_in_flight_max: s.race_lab_requests_in_flight_max,
             pass_lifetime: Duration::from_millis(s.race_lab_pass_lifetime_ms),
             passes_held_max: s.race_lab_passes_held_max,
-            result_retention: Duration::from_secs(s.race_lab_result_retention_hours * 3_600),
-            results_per_user_max: s.race_lab_results_per_user_max,
+            results: crate::kept_pages::Bounds {
+                retention: Duration::from_secs(s.race_lab_result_retention_hours * 3_600),
+                per_user_max: s.race_lab_results_per_user_max,
+            },
             // At most all but one of the pool's connections (at least one),
             // so that real transfers always have one to take.
             db_connections_max: (s.race_lab_db_connections_max as usize)

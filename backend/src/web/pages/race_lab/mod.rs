@@ -1,7 +1,7 @@
 //! The race lab and the live feed pages.
 //!
 //! The lab's form posts to `/race-lab/runs`; the server fires the burst
-//! (`race_lab::run`), keeps the results (`race_lab::saved`) and redirects to
+//! (`race_lab::run`), keeps the results (`kept_pages`) and redirects to
 //! `/race-lab/runs/{id}`, which shows them: a timeline, the funnel, the
 //! money checked against the database, and the answers grouped by how they
 //! ended.
@@ -15,9 +15,9 @@ use askama_web::WebTemplate;
 use serde::{Deserialize, Serialize};
 
 use crate::auth;
+use crate::kept_pages::{self, Kind};
 use crate::race_lab::presets::{KeyStrategy, Preset};
 use crate::race_lab::run::{self, RunError, RunRequest};
-use crate::race_lab::saved;
 use crate::race_lab::{LAB_CURRENCY, Switches};
 use crate::settings::{IdempotencyMode, RowGuardMode};
 use crate::state::AppState;
@@ -40,8 +40,8 @@ struct RaceLabPage {
     /// How long a run's results stay at their address, in words.
     retention: String,
     problem: Option<String>,
-    /// A run's id and results.
-    result: Option<(uuid::Uuid, RunView)>,
+    /// A run's results, and its id when they are kept.
+    result: Option<(Option<uuid::Uuid>, RunView)>,
 }
 
 /// The form as the visitor last set it.
@@ -109,8 +109,8 @@ pub async fn show_run(
         Err(error) => return unavailable(&state, None, &error),
     };
     let kept = match crate::domain::parse_uuid(&id) {
-        Some(id) => match saved::load::<RunView>(&state.db, id).await {
-            Ok(view) => view.map(|view| (id, view)),
+        Some(id) => match kept_pages::load::<RunView>(&state.db, Kind::RaceLabRun, id, None).await {
+            Ok(view) => view.map(|view| (Some(id), view)),
             Err(error) => return unavailable(&state, session.as_ref(), &error),
         },
         None => None,
@@ -125,7 +125,7 @@ pub async fn show_run(
                 "A race-lab run's results are kept for {} after it is fired, and each visitor keeps their latest {}. \
                  These are gone, or the address is wrong. Open the race lab to fire a new run.",
                 retention_in_words(&state),
-                state.config.race_lab.results_per_user_max
+                state.config.race_lab.results.per_user_max
             ),
         );
     };
@@ -285,20 +285,17 @@ pub async fn fire(
             return not_fired(NotFired::DatabaseLost, 0);
         }
     };
-    let id = uuid::Uuid::new_v4();
-    let lab = &state.config.race_lab;
     let view = RunView::of(&state, &run);
-    match saved::save(
+    let kept = kept_pages::keep(
         &state.db,
         session.token.user_id,
-        id,
+        Kind::RaceLabRun,
         &view,
-        lab.result_retention,
-        lab.results_per_user_max,
+        state.config.race_lab.results,
     )
-    .await
-    {
-        Ok(()) => redirect(&format!("/race-lab/runs/{id}")),
+    .await;
+    match kept {
+        Ok(id) => redirect(&format!("/race-lab/runs/{id}")),
         Err(error) => {
             // The run happened and its results are in hand: show them here
             // rather than lose them, and say that they have no address.
@@ -311,7 +308,7 @@ pub async fn fire(
                 Some(&session),
                 form,
                 Some(problem.to_owned()),
-                Some((id, view)),
+                Some((None, view)),
             )
         }
     }
@@ -361,7 +358,7 @@ fn parse_run(form: &RunFields, requests_max: usize) -> Result<RunRequest, NotFir
 
 /// How long results are kept, in words.
 fn retention_in_words(state: &AppState) -> String {
-    let hours = state.config.race_lab.result_retention.as_secs() / 3_600;
+    let hours = state.config.race_lab.results.retention.as_secs() / 3_600;
     match hours {
         h if h % 24 == 0 && h >= 48 => format!("{} days", h / 24),
         24 => "a day".to_owned(),
@@ -375,7 +372,7 @@ fn lab_page(
     session: Option<&crate::web::Session>,
     form: LabForm,
     problem: Option<String>,
-    result: Option<(uuid::Uuid, RunView)>,
+    result: Option<(Option<uuid::Uuid>, RunView)>,
 ) -> HttpResponse {
     let lab = &state.config.race_lab;
     with_page(

@@ -20,7 +20,7 @@ use crate::web::money;
 const EXAMPLES_PER_GROUP_MAX: usize = 5;
 
 /// One run, as the page shows it. Stored as JSON with the run
-/// (`race_lab_results`), so that its address shows the same page for as
+/// (`kept_pages`), so that its address shows the same page for as
 /// long as it is kept.
 #[derive(Serialize, Deserialize)]
 pub(super) struct RunView {

@@ -1,13 +1,14 @@
-//! The page a wallet form leads to, kept so that the form can redirect to
-//! it (post/redirect/get): reloading the address shows the same page and
-//! sends nothing. One per person (`wallet_pages_shown`), replaced by their
-//! next form, for `wallet_page_retention_s`.
+//! The page a wallet form leads to, kept (`kept_pages`) so that the form
+//! can redirect to it (post/redirect/get): reloading the address shows the
+//! same page and sends nothing. One per person, replaced by their next
+//! form, for `wallet_page_retention_s`.
 
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use super::super::Notice;
 use crate::domain::UserId;
+use crate::kept_pages::{self, Kind};
 use crate::state::AppState;
 
 /// A transfer read back to the person before any money moves.
@@ -53,36 +54,22 @@ impl Shown {
 
 /// Keeps `shown` as `user`'s page, replacing the one before; its id.
 pub(super) async fn keep(state: &AppState, user: UserId, shown: &Shown) -> Result<Uuid, sqlx::Error> {
-    let id = Uuid::new_v4();
-    let page = serde_json::to_value(shown).map_err(|error| sqlx::Error::Encode(Box::new(error)))?;
-    sqlx::query(
-        "INSERT INTO wallet_pages_shown (user_id, id, expires_at, page)
-         VALUES ($1, $2, now() + make_interval(secs => $3), $4)
-         ON CONFLICT (user_id) DO UPDATE
-            SET id = excluded.id, expires_at = excluded.expires_at, page = excluded.page",
+    kept_pages::keep(
+        &state.db,
+        user,
+        Kind::Wallet,
+        shown,
+        state.config.demo.wallet_pages,
     )
-    .bind(user.0)
-    .bind(id)
-    .bind(state.config.demo.wallet_page_retention.as_secs_f64())
-    .bind(page)
-    .execute(&state.db)
-    .await?;
-    Ok(id)
+    .await
 }
 
 /// `user`'s page `id`, unless a later form replaced it or it expired.
 pub(super) async fn load(state: &AppState, user: UserId, id: &str) -> Result<Option<Shown>, sqlx::Error> {
-    let Some(id) = crate::domain::parse_uuid(id) else {
-        return Ok(None);
-    };
-    let page: Option<serde_json::Value> = sqlx::query_scalar(
-        "SELECT page FROM wallet_pages_shown WHERE user_id = $1 AND id = $2 AND expires_at > now()",
-    )
-    .bind(user.0)
-    .bind(id)
-    .fetch_optional(&state.db)
-    .await?;
-    Ok(page.and_then(|page| serde_json::from_value(page).ok()))
+    match crate::domain::parse_uuid(id) {
+        Some(id) => kept_pages::load(&state.db, Kind::Wallet, id, Some(user)).await,
+        None => Ok(None),
+    }
 }
 
 /// The seconds left until `send_again_at_ms`, if any are.
