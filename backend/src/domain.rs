@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use crate::problem::Problem;
+use crate::problem::{Fields, Problem};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -34,15 +34,22 @@ pub struct AmountMinor(i64);
 
 impl AmountMinor {
     pub fn parse(value: i64, max: i64) -> Result<Self, Problem> {
+        match Self::broken_rule(value, max) {
+            Some(rule) => Err(Problem::validation(format!("amount_minor {rule}."))),
+            None => Ok(Self(value)),
+        }
+    }
+
+    /// The rule `value` breaks, said after the field's name; `None` when
+    /// it keeps them all.
+    fn broken_rule(value: i64, max: i64) -> Option<String> {
         if value <= 0 {
-            return Err(Problem::validation("amount_minor must be a positive integer."));
+            Some("must be a positive integer".to_owned())
+        } else if value > max {
+            Some(format!("must be at most {max}"))
+        } else {
+            None
         }
-        if value > max {
-            return Err(Problem::validation(format!(
-                "amount_minor must be at most {max}."
-            )));
-        }
-        Ok(Self(value))
     }
 
     pub fn get(self) -> i64 {
@@ -58,6 +65,19 @@ pub struct TransferBody {
     pub to_wallet_id: Uuid,
     /// Minor units (cents); positive.
     pub amount_minor: i64,
+}
+
+/// The wallet id in `field`, or `None` with the error noted.
+fn wallet_id_field(fields: &mut Fields, field: &str) -> Option<Uuid> {
+    let text = fields.string(field)?;
+    let id = parse_uuid(&text);
+    if id.is_none() {
+        fields.refuse(
+            field,
+            "must be a wallet id: a UUID written as 8-4-4-4-12 hexadecimal digits",
+        );
+    }
+    id
 }
 
 /// A UUID in its canonical hyphenated form only (what the OpenAPI document
@@ -76,21 +96,28 @@ pub struct TransferRequest {
 
 impl TransferRequest {
     /// Malformed JSON is a 400; well-formed JSON of the wrong shape or with
-    /// a value outside the rules is a 422.
+    /// a value outside the rules is a 422 naming each field it refuses
+    /// (`errors[].pointer`). Wallet ids are read in their canonical form
+    /// only, as everywhere else (`parse_uuid`).
     pub fn parse(body: &[u8], amount_minor_max: i64) -> Result<Self, Problem> {
-        let body: TransferBody = serde_json::from_slice(body).map_err(|error| {
-            if error.is_data() {
-                Problem::validation(format!("The transfer body is not valid: {error}."))
-            } else {
-                Problem::bad_request(format!("The body is not valid JSON: {error}."))
+        let mut fields = Fields::of(body, &["from_wallet_id", "to_wallet_id", "amount_minor"])?;
+        let from = wallet_id_field(&mut fields, "from_wallet_id");
+        let to = wallet_id_field(&mut fields, "to_wallet_id");
+        let amount_minor = fields.integer("amount_minor");
+        if let Some(rule) = amount_minor.and_then(|minor| AmountMinor::broken_rule(minor, amount_minor_max)) {
+            fields.refuse("amount_minor", rule);
+        }
+        if from.is_some() && from == to {
+            fields.refuse("to_wallet_id", "must be another wallet than from_wallet_id");
+        }
+        fields.finish("The transfer body is not valid")?;
+        match (from, to, amount_minor) {
+            (Some(from), Some(to), Some(amount_minor)) => {
+                Self::new(WalletId(from), WalletId(to), amount_minor, amount_minor_max)
             }
-        })?;
-        Self::new(
-            WalletId(body.from_wallet_id),
-            WalletId(body.to_wallet_id),
-            body.amount_minor,
-            amount_minor_max,
-        )
+            // `finish` refused any body missing one of them.
+            _ => Err(Problem::validation("The transfer body is not valid.")),
+        }
     }
 
     /// The same rules for a request that did not come as JSON (the

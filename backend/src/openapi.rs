@@ -40,7 +40,7 @@ use crate::state::AppState;
         health::healthz,
         health::readyz,
     ),
-    components(schemas(crate::problem::Problem)),
+    components(schemas(crate::problem::Problem, crate::problem::FieldError)),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;

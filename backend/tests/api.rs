@@ -543,3 +543,99 @@ async fn the_openapi_document_is_the_whole_contract() {
         assert!(limit["schema"]["maximum"].is_i64(), "{path}");
     }
 }
+
+/// A body that breaks the rules gets one 422 naming every field it got
+/// wrong by a JSON Pointer (`errors[].pointer`), never the JSON parser's
+/// text and never a value sent; nothing changes. A whole number written
+/// with a fraction of zero is the integer JSON Schema says it is.
+#[tokio::test]
+async fn validation_problems_name_each_field() {
+    let app = spawn_app(|_| {}).await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let transfers = app.url("/api/v1/transfers");
+    let pointers = |body: &Value| -> Vec<String> {
+        body["errors"]
+            .as_array()
+            .expect("errors")
+            .iter()
+            .map(|error| error["pointer"].as_str().expect("pointer").to_owned())
+            .collect()
+    };
+    let before = app.snapshot().await;
+    let braced = format!("{{{}}}", bob.wallet_id);
+    let cases = [
+        (
+            json!({ "from_wallet_id": alice.wallet_id, "to_wallet_id": alice.wallet_id, "amount_minor": 0 }),
+            vec!["#/amount_minor", "#/to_wallet_id"],
+        ),
+        (
+            json!({ "to_wallet_id": braced, "amount_minor": "7", "memo": "hi" }),
+            vec!["#/memo", "#/from_wallet_id", "#/to_wallet_id", "#/amount_minor"],
+        ),
+        (json!([1, 2]), vec!["#"]),
+        (
+            json!({ "from_wallet_id": alice.wallet_id, "to_wallet_id": bob.wallet_id, "amount_minor": 1.5 }),
+            vec!["#/amount_minor"],
+        ),
+    ];
+    for (body, expected) in cases {
+        let response = app
+            .client
+            .post(&transfers)
+            .bearer_auth(&alice.token)
+            .json(&body)
+            .send()
+            .await
+            .expect("send");
+        let (status, problem_body) = problem(response).await;
+        assert_eq!(status, 422, "{body}: {problem_body}");
+        assert_eq!(problem_body["type"], "/problems/validation-failed");
+        assert_eq!(pointers(&problem_body), expected, "{body}");
+        let detail = problem_body["detail"].as_str().expect("detail");
+        assert!(
+            !detail.contains("invalid type") && !detail.contains("line 1"),
+            "{detail}"
+        );
+    }
+    assert_eq!(
+        app.snapshot().await,
+        before,
+        "a refused body changed the database"
+    );
+
+    // 57340.0 is the integer 57340.
+    let response = app
+        .client
+        .post(&transfers)
+        .bearer_auth(&alice.token)
+        .json(&json!({ "from_wallet_id": alice.wallet_id, "to_wallet_id": bob.wallet_id, "amount_minor": 57340.0 }))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status(), 201);
+    assert_eq!(app.balance(alice.wallet_id).await, 100_000 - 57_340);
+
+    // Sign-up: each field named, and a password never echoed.
+    let users = app.url("/api/v1/users");
+    for (body, expected) in [
+        (
+            json!({ "name": 5, "password": 123456789 }),
+            vec!["#/name", "#/password"],
+        ),
+        (json!({ "name": "carol" }), vec!["#/password"]),
+        (
+            json!({ "name": "", "password": "correct horse battery" }),
+            vec!["#/name"],
+        ),
+        (
+            json!({ "name": "carol", "password": "short" }),
+            vec!["#/password"],
+        ),
+    ] {
+        let response = app.client.post(&users).json(&body).send().await.expect("send");
+        let (status, problem_body) = problem(response).await;
+        assert_eq!(status, 422, "{body}: {problem_body}");
+        assert_eq!(pointers(&problem_body), expected, "{body}");
+        assert!(!problem_body.to_string().contains("123456789"), "{problem_body}");
+    }
+}

@@ -12,12 +12,16 @@
 //! - `catalogue`: every problem type, with its words and its status;
 //! - `response`: a `Problem` and how it is sent over HTTP;
 //! - `database`: what a failed database call means for the client, from
-//!   one table of the SQLSTATEs the service acts on.
+//!   one table of the SQLSTATEs the service acts on;
+//! - `fields`: reading a JSON body field by field, so that a 422 names
+//!   each field it refuses (`errors[].pointer`).
 
 mod catalogue;
 mod database;
+mod fields;
 mod response;
 
 pub use catalogue::ProblemType;
 pub use database::{DatabaseFailure, SqlState, from_database_error, from_database_failure};
+pub use fields::{FieldError, Fields};
 pub use response::{PROBLEM_CONTENT_TYPE, Problem};

@@ -27,6 +27,9 @@ pub struct Problem {
     /// The request's trace id, on transfer problems: the key to its trace.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<String>,
+    /// On a validation problem, each field refused and why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<super::FieldError>,
     /// The detail is a sentence for people more precise than the type's
     /// own (the cooldown's, which says when the next transfer is possible).
     #[serde(skip)]
@@ -48,6 +51,7 @@ impl Problem {
             detail: detail.into(),
             layer: None,
             trace_id: None,
+            errors: Vec::new(),
             detail_is_for_people: false,
             retry_after_s: None,
             www_authenticate: None,
@@ -63,6 +67,17 @@ impl Problem {
     pub fn with_trace_id(mut self, trace_id: &str) -> Self {
         self.trace_id = Some(trace_id.to_owned());
         self
+    }
+
+    pub fn with_errors(mut self, errors: Vec<super::FieldError>) -> Self {
+        self.errors = errors;
+        self
+    }
+
+    /// A problem with one field of the body, which its detail is about.
+    pub fn at_field(self, field: &str) -> Self {
+        let error = super::FieldError::at(field, self.detail.clone());
+        self.with_errors(vec![error])
     }
 
     pub fn with_retry_after_s(mut self, seconds: u64) -> Self {

@@ -43,13 +43,14 @@ pub struct IssuedTokenBody {
 
 impl Credentials {
     fn parse(body: &[u8], config: &Config) -> Result<(Self, ComparableName), Problem> {
-        let credentials: Credentials = serde_json::from_slice(body).map_err(|error| {
-            if error.is_data() {
-                Problem::validation(format!("Send {{\"name\": …, \"password\": …}}: {error}."))
-            } else {
-                Problem::bad_request(format!("The body is not valid JSON: {error}."))
-            }
-        })?;
+        let mut fields = problem::Fields::of(body, &["name", "password"])?;
+        let name = fields.string("name");
+        let password = fields.string("password");
+        fields.finish("Send {\"name\": …, \"password\": …}")?;
+        let credentials = Credentials {
+            name: name.unwrap_or_default(),
+            password: SecretString::from(password.unwrap_or_default()),
+        };
         let name = credentials.validate(config)?;
         Ok((credentials, name))
     }
@@ -57,7 +58,8 @@ impl Credentials {
     /// The account rules, for the API and the browser form alike: the
     /// name's (`names`) and the password's length.
     pub fn validate(&self, config: &Config) -> Result<ComparableName, Problem> {
-        let name = ComparableName::parse(&self.name, config.accounts.user_name_chars_max)?;
+        let name = ComparableName::parse(&self.name, config.accounts.user_name_chars_max)
+            .map_err(|problem| problem.at_field("name"))?;
         use secrecy::ExposeSecret;
         let password_chars = self.password.expose_secret().chars().count();
         if password_chars < config.accounts.password_chars_min
@@ -67,7 +69,8 @@ impl Credentials {
                 "A password has {} to {} characters.",
                 config.accounts.password_chars_min, config.accounts.password_chars_max
             ))
-            .detail_is_for_people());
+            .detail_is_for_people()
+            .at_field("password"));
         }
         Ok(name)
     }
