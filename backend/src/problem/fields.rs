@@ -155,6 +155,7 @@ mod tests {
         problem
             .errors
             .iter()
+            .flat_map(|errors| errors.iter())
             .map(|error| error.pointer.as_str())
             .collect()
     }

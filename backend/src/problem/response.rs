@@ -27,15 +27,18 @@ pub struct Problem {
     /// The request's trace id, on transfer problems: the key to its trace.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<String>,
-    /// On a validation problem, each field refused and why.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub errors: Vec<super::FieldError>,
+    /// On a validation problem, each field refused and why. Boxed, so that
+    /// every other problem stays small.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<super::FieldError>>)]
+    pub errors: Option<Box<Vec<super::FieldError>>>,
     /// The detail is a sentence for people more precise than the type's
     /// own (the cooldown's, which says when the next transfer is possible).
     #[serde(skip)]
     detail_is_for_people: bool,
     #[serde(skip)]
-    retry_after_s: Option<u64>,
+    /// Seconds; a `u32` (136 years) keeps every `Result<_, Problem>` small.
+    retry_after_s: Option<u32>,
     #[serde(skip)]
     www_authenticate: Option<&'static str>,
     #[serde(skip)]
@@ -51,7 +54,7 @@ impl Problem {
             detail: detail.into(),
             layer: None,
             trace_id: None,
-            errors: Vec::new(),
+            errors: None,
             detail_is_for_people: false,
             retry_after_s: None,
             www_authenticate: None,
@@ -70,7 +73,7 @@ impl Problem {
     }
 
     pub fn with_errors(mut self, errors: Vec<super::FieldError>) -> Self {
-        self.errors = errors;
+        self.errors = (!errors.is_empty()).then(|| Box::new(errors));
         self
     }
 
@@ -81,7 +84,7 @@ impl Problem {
     }
 
     pub fn with_retry_after_s(mut self, seconds: u64) -> Self {
-        self.retry_after_s = Some(seconds);
+        self.retry_after_s = Some(u32::try_from(seconds).unwrap_or(u32::MAX));
         self
     }
 
@@ -117,7 +120,7 @@ impl Problem {
     }
 
     pub fn retry_after_s(&self) -> Option<u64> {
-        self.retry_after_s
+        self.retry_after_s.map(u64::from)
     }
 
     pub fn status_code(&self) -> StatusCode {
