@@ -819,3 +819,57 @@ async fn concurrent_runs_share_one_in_flight_budget() {
         .expect("count");
     assert_eq!(runs, 1, "only the fired run was kept");
 }
+
+/// A lab burst never pushes a real decision out of the feed: real
+/// transfers and race-lab requests are two streams, each with its own cap.
+/// With the real stream capped at 100, a 200-request run leaves every real
+/// decision in place.
+#[tokio::test]
+async fn a_lab_burst_never_pushes_a_real_decision_out_of_the_feed() {
+    let app = spawn_app(|settings| {
+        settings.cooldown_ttl_ms = 1;
+        settings.decision_feed_entries_per_user_max = 100;
+    })
+    .await;
+    app.sign_up("bob").await;
+    let mut alice = signed_up(&app, "alice").await;
+    for amount in ["1.00", "2.00", "3.00"] {
+        let sent = alice.send("bob", amount).await;
+        assert_eq!(alice.follow(sent).await.0, 200);
+    }
+    let form: &[(&str, &str)] = &[
+        ("preset", "same-key"),
+        ("count", "200"),
+        ("keys", "new"),
+        ("cooldown", "off"),
+    ];
+    assert_eq!(run(&mut alice, form).await.0, "fired");
+
+    let items = |page: &str| -> Vec<Value> {
+        serde_json::from_str::<Value>(page).expect("a feed page")["items"]
+            .as_array()
+            .expect("items")
+            .clone()
+    };
+    // The writer is asynchronous: wait, bounded, for the lab's 200.
+    let mut lab = Vec::new();
+    for _ in 0..100 {
+        lab = items(&alice.get("/api/v1/decisions?source=lab&limit=200").await.1);
+        if lab.len() >= 200 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(lab.len(), 200, "every lab request is in the lab stream");
+    assert!(lab.iter().all(|entry| entry["lab"] == true));
+    let real = items(&alice.get("/api/v1/decisions?source=real&limit=200").await.1);
+    let amounts: Vec<i64> = real
+        .iter()
+        .filter(|entry| entry["outcome"] == "accepted")
+        .map(|entry| entry["amount_minor"].as_i64().expect("amount"))
+        .collect();
+    assert_eq!(amounts, [100, 200, 300], "the real transfers are all still there");
+    assert!(real.iter().all(|entry| entry["lab"] == false));
+    // The real transfers are in the database too, and only them.
+    assert_eq!(app.balance(app.wallet_of("alice").await).await, 100_000 - 600);
+}

@@ -27,10 +27,12 @@
     return "…" + hex.slice(-8);
   }
 
-  // A transfer to one of the visitor's lab wallets moved lab money: the row
-  // guard lets lab money move only between their own two.
+  // A race-lab request (its stream says so), or a transfer to one of the
+  // visitor's lab wallets (where a deployment keeps every layer on and the
+  // lab's requests carry no switches): the row guard lets lab money move
+  // only between a visitor's own two.
   function isLab(entry) {
-    return Boolean(entry.to_wallet_id) && labWallets.has(entry.to_wallet_id);
+    return Boolean(entry.lab) || (Boolean(entry.to_wallet_id) && labWallets.has(entry.to_wallet_id));
   }
 
   function money(minor, code) {
@@ -95,23 +97,34 @@
     });
   });
 
-  fetch("/api/v1/decisions?limit=50", { credentials: "same-origin" })
-    .then((r) => (r.ok ? r.json() : { items: [] }))
-    .then(function (page) {
-      page.items.forEach(row);
-      const after = page.last_id ? "?after=" + encodeURIComponent(page.last_id) : "";
-      const source = new EventSource("/api/v1/decisions/stream" + after);
-      source.onopen = function () { status.textContent = "live"; };
-      source.onerror = function () { status.textContent = "reconnecting…"; };
-      source.addEventListener("decision", function (event) { row(JSON.parse(event.data)); });
-      // The server ends a stream when the session ends (then reconnecting
-      // is pointless) or when it has lived its time (then the browser
-      // reconnects by itself and resumes where it stopped).
-      source.addEventListener("end", function (event) {
-        if (JSON.parse(event.data).reason === "token") {
-          source.close();
-          status.textContent = "Your session has ended. Sign in again to see new decisions.";
-        }
+  // Real transfers and race-lab requests are two streams, each with its
+  // own cap, so that a lab burst never pushes a real decision out of
+  // Redis; the page reads both and shows them in one table.
+  function follow(source) {
+    return fetch("/api/v1/decisions?limit=50&source=" + source, { credentials: "same-origin" })
+      .then((r) => (r.ok ? r.json() : { items: [] }))
+      .then(function (page) {
+        const after = page.last_id ? "&after=" + encodeURIComponent(page.last_id) : "";
+        const events = new EventSource("/api/v1/decisions/stream?source=" + source + after);
+        events.onopen = function () { status.textContent = "live"; };
+        events.onerror = function () { status.textContent = "reconnecting…"; };
+        events.addEventListener("decision", function (event) { row(JSON.parse(event.data)); });
+        // The server ends a stream when the session ends (then reconnecting
+        // is pointless) or when it has lived its time (then the browser
+        // reconnects by itself and resumes where it stopped).
+        events.addEventListener("end", function (event) {
+          if (JSON.parse(event.data).reason === "token") {
+            events.close();
+            status.textContent = "Your session has ended. Sign in again to see new decisions.";
+          }
+        });
+        return page.items;
       });
-    });
+  }
+
+  Promise.all([follow("real"), follow("lab")]).then(function (pages) {
+    pages[0].concat(pages[1])
+      .sort(function (a, b) { return a.time < b.time ? -1 : a.time > b.time ? 1 : 0; })
+      .forEach(row);
+  });
 })();

@@ -1,8 +1,11 @@
 //! The live decision feed, shared by every instance.
 //!
-//! Each user's decisions go to a Redis stream of their own,
-//! `{prefix}decisions:{user_id}`, capped at `decision_feed_entries_per_user_max`
-//! entries (`XADD … MAXLEN ~`) and expiring `decision_feed_retention_hours`
+//! Each user's decisions go to Redis streams of their own: their real
+//! transfers' to `{prefix}decisions:{user_id}`, capped at
+//! `decision_feed_entries_per_user_max` entries (`XADD … MAXLEN ~`), and
+//! their race-lab runs' to `{prefix}decisions:{user_id}:lab`, capped at
+//! `decision_feed_lab_entries_per_user_max`, so that a lab burst never
+//! pushes a real decision out. Each stream expires `decision_feed_retention_hours`
 //! (up to two minutes more) after the last write. The expiry is refreshed
 //! at most once per stream per minute, not with every entry: under steady
 //! load a user has one entry per batch, so a per-batch `EXPIRE` was one
@@ -56,8 +59,8 @@ const EXPIRY_MEMO_STREAMS_MAX: usize = 100_000;
 /// it is written. The TTL set is the retention plus two intervals, so a
 /// stream never expires sooner than the retention after its last entry.
 struct ExpiryMemo {
-    current: std::collections::HashSet<UserId>,
-    previous: std::collections::HashSet<UserId>,
+    current: std::collections::HashSet<(UserId, Source)>,
+    previous: std::collections::HashSet<(UserId, Source)>,
     generation_started: std::time::Instant,
 }
 
@@ -72,16 +75,16 @@ impl ExpiryMemo {
 
     /// True when `user`'s stream needs its expiry refreshed now; remembers
     /// that it was.
-    fn needs_refresh(&mut self, user: UserId, now: std::time::Instant) -> bool {
+    fn needs_refresh(&mut self, stream: (UserId, Source), now: std::time::Instant) -> bool {
         if now.duration_since(self.generation_started) >= EXPIRY_REFRESH_INTERVAL {
             self.previous = std::mem::take(&mut self.current);
             self.generation_started = now;
         }
-        if self.current.contains(&user) || self.previous.contains(&user) {
+        if self.current.contains(&stream) || self.previous.contains(&stream) {
             return false;
         }
         if self.current.len() < EXPIRY_MEMO_STREAMS_MAX {
-            self.current.insert(user);
+            self.current.insert(stream);
         }
         true
     }
@@ -108,6 +111,24 @@ pub struct FeedEntry {
     /// The slug of a refusal's problem type: `/problems/{slug}` explains it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub problem_type: Option<String>,
+    /// A request a race-lab run sent (lab money); kept in the lab stream.
+    #[serde(default)]
+    pub lab: bool,
+}
+
+/// Which of a user's two streams: real transfers, or race-lab runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    #[default]
+    Real,
+    Lab,
+}
+
+impl Source {
+    fn of(entry: &FeedEntry) -> Self {
+        if entry.lab { Source::Lab } else { Source::Real }
+    }
 }
 
 /// An entry with its position in the stream (the cursor for `after`).
@@ -242,8 +263,8 @@ impl DecisionFeed {
         }
     }
 
-    pub fn stream_key(&self, user: UserId) -> String {
-        stream_key(&self.key_prefix, user)
+    pub fn stream_key(&self, user: UserId, source: Source) -> String {
+        stream_key(&self.key_prefix, user, source)
     }
 
     /// A dedicated connection for one live stream, whose replies may take
@@ -253,11 +274,12 @@ impl DecisionFeed {
         client.connect(self.command_timeout, response_timeout).await
     }
 
-    /// The user's entries after stream id `after` (exclusive), oldest
-    /// first, at most `count`.
+    /// The user's entries in `source` after stream id `after` (exclusive),
+    /// oldest first, at most `count`.
     pub async fn read_after(
         &self,
         user: UserId,
+        source: Source,
         after: Option<&str>,
         count: usize,
     ) -> Result<Vec<StoredEntry>, String> {
@@ -268,7 +290,7 @@ impl DecisionFeed {
         let read = async {
             let mut conn = store.get().await?;
             redis::cmd("XRANGE")
-                .arg(self.stream_key(user))
+                .arg(self.stream_key(user, source))
                 .arg(start)
                 .arg("+")
                 .arg("COUNT")
@@ -284,8 +306,11 @@ impl DecisionFeed {
     }
 }
 
-pub fn stream_key(prefix: &str, user: UserId) -> String {
-    format!("{prefix}decisions:{user}")
+pub fn stream_key(prefix: &str, user: UserId, source: Source) -> String {
+    match source {
+        Source::Real => format!("{prefix}decisions:{user}"),
+        Source::Lab => format!("{prefix}decisions:{user}:lab"),
+    }
 }
 
 /// Accepts stream ids only (`<ms>-<seq>`, each a number Redis can hold),
@@ -340,15 +365,17 @@ async fn write_batches(
             batch.clear();
             continue;
         }
-        // One pipeline for the batch; on a cluster, one per user, so that
-        // each pipeline's keys live in one hash slot.
+        // One pipeline for the batch; on a cluster, one per stream, so
+        // that each pipeline's keys live in one hash slot.
         let mut pipes: Vec<redis::Pipeline> = Vec::new();
-        let mut per_user: std::collections::HashMap<UserId, usize> = std::collections::HashMap::new();
-        let mut expiring: std::collections::HashMap<UserId, (usize, String)> =
+        let mut per_stream: std::collections::HashMap<(UserId, Source), usize> =
+            std::collections::HashMap::new();
+        let mut expiring: std::collections::HashMap<(UserId, Source), (usize, String)> =
             std::collections::HashMap::new();
         for (user, entry) in &batch {
+            let stream = (*user, Source::of(entry));
             let index = if store.is_cluster() {
-                *per_user.entry(*user).or_insert_with(|| {
+                *per_stream.entry(stream).or_insert_with(|| {
                     pipes.push(redis::pipe());
                     pipes.len() - 1
                 })
@@ -358,23 +385,27 @@ async fn write_batches(
                 }
                 0
             };
-            let key = stream_key(&settings.key_prefix, *user);
+            let key = stream_key(&settings.key_prefix, *user, stream.1);
+            let cap = match stream.1 {
+                Source::Real => settings.feed.entries_per_user_max,
+                Source::Lab => settings.feed.lab_entries_per_user_max,
+            };
             let json = serde_json::to_string(entry).unwrap_or_default();
             pipes[index]
                 .cmd("XADD")
                 .arg(&key)
                 .arg("MAXLEN")
                 .arg("~")
-                .arg(settings.feed.entries_per_user_max)
+                .arg(cap)
                 .arg("*")
                 .arg("d")
                 .arg(json)
                 .ignore();
-            expiring.insert(*user, (index, key));
+            expiring.insert(stream, (index, key));
         }
         // At most one EXPIRE per stream and interval, not per entry.
         let now = std::time::Instant::now();
-        expiring.retain(|user, _| expiry.needs_refresh(*user, now));
+        expiring.retain(|stream, _| expiry.needs_refresh(*stream, now));
         for (index, key) in expiring.values() {
             pipes[*index].cmd("EXPIRE").arg(key).arg(retention_s).ignore();
         }
@@ -411,17 +442,20 @@ async fn write_batches(
 
 #[cfg(test)]
 mod tests {
-    use super::{EXPIRY_REFRESH_INTERVAL, ExpiryMemo, is_stream_id, used_memory};
+    use super::{EXPIRY_REFRESH_INTERVAL, ExpiryMemo, Source, is_stream_id, used_memory};
     use crate::domain::UserId;
 
     #[test]
     fn a_streams_expiry_is_refreshed_at_most_once_per_interval_and_at_least_once_per_two() {
         let mut memo = ExpiryMemo::new();
-        let (alice, bob) = (UserId(uuid::Uuid::new_v4()), UserId(uuid::Uuid::new_v4()));
+        let alice = (UserId(uuid::Uuid::new_v4()), Source::Real);
+        let bob = (UserId(uuid::Uuid::new_v4()), Source::Real);
         let start = memo.generation_started;
         assert!(memo.needs_refresh(alice, start));
         assert!(!memo.needs_refresh(alice, start));
         assert!(memo.needs_refresh(bob, start));
+        // Alice's lab stream is a stream of its own.
+        assert!(memo.needs_refresh((alice.0, Source::Lab), start));
         // Within the next interval, still remembered (the previous generation).
         let next = start + EXPIRY_REFRESH_INTERVAL;
         assert!(!memo.needs_refresh(alice, next));

@@ -1,6 +1,6 @@
 //! The caller's decision feed: `GET /api/v1/decisions?after=` for recent
 //! entries and `GET /api/v1/decisions/stream` for a live Server-Sent Events
-//! stream. Both read the shared Redis streams, so they show the decisions of
+//! stream, each of real transfers or, with `?source=lab`, of race-lab runs. Both read the shared Redis streams, so they show the decisions of
 //! every instance. A user sees only their own. The browser's live feed page
 //! calls the same endpoints, authenticated by its session cookie.
 
@@ -29,6 +29,11 @@ pub struct FeedQuery {
     pub after: Option<String>,
     /// Default 100, at most `decisions_page_entries_max`.
     pub limit: Option<usize>,
+    /// `real` (the default): your transfers; `lab`: the requests your
+    /// race-lab runs sent. Each is a stream of its own with its own cap, so
+    /// that a lab burst never pushes a real decision out; an `after` id
+    /// belongs to one of them.
+    pub source: Option<feed::Source>,
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -80,7 +85,12 @@ async fn read_page(request: &HttpRequest, state: &AppState, user: UserId) -> Res
     let query = parse_query(request, max)?;
     let items = state
         .feed
-        .read_after(user, query.after.as_deref(), query.limit.unwrap_or(100.min(max)))
+        .read_after(
+            user,
+            query.source.unwrap_or_default(),
+            query.after.as_deref(),
+            query.limit.unwrap_or(100.min(max)),
+        )
         .await
         .map_err(|error| {
             tracing::warn!(error, "could not read the decision feed");
@@ -172,7 +182,9 @@ async fn open_stream(
         .stream_connection(keepalive + Duration::from_secs(5))
         .await
         .map_err(unavailable)?;
-    let key = state.feed.stream_key(token.user_id);
+    let key = state
+        .feed
+        .stream_key(token.user_id, query.source.unwrap_or_default());
     // "Only what comes next" is pinned to the stream's current last id now:
     // reading from `$` again after a quiet read would skip whatever arrived
     // between two reads.

@@ -214,8 +214,12 @@ declare_settings! {
         /// In-process queue between requests and the feed writer; entries
         /// beyond it are dropped (and counted), never waited for.
         decision_feed_queue_entries_max: usize = 10_000, within 1..=1_000_000 "entries";
-        /// Length cap of each user's feed stream in Redis.
+        /// Length cap of each user's feed stream of real transfers in Redis.
         decision_feed_entries_per_user_max: u64 = 500, within 1..=100_000 "entries";
+        /// Length cap of each user's feed stream of race-lab requests, kept
+        /// apart from their real transfers' so that a lab burst never pushes
+        /// a real decision out.
+        decision_feed_lab_entries_per_user_max: u64 = 1_000, within 1..=100_000 "entries";
         /// A user's stream expires this long (up to two minutes more) after
         /// its last entry; its expiry is refreshed at most once a minute.
         decision_feed_retention_hours: u64 = 1, within 1..=720 "hours";
@@ -238,8 +242,9 @@ declare_settings! {
         decision_stream_token_check_s: u64 = 5, within 1..=300 "s";
         /// A live stream ends after this long; the client reconnects.
         decision_stream_lifetime_s: u64 = 3_600, within 1..=86_400 "s";
-        /// Live streams one user may hold on one instance at once.
-        decision_streams_per_user_max: usize = 4, within 1..=1_000 "streams";
+        /// Live streams one user may hold on one instance at once. The feed
+        /// page holds two (real transfers and lab runs).
+        decision_streams_per_user_max: usize = 8, within 1..=1_000 "streams";
     }
 
     section "Money and accounts" {

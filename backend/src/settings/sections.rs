@@ -147,6 +147,7 @@ pub struct Feed {
     pub enabled: bool,
     pub queue_entries_max: usize,
     pub entries_per_user_max: u64,
+    pub lab_entries_per_user_max: u64,
     pub retention: Duration,
     pub redis_memory_bytes_max: u64,
     pub memory_check_interval: Duration,
@@ -415,6 +416,7 @@ impl From<&Settings> for Feed {
             enabled: s.decision_feed_enabled,
             queue_entries_max: s.decision_feed_queue_entries_max,
             entries_per_user_max: s.decision_feed_entries_per_user_max,
+            lab_entries_per_user_max: s.decision_feed_lab_entries_per_user_max,
             // An hour count out of bounds is reported and the `Config`
             // thrown away; saturating keeps it from overflowing meanwhile.
             retention: Duration::from_secs(s.decision_feed_retention_hours.saturating_mul(3_600)),

@@ -44,6 +44,9 @@ pub struct Decided {
     pub key: Option<IdempotencyKey>,
     /// What was asked, once it parsed: for the feed's context.
     pub transfer: Option<TransferRequest>,
+    /// Sent by a race-lab run (with its switches): the feed keeps it in
+    /// the visitor's lab stream.
+    pub lab: bool,
 }
 
 pub enum Answer {
@@ -76,6 +79,7 @@ impl Decided {
             user,
             key,
             transfer: None,
+            lab: false,
         }
     }
 
@@ -89,6 +93,7 @@ impl Decided {
             user,
             key,
             transfer: None,
+            lab: false,
         }
     }
 
@@ -148,6 +153,7 @@ pub async fn through_the_layers(
 ) -> Decided {
     let mut decided = decide(state, context, caller, transfer_request, key, lab).await;
     decided.transfer = Some(*transfer_request);
+    decided.lab = lab.is_some();
     decided
 }
 
@@ -285,6 +291,7 @@ pub fn report(state: &AppState, context: &RequestContext, decided: &Decided) {
                 amount_minor: decided.transfer.map(|transfer| transfer.amount.get()),
                 to_wallet_id: decided.transfer.map(|transfer| transfer.to.0),
                 problem_type: decided.problem_type().map(|kind| kind.slug().to_owned()),
+                lab: decided.lab,
             },
         );
     }

@@ -69,7 +69,9 @@ struct FeedPage {
     chrome: Chrome,
     /// The visitor's lab wallets, comma-separated: a transfer to one of
     /// them moved lab money (the row guard allows lab transfers only
-    /// between a visitor's own two), whatever the deployment's switches.
+    /// between a visitor's own two). Lab entries say so themselves when
+    /// the run sent switches; a deployment that keeps every layer on sends
+    /// none, and its lab entries share the real stream.
     lab_wallets: String,
     /// The deployment's currency, for every other transfer.
     currency: String,

@@ -274,6 +274,7 @@ mod tests {
             user: None,
             key: None,
             transfer: None,
+            lab: false,
         }
     }
 
