@@ -66,7 +66,7 @@ async fn browser() -> Browser {
             "args": [
                 "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--no-first-run", "--window-size=1200,1400",
+                "--no-first-run", "--window-size=1280,1400",
                 format!("--user-data-dir={}", profile.display()),
             ]
         }),
@@ -134,6 +134,28 @@ async fn text_of(client: &Client, css: &str) -> String {
         .text()
         .await
         .expect("text")
+}
+
+/// The timeline's visible tick labels sit on one line, each right of the
+/// one before.
+async fn assert_axis_reads_left_to_right(client: &Client, what: &str) {
+    let labels = client
+        .execute(
+            "return Array.from(document.querySelectorAll('figure.timeline .axis span'))
+               .filter((span) => getComputedStyle(span).visibility !== 'hidden')
+               .map((span) => { const box = span.getBoundingClientRect(); return [box.top, box.left]; });",
+            vec![],
+        )
+        .await
+        .expect("axis labels");
+    let boxes: Vec<(f64, f64)> = serde_json::from_value(labels).expect("boxes");
+    assert!(boxes.len() >= 3, "{what}: {boxes:?}");
+    assert!(
+        boxes
+            .windows(2)
+            .all(|pair| pair[0].0 == pair[1].0 && pair[0].1 < pair[1].1),
+        "{what}: the axis labels are not on one line, left to right: {boxes:?}"
+    );
 }
 
 /// Signs up through the browser's form and lands on the wallet page.
@@ -347,6 +369,7 @@ async fn the_race_lab_shows_each_layer_catch_what_it_catches() {
                     assert_eq!(shown, layered_wallet::web::money::format(moved, "LAB"), "{run:?}");
                     let funnel_moved = text_of(client, "#funnel li.stage-moved strong").await;
                     assert_eq!(funnel_moved, transfers.to_string(), "{run:?}: the funnel's moved");
+                    assert_axis_reads_left_to_right(client, &format!("{run:?}")).await;
                     let marks = client.find_all(Locator::Css("svg .mark")).await.expect("marks");
                     assert_eq!(marks.len() as i64, COUNT, "{run:?}: one mark per request");
                     let damage_lines = client
@@ -378,6 +401,7 @@ async fn the_race_lab_shows_each_layer_catch_what_it_catches() {
         text_of(client, "#summary").await;
         let overflow = sideways_scroll_px(client).await;
         assert_eq!(overflow, json!(0), "{name} scrolls sideways at 390 px");
+        assert_axis_reads_left_to_right(client, name).await;
         let smallest_text_px = client
             .execute(
                 "return Math.min(...Array.from(document.querySelectorAll('#results *'))
