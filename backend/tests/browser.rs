@@ -429,6 +429,32 @@ async fn the_race_lab_shows_each_layer_catch_what_it_catches() {
         "reopening a run fired nothing"
     );
 
+    // Every other page fits a phone too, and the landing picture's words
+    // stay inside their boxes at both widths.
+    for width in [390, 1280] {
+        client.set_window_size(width, 900).await.expect("window");
+        for path in ["/", "/wallet", "/race-lab", "/feed"] {
+            client.goto(&app.url(path)).await.expect("open a page");
+            let overflow = sideways_scroll_px(client).await;
+            assert_eq!(overflow, json!(0), "{path} scrolls sideways at {width} px");
+        }
+        client.goto(&app.url("/")).await.expect("open the landing page");
+        let spilled = client
+            .execute(
+                "return Array.from(document.querySelectorAll('.layer-box'))
+                   .filter((box) => box.scrollWidth > box.clientWidth || box.scrollHeight > box.clientHeight).length;",
+                vec![],
+            )
+            .await
+            .expect("boxes");
+        assert_eq!(
+            spilled,
+            json!(0),
+            "the landing picture's text leaves its box at {width} px"
+        );
+    }
+    client.set_window_size(390, 900).await.expect("narrow window");
+
     // The live feed, with the runs' decisions in it, fits the phone too;
     // lab amounts say they are lab money, and the real-only view hides them.
     client.goto(&app.url("/feed")).await.expect("open the feed");

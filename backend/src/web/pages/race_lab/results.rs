@@ -490,6 +490,43 @@ mod tests {
         assert_eq!(axis_label(1_500.0), "1,500 ms");
     }
 
+    /// 200 answers at the same moment, and 200 spread over the run: every
+    /// mark has a place of its own, and no lane grows past its stack limit.
+    #[test]
+    fn two_hundred_marks_stay_countable() {
+        use crate::decision::{Decision, Layer, Outcome};
+        use crate::race_lab::burst::{Answer, Shot};
+        let answer = |at_ms: u64| Answer {
+            shot: Shot {
+                from: uuid::Uuid::nil(),
+                to: uuid::Uuid::nil(),
+                amount_minor: 1,
+                key: None,
+            },
+            sent: Duration::ZERO,
+            answered: Duration::from_millis(at_ms),
+            status: 429,
+            decision: Some(Decision::new(Layer::Cooldown, Outcome::Rejected)),
+            replayed: false,
+            body: String::new(),
+            trace_id: None,
+        };
+        for answers in [
+            (0..200).map(|_| answer(3)).collect::<Vec<_>>(),
+            (0..200).map(answer).collect::<Vec<_>>(),
+        ] {
+            let timeline = Timeline::of(&answers, None);
+            let lane = &timeline.lanes[0];
+            assert_eq!(lane.count, 200);
+            let mut places: Vec<(u32, u32)> = lane.marks.iter().map(|mark| (mark.x, mark.y)).collect();
+            places.sort_unstable();
+            places.dedup();
+            assert_eq!(places.len(), 200, "two marks share a place");
+            assert!(lane.height <= Timeline::STACK_MAX * Timeline::STEP);
+            assert!(places.iter().all(|(x, _)| *x < timeline.width));
+        }
+    }
+
     #[test]
     fn a_full_column_spills_to_the_nearest_column_with_room() {
         let heights = [0, 0, 10, 10, 0];
