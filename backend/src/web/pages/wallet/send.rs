@@ -44,7 +44,7 @@ pub struct TransferForm {
 enum AfterSend {
     /// Sent: the wallet shows the receipt from the stored answer, and the
     /// balance after it.
-    Redirect,
+    Receipt,
     /// A double submit the cooldown refused while the first copy ran: the
     /// first copy's result, not a refusal.
     Original(StoredResponse),
@@ -61,7 +61,7 @@ enum AfterSend {
 /// only after a cooldown refusal.
 fn after_send(decided: &Decided, original: Option<StoredResponse>) -> AfterSend {
     if matches!(&decided.answer, Answer::Stored { response, replayed: false } if response.status == 201) {
-        return AfterSend::Redirect;
+        return AfterSend::Receipt;
     }
     if let Some(original) = original {
         return AfterSend::Original(original);
@@ -141,9 +141,10 @@ pub async fn transfer(
     };
     let currency = &session.currency;
     // Every answer leads to a page of its own (post/redirect/get), so that
-    // reloading it sends nothing.
+    // reloading it sends nothing: a receipt's is the stored answer itself
+    // (`/wallet?sent=`); any other is kept as a page (`shown`).
     let shown = match after_send(&decided, original) {
-        AfterSend::Redirect => None,
+        AfterSend::Receipt => None,
         AfterSend::Original(original) => Some(Shown::Wallet {
             notice: replay_notice(&original, &recipient_name, currency),
             recipient: String::new(),
@@ -178,7 +179,6 @@ pub async fn transfer(
         }
     };
     let mut response = match shown {
-        // The wallet it leads to shows the receipt, from the stored answer.
         None => redirect(&format!("/wallet?sent={}", key.as_uuid())),
         Some(shown) => lead_to(&state, &session, shown)
             .await
@@ -285,7 +285,7 @@ mod tests {
 
     #[test]
     fn a_transfer_made_now_redirects_and_a_replay_of_one_does_not() {
-        assert_eq!(after_send(&stored(201, false), None), AfterSend::Redirect);
+        assert_eq!(after_send(&stored(201, false), None), AfterSend::Receipt);
         assert_eq!(
             after_send(&stored(201, true), None),
             AfterSend::Wallet { keep_typed: false }
