@@ -10,6 +10,7 @@
 //! re-exported here. The public modules are used by their paths
 //! (`wallet_testkit::chaos::run`, `wallet_testkit::visitor::Visitor`).
 
+pub mod answer_cutter;
 pub mod chaos;
 pub mod nginx;
 pub mod private_stores;

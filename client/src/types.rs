@@ -1,0 +1,84 @@
+//! The API's bodies, as the client reads and sends them. A test holds each
+//! to the schema the server serves (`tests/contract.rs`), so the two
+//! cannot drift apart.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// `POST /api/v1/users`: the new account, its wallet and a first token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignedUp {
+    pub user_id: Uuid,
+    pub wallet_id: Uuid,
+    pub token: String,
+    pub balance_minor: i64,
+}
+
+/// `POST /api/v1/tokens`: a bearer token and when it expires.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignedIn {
+    pub token: String,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// `GET /api/v1/wallets/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Wallet {
+    pub id: Uuid,
+    pub balance_minor: i64,
+    pub currency: String,
+}
+
+/// What to pay: the body of `POST /api/v1/transfers`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferOrder {
+    pub from_wallet_id: Uuid,
+    pub to_wallet_id: Uuid,
+    /// Minor units (cents); positive.
+    pub amount_minor: i64,
+}
+
+/// A transfer that was made: `201` to `POST /api/v1/transfers`, and its
+/// replays, byte for byte.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferReceipt {
+    pub id: Uuid,
+    pub from_wallet_id: Uuid,
+    pub to_wallet_id: Uuid,
+    pub amount_minor: i64,
+    pub created_at: DateTime<Utc>,
+    pub balance_minor_after: i64,
+}
+
+/// A payment that is known to have been made exactly once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Paid {
+    pub receipt: TransferReceipt,
+    /// The answer was the stored one (`Idempotent-Replayed: true`): an
+    /// earlier attempt made the transfer, and this is its receipt.
+    pub replayed: bool,
+    /// Requests sent, the last included.
+    pub attempts: u32,
+}
+
+/// One transfer in `GET /api/v1/transfers`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferItem {
+    pub id: Uuid,
+    pub from_wallet_id: Uuid,
+    pub to_wallet_id: Uuid,
+    pub amount_minor: i64,
+    pub created_at: DateTime<Utc>,
+    /// `sent` or `received`, from the caller's point of view.
+    pub direction: String,
+}
+
+/// A page of `GET /api/v1/transfers`, newest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferPage {
+    pub items: Vec<TransferItem>,
+    /// Pass as `before` for the next page; absent on the last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_before: Option<Uuid>,
+}

@@ -1,0 +1,198 @@
+//! The retry policy against the real server, its PostgreSQL and Redis,
+//! through a proxy that loses answers after the server gave them. Each
+//! test counts the transfers in the database, not only the answers.
+
+use wallet_client::{Client, Error, IdempotencyKey, RetryPolicy, TransferOrder};
+use wallet_testkit::answer_cutter::AnswerCutter;
+use wallet_testkit::*;
+
+#[path = "../examples/pay_once.rs"]
+#[allow(dead_code)]
+mod pay_once;
+
+fn order(from: &TestUser, to: &TestUser, amount_minor: i64) -> TransferOrder {
+    TransferOrder {
+        from_wallet_id: from.wallet_id,
+        to_wallet_id: to.wallet_id,
+        amount_minor,
+    }
+}
+
+/// Quick enough for a test; the waits still come from the policy and
+/// `Retry-After`.
+fn policy() -> RetryPolicy {
+    RetryPolicy {
+        base: std::time::Duration::from_millis(50),
+        cap: std::time::Duration::from_millis(500),
+        attempts_max: 8,
+        request_timeout: std::time::Duration::from_secs(10),
+    }
+}
+
+/// The README's example, through two cut answers: the first attempt's
+/// transfer is made and its answer lost; the retries carry the same key;
+/// the last answer is the stored one. One transfer in the database.
+#[tokio::test]
+async fn the_example_pays_exactly_once_through_cut_connections() {
+    let app = spawn_app(|settings| settings.cooldown_ttl_ms = 300).await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let cutter = AnswerCutter::start(&app.address, 2).await;
+    let paid = pay_once::pay_once(&cutter.address, &alice.token, &order(&alice, &bob, 950))
+        .await
+        .expect("paid");
+    assert_eq!(cutter.answers_cut(), 2, "the faults fired");
+    assert!(paid.replayed, "the answer that came was the stored one");
+    assert!(paid.attempts >= 3, "{paid:?}");
+    assert_eq!(app.transfer_count().await, 1);
+    assert_eq!(app.balance(alice.wallet_id).await, 100_000 - 950);
+    app.assert_invariants().await;
+}
+
+/// The wrong way, under the same faults: a new key per attempt pays again
+/// once the cooldown window has passed.
+#[tokio::test]
+async fn a_new_key_per_attempt_pays_twice_where_one_key_pays_once() {
+    let app = spawn_app(|settings| settings.cooldown_ttl_ms = 300).await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let cutter = AnswerCutter::start(&app.address, 2).await;
+    let client = Client::new(&cutter.address, policy())
+        .expect("client")
+        .with_token(&alice.token)
+        .minting_a_new_key_per_attempt();
+    let paid = client
+        .transfer(&order(&alice, &bob, 950), IdempotencyKey::new())
+        .await
+        .expect("an answer at last");
+    assert!(!paid.replayed, "a fresh key is never a replay");
+    assert!(
+        app.transfer_count().await >= 2,
+        "one payment, charged {} times",
+        app.transfer_count().await
+    );
+    app.assert_invariants().await;
+}
+
+/// A refusal the same request would get again is final: sent once, typed.
+#[tokio::test]
+async fn refusals_are_final_and_say_which() {
+    let app = spawn_app(without_cooldown).await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let cutter = AnswerCutter::start(&app.address, 0).await;
+    let client = Client::new(&cutter.address, policy()).expect("client");
+    let cases = [
+        (
+            client.with_token(&alice.token),
+            order(&alice, &bob, 5_000_000),
+            422,
+            "insufficient-funds",
+        ),
+        (
+            client.with_token(&alice.token),
+            order(&alice, &alice, 5),
+            422,
+            "validation-failed",
+        ),
+        (
+            client.with_token(&alice.token),
+            order(&bob, &alice, 5),
+            403,
+            "not-your-wallet",
+        ),
+        (
+            client.with_token("lw1.bogus.token"),
+            order(&alice, &bob, 5),
+            401,
+            "unauthorized",
+        ),
+    ];
+    for (caller, order, status, slug) in cases {
+        let sent = cutter.requests();
+        match caller.transfer(&order, IdempotencyKey::new()).await {
+            Err(Error::Refused(problem)) => {
+                assert_eq!((problem.status, problem.slug()), (status, slug));
+            }
+            other => panic!("{slug}: {other:?}"),
+        }
+        assert_eq!(cutter.requests() - sent, 1, "{slug} was retried");
+    }
+    match client.with_token(&alice.token).wallet(uuid::Uuid::new_v4()).await {
+        Err(Error::Refused(problem)) => assert_eq!(problem.status, 404),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(app.transfer_count().await, 0);
+}
+
+/// Without a key nobody can tell a retry from a second payment: a lost
+/// answer is reported as unknown, and nothing is sent again.
+#[tokio::test]
+async fn a_keyless_transfer_is_never_retried() {
+    let app = spawn_app(without_cooldown).await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let cutter = AnswerCutter::start(&app.address, 1).await;
+    let client = Client::new(&cutter.address, policy())
+        .expect("client")
+        .with_token(&alice.token);
+    match client.transfer_without_key(&order(&alice, &bob, 700)).await {
+        Err(Error::OutcomeUnknown(_)) => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(cutter.requests(), 1);
+    assert_eq!(app.transfer_count().await, 1, "it was made, once");
+}
+
+/// A second payment inside the cooldown window is refused with 429 and
+/// `Retry-After`; the client waits it out and pays, once.
+#[tokio::test]
+async fn a_cooldown_is_waited_out_and_then_paid_once() {
+    let app = spawn_app(|settings| settings.cooldown_ttl_ms = 500).await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let client = Client::new(&app.address, policy())
+        .expect("client")
+        .with_token(&alice.token);
+    let first = client
+        .transfer(&order(&alice, &bob, 100), IdempotencyKey::new())
+        .await
+        .expect("first");
+    assert_eq!(first.attempts, 1);
+    let second = client
+        .transfer(&order(&alice, &bob, 200), IdempotencyKey::new())
+        .await
+        .expect("second");
+    assert!(second.attempts >= 2, "the 429 was waited out: {second:?}");
+    assert!(!second.replayed);
+    assert_eq!(app.transfer_count().await, 2);
+    app.assert_invariants().await;
+}
+
+/// Every answer lost: the client gives up after `attempts_max` requests
+/// and says the payment may have been made; the database holds it once.
+#[tokio::test]
+async fn giving_up_says_the_outcome_is_unknown_and_it_was_paid_at_most_once() {
+    let app = spawn_app(|settings| settings.cooldown_ttl_ms = 100).await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let cutter = AnswerCutter::start(&app.address, usize::MAX).await;
+    let policy = RetryPolicy {
+        attempts_max: 4,
+        ..policy()
+    };
+    let client = Client::new(&cutter.address, policy)
+        .expect("client")
+        .with_token(&alice.token);
+    let key = IdempotencyKey::new();
+    match client.transfer(&order(&alice, &bob, 300), key).await {
+        Err(Error::GaveUp { attempts, .. }) => assert_eq!(attempts, 4),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(cutter.requests(), 4);
+    assert_eq!(app.transfer_count().await, 1, "four attempts, one payment");
+    // The same key later, on a working network: the stored receipt.
+    let direct = Client::new(&app.address, policy)
+        .expect("client")
+        .with_token(&alice.token);
+    let paid = direct
+        .transfer(&order(&alice, &bob, 300), key)
+        .await
+        .expect("paid");
+    assert!(paid.replayed);
+    assert_eq!(app.transfer_count().await, 1);
+}
