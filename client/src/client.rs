@@ -1,9 +1,11 @@
 //! The client: one method per operation of the API, each sent through the
 //! retry policy it may safely use.
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
-use reqwest::{Method, RequestBuilder, Response, StatusCode};
+use reqwest::{Method, RequestBuilder, Response};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use uuid::Uuid;
@@ -14,14 +16,49 @@ use crate::types::{
     Paid, SignedIn, SignedUp, TransferItem, TransferOrder, TransferPage, TransferReceipt, Wallet,
 };
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,
-    base_url: String,
+    /// One server, or several behind which attempts rotate, as a load
+    /// balancer would spread them.
+    base_urls: Arc<[String]>,
+    next_base: Arc<AtomicUsize>,
     token: Option<String>,
     policy: RetryPolicy,
+    observer: Option<Observer>,
     /// The wrong way, kept only so that a test can show what it costs.
     new_key_per_attempt: bool,
+}
+
+/// Called with every request a call sends, as it is answered.
+pub type Observer = Arc<dyn Fn(&AttemptSeen) + Send + Sync>;
+
+/// One request of a call, as the client saw it, for callers that account
+/// for every attempt (a chaos storm, a load test).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptSeen {
+    /// `None` when no answer came: a broken connection or a time-out.
+    pub status: Option<u16>,
+    /// The slug of a refusal's problem type (`cooldown-active`).
+    pub problem: Option<String>,
+    /// `Idempotent-Replayed: true`.
+    pub replayed: bool,
+    /// A transfer's id, on a 201.
+    pub transfer_id: Option<Uuid>,
+    pub retry_after: Option<Duration>,
+    /// From sending to the whole answer (or to the failure).
+    pub took: Duration,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token stays out of logs.
+        formatter
+            .debug_struct("Client")
+            .field("base_urls", &self.base_urls)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Whether a call may be sent again when its outcome is unknown.
@@ -36,17 +73,40 @@ enum Retries {
 impl Client {
     /// A client of the server at `base_url` (`http://127.0.0.1:8080`).
     pub fn new(base_url: &str, policy: RetryPolicy) -> Result<Self, Error> {
+        Self::over(&[base_url], policy)
+    }
+
+    /// A client of several instances of one deployment: each attempt goes
+    /// to the next, so that a retry reaches another instance, as it would
+    /// behind a load balancer.
+    pub fn over(base_urls: &[&str], policy: RetryPolicy) -> Result<Self, Error> {
+        if base_urls.is_empty() {
+            return Err(Error::Request("no server to talk to".to_owned()));
+        }
         let http = reqwest::Client::builder()
             .timeout(policy.request_timeout)
             .build()
             .map_err(|error| Error::Request(error.to_string()))?;
         Ok(Self {
             http,
-            base_url: base_url.trim_end_matches('/').to_owned(),
+            base_urls: base_urls
+                .iter()
+                .map(|url| url.trim_end_matches('/').to_owned())
+                .collect(),
+            next_base: Arc::new(AtomicUsize::new(0)),
             token: None,
             policy,
+            observer: None,
             new_key_per_attempt: false,
         })
+    }
+
+    /// The same client, calling `observer` with every request it sends.
+    pub fn observed_by(&self, observer: Observer) -> Self {
+        Self {
+            observer: Some(observer),
+            ..self.clone()
+        }
     }
 
     /// The same client, speaking for the holder of `token`.
@@ -75,7 +135,7 @@ impl Client {
                 request.json(&body)
             })
             .await?;
-        read(response).await
+        read(response)
     }
 
     /// `POST /api/v1/tokens`: a token for an existing account. Retried:
@@ -87,7 +147,7 @@ impl Client {
                 request.json(&body)
             })
             .await?;
-        read(response).await
+        read(response)
     }
 
     /// `DELETE /api/v1/tokens/current`: revokes this client's token.
@@ -100,10 +160,10 @@ impl Client {
                 |request, _| request,
             )
             .await?;
-        if response.status() == StatusCode::NO_CONTENT {
+        if response.status == 204 {
             Ok(())
         } else {
-            Err(refusal(response).await)
+            Err(refusal(response))
         }
     }
 
@@ -117,7 +177,7 @@ impl Client {
                 |request, _| request,
             )
             .await?;
-        read(response).await
+        read(response)
     }
 
     /// `POST /api/v1/transfers` with `key`: pays `order` exactly once,
@@ -131,7 +191,7 @@ impl Client {
                 request.header("Idempotency-Key", key.to_string()).json(order)
             })
             .await?;
-        paid(response, attempts).await
+        paid(response, attempts)
     }
 
     /// `POST /api/v1/transfers` without a key: sent once and never retried,
@@ -143,7 +203,7 @@ impl Client {
                 request.json(order)
             })
             .await?;
-        paid(response, attempts).await
+        paid(response, attempts)
     }
 
     /// `GET /api/v1/transfers`: the caller's transfers, newest first.
@@ -160,7 +220,7 @@ impl Client {
         let (response, _) = self
             .send(Method::GET, &path, Retries::Safe, |request, _| request)
             .await?;
-        read(response).await
+        read(response)
     }
 
     /// `GET /api/v1/transfers/{id}`.
@@ -173,7 +233,7 @@ impl Client {
                 |request, _| request,
             )
             .await?;
-        read(response).await
+        read(response)
     }
 
     /// Sends a request built by `build` (given the attempt, from 0) until
@@ -186,33 +246,37 @@ impl Client {
         path: &str,
         retries: Retries,
         build: impl Fn(RequestBuilder, u32) -> RequestBuilder,
-    ) -> Result<(Response, u32), Error> {
-        let url = format!("{}{path}", self.base_url);
+    ) -> Result<(Answer, u32), Error> {
         let attempts_max = match retries {
             Retries::Safe => self.policy.attempts_max.max(1),
             Retries::Never => 1,
         };
+        let give_up_at = Instant::now() + self.policy.call_time_max;
         let mut attempt = 0;
         loop {
-            let mut request = self.http.request(method.clone(), &url);
+            let base = &self.base_urls[self.next_base.fetch_add(1, Ordering::Relaxed) % self.base_urls.len()];
+            let mut request = self.http.request(method.clone(), format!("{base}{path}"));
             if let Some(token) = &self.token {
                 request = request.bearer_auth(token);
             }
-            let last_attempt = attempt + 1 >= attempts_max;
-            let wait = match build(request, attempt).send().await {
-                Ok(response) if may_succeed_later(response.status().as_u16()) && !last_attempt => {
-                    self.policy.delay(attempt, retry_after(&response))
-                }
-                Ok(response) if may_succeed_later(response.status().as_u16()) && retries == Retries::Safe => {
-                    let status = response.status().as_u16();
-                    let problem = response.text().await.unwrap_or_default();
+            let started = Instant::now();
+            let answered = match build(request, attempt).send().await {
+                Ok(response) => Answer::read(response).await,
+                Err(error) if error.is_builder() => return Err(Error::Request(error.to_string())),
+                Err(error) => Err(error),
+            };
+            self.observe(&answered, started.elapsed());
+            let last_attempt = attempt + 1 >= attempts_max || Instant::now() >= give_up_at;
+            let wait = match answered {
+                Ok(answer) if !may_succeed_later(answer.status) => return Ok((answer, attempt + 1)),
+                Ok(answer) if retries == Retries::Never => return Ok((answer, attempt + 1)),
+                Ok(answer) if last_attempt => {
                     return Err(Error::GaveUp {
                         attempts: attempt + 1,
-                        last: format!("{status} {problem}"),
+                        last: format!("{} {}", answer.status, String::from_utf8_lossy(&answer.body)),
                     });
                 }
-                Ok(response) => return Ok((response, attempt + 1)),
-                Err(error) if error.is_builder() => return Err(Error::Request(error.to_string())),
+                Ok(answer) => self.policy.delay(attempt, answer.retry_after),
                 Err(error) if retries == Retries::Never => {
                     return Err(Error::OutcomeUnknown(error.to_string()));
                 }
@@ -228,6 +292,68 @@ impl Client {
             attempt += 1;
         }
     }
+
+    fn observe(&self, answered: &Result<Answer, reqwest::Error>, took: Duration) {
+        let Some(observer) = &self.observer else {
+            return;
+        };
+        let seen = match answered {
+            Ok(answer) => {
+                let body: Option<serde_json::Value> = serde_json::from_slice(&answer.body).ok();
+                let field = |name: &str| {
+                    body.as_ref()
+                        .and_then(|body| body.get(name))
+                        .and_then(|value| value.as_str())
+                };
+                AttemptSeen {
+                    status: Some(answer.status),
+                    problem: field("type").map(|kind| kind.trim_start_matches("/problems/").to_owned()),
+                    replayed: answer.replayed,
+                    transfer_id: (answer.status == 201)
+                        .then(|| field("id").and_then(|id| id.parse().ok()))
+                        .flatten(),
+                    retry_after: answer.retry_after,
+                    took,
+                }
+            }
+            Err(_) => AttemptSeen {
+                status: None,
+                problem: None,
+                replayed: false,
+                transfer_id: None,
+                retry_after: None,
+                took,
+            },
+        };
+        observer(&seen);
+    }
+}
+
+/// An answer, read whole.
+struct Answer {
+    status: u16,
+    retry_after: Option<Duration>,
+    /// `Idempotent-Replayed: true`.
+    replayed: bool,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    async fn read(response: Response) -> Result<Self, reqwest::Error> {
+        let status = response.status().as_u16();
+        let retry_after = retry_after(&response);
+        let replayed = response
+            .headers()
+            .get("idempotent-replayed")
+            .is_some_and(|value| value == "true");
+        let body = response.bytes().await?.to_vec();
+        Ok(Self {
+            status,
+            retry_after,
+            replayed,
+            body,
+        })
+    }
 }
 
 /// The server's `Retry-After`, in whole seconds.
@@ -241,24 +367,19 @@ fn retry_after(response: &Response) -> Option<Duration> {
 }
 
 /// A success's body, or the refusal.
-async fn read<T: DeserializeOwned>(response: Response) -> Result<T, Error> {
-    if response.status().is_success() {
-        response
-            .json()
-            .await
+fn read<T: DeserializeOwned>(answer: Answer) -> Result<T, Error> {
+    if (200..300).contains(&answer.status) {
+        serde_json::from_slice(&answer.body)
             .map_err(|error| Error::Request(format!("the answer could not be read: {error}")))
     } else {
-        Err(refusal(response).await)
+        Err(refusal(answer))
     }
 }
 
 /// A transfer's final answer: the receipt (made now, or replayed), or why not.
-async fn paid(response: Response, attempts: u32) -> Result<Paid, Error> {
-    let replayed = response
-        .headers()
-        .get("idempotent-replayed")
-        .is_some_and(|value| value == "true");
-    let receipt: TransferReceipt = read(response).await?;
+fn paid(answer: Answer, attempts: u32) -> Result<Paid, Error> {
+    let replayed = answer.replayed;
+    let receipt: TransferReceipt = read(answer)?;
     Ok(Paid {
         receipt,
         replayed,
@@ -268,11 +389,15 @@ async fn paid(response: Response, attempts: u32) -> Result<Paid, Error> {
 
 /// A final answer that is not a success: a refusal the same request would
 /// get again, or a server failure.
-async fn refusal(response: Response) -> Error {
-    let status = response.status().as_u16();
-    let body = response.text().await.unwrap_or_default();
-    match serde_json::from_str::<Problem>(&body) {
-        Ok(problem) if status < 500 => Error::Refused(Box::new(problem)),
-        _ => Error::Unexpected { status, body },
+fn refusal(answer: Answer) -> Error {
+    match serde_json::from_slice::<Problem>(&answer.body) {
+        Ok(problem) if problem.slug() == "outcome-unknown" => Error::OutcomeUnknown(problem.detail),
+        // A 503 that is not an unknown outcome changed nothing: it ends a
+        // call that may not be retried (a keyless transfer) like a refusal.
+        Ok(problem) if answer.status < 500 || answer.status == 503 => Error::Refused(Box::new(problem)),
+        _ => Error::Unexpected {
+            status: answer.status,
+            body: String::from_utf8_lossy(&answer.body).into_owned(),
+        },
     }
 }

@@ -43,6 +43,9 @@ pub struct RetryPolicy {
     /// How long one request may take before it counts as an unknown
     /// outcome and is retried with the same key.
     pub request_timeout: Duration,
+    /// How long one call may take in all, attempts and waits together; no
+    /// attempt starts after it.
+    pub call_time_max: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -52,6 +55,7 @@ impl Default for RetryPolicy {
             cap: Duration::from_secs(10),
             attempts_max: 6,
             request_timeout: Duration::from_secs(10),
+            call_time_max: Duration::from_secs(60),
         }
     }
 }

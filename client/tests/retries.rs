@@ -26,6 +26,7 @@ fn policy() -> RetryPolicy {
         cap: std::time::Duration::from_millis(500),
         attempts_max: 8,
         request_timeout: std::time::Duration::from_secs(10),
+        call_time_max: std::time::Duration::from_secs(60),
     }
 }
 

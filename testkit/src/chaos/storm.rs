@@ -1,22 +1,36 @@
 //! The storm of clients: keyed clients that retry each key until it
 //! settles, keyless users that double-click, and how each request ended
-//! as the client saw it.
+//! as the client saw it. Every request goes through the workspace's
+//! client crate, whose retry policy is the one under test.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use serde_json::{Value, json};
 use uuid::Uuid;
+use wallet_client::{AttemptSeen, Client, IdempotencyKey, RetryPolicy, TransferOrder};
 
-use super::{CHAOS_COOLDOWN_TTL_MS, KEYLESS_BURST_REQUESTS, SETTLE_SECONDS_MAX};
+use super::{CHAOS_COOLDOWN_TTL_MS, KEYLESS_BURST_REQUESTS, REQUEST_SECONDS_MAX, SETTLE_SECONDS_MAX};
 use crate::TestUser;
 
-/// What the storm's clients share.
+/// What the storm's clients share: the instances, each reached through
+/// the workspace's client (`wallet-client`) as any API user would.
 pub(super) struct Storm {
-    pub(super) client: reqwest::Client,
     pub(super) instances: Vec<String>,
     pub(super) stop: Arc<AtomicBool>,
+}
+
+/// How the storm's keyed clients retry: the client crate's own policy,
+/// its waits short enough for the storm, each key given up
+/// `SETTLE_SECONDS_MAX` after its first attempt.
+fn storm_policy() -> RetryPolicy {
+    RetryPolicy {
+        base: Duration::from_millis(50),
+        cap: Duration::from_secs(1),
+        attempts_max: u32::MAX,
+        request_timeout: Duration::from_secs(2 * REQUEST_SECONDS_MAX),
+        call_time_max: Duration::from_secs(SETTLE_SECONDS_MAX),
+    }
 }
 
 /// How one request ended, as the client saw it.
@@ -30,7 +44,6 @@ pub(super) enum Outcome {
     RetryLater {
         status: u16,
         problem: String,
-        retry_after: Duration,
     },
     /// Any other 4xx: the transfer will not happen.
     Refused {
@@ -109,77 +122,71 @@ impl Storm {
         self.stop.load(Ordering::SeqCst)
     }
 
-    pub(super) async fn send(
+    /// A client over every instance, speaking for `user`, that records
+    /// each request it sends in `attempts`.
+    fn client_for(
         &self,
-        instance: usize,
         user: &TestUser,
-        to: Uuid,
-        amount_minor: i64,
-        key: Option<&str>,
-    ) -> Attempt {
-        let url = format!(
-            "{}/api/v1/transfers",
-            self.instances[instance % self.instances.len()]
-        );
-        let mut request = self.client.post(url).bearer_auth(&user.token).json(
-            &json!({ "from_wallet_id": user.wallet_id, "to_wallet_id": to, "amount_minor": amount_minor }),
-        );
-        if let Some(key) = key {
-            request = request.header("Idempotency-Key", key);
-        }
-        let started = Instant::now();
-        let outcome = match request.send().await {
-            Err(_) => Outcome::NoAnswer,
-            Ok(response) => read_outcome(response).await,
-        };
-        Attempt {
-            outcome,
-            took: started.elapsed(),
-        }
+        policy: RetryPolicy,
+        attempts: &Arc<Mutex<Vec<Attempt>>>,
+    ) -> Client {
+        let urls: Vec<&str> = self.instances.iter().map(String::as_str).collect();
+        recording(Client::over(&urls, policy), user, attempts)
     }
 
-    /// New keys one after another until the storm stops; each key retried
-    /// until settled.
+    /// One request through instance `instance`, sent once: for the probes
+    /// that time the recovery themselves.
+    pub(super) async fn send_once(&self, instance: usize, user: &TestUser, to: Uuid, key: &str) -> Attempt {
+        let attempts = Arc::new(Mutex::new(Vec::new()));
+        let policy = RetryPolicy {
+            attempts_max: 1,
+            ..storm_policy()
+        };
+        let url = &self.instances[instance % self.instances.len()];
+        let client = recording(Client::new(url, policy), user, &attempts);
+        let key = IdempotencyKey::from_uuid(key.parse().expect("a key"));
+        // What the probe checks is the attempt, success or not.
+        let _ = client.transfer(&order(user, to, 1), key).await;
+        take_one(&attempts)
+    }
+
+    /// New keys one after another until the storm stops; each key paid
+    /// through the client crate, which retries it with the same key until
+    /// it settles or `SETTLE_SECONDS_MAX` passes. Every attempt is kept.
     pub(super) async fn keyed_client(&self, number: usize, me: TestUser, to: Uuid) -> Vec<KeyRecord> {
         let mut records = Vec::new();
-        let mut instance = number;
         let amount_minor = 1 + (number as i64 % 50);
+        let attempts = Arc::new(Mutex::new(Vec::new()));
+        let client = self.client_for(&me, storm_policy(), &attempts);
         while !self.stopped() {
             let mut record = KeyRecord::new(me.user_id);
-            let settle_by = Instant::now() + Duration::from_secs(SETTLE_SECONDS_MAX);
-            loop {
-                let attempt = self
-                    .send(instance, &me, to, amount_minor, Some(&record.key))
-                    .await;
-                // The next attempt, whatever it is, goes to the next
-                // instance: a client behind a load balancer would.
-                instance += 1;
-                let wait = match &attempt.outcome {
-                    Outcome::RetryLater { retry_after, .. } => *retry_after,
-                    _ => Duration::from_millis(100),
-                };
-                let settled = attempt.outcome.settles();
-                record.attempts.push(attempt);
-                if settled || Instant::now() >= settle_by {
-                    break;
-                }
-                tokio::time::sleep(wait).await;
-            }
+            let key = IdempotencyKey::from_uuid(record.key.parse().expect("a key"));
+            // Success or not, what the storm checks is every attempt.
+            let _ = client.transfer(&order(&me, to, amount_minor), key).await;
+            record.attempts = std::mem::take(&mut *attempts.lock().expect("attempts"));
             records.push(record);
         }
         records
     }
 
     /// Double clicks, each with an amount of its own so that the database
-    /// tells how many of its requests were charged.
-    pub(super) async fn keyless_user(&self, number: usize, me: TestUser, to: Uuid) -> Vec<Burst> {
+    /// tells how many of its requests were charged. Keyless, so the client
+    /// sends each once.
+    pub(super) async fn keyless_user(&self, me: TestUser, to: Uuid) -> Vec<Burst> {
         let mut bursts = Vec::new();
         let mut amount_minor = 0;
         while !self.stopped() {
             amount_minor += 1;
-            let instance = number + amount_minor as usize;
-            let requests =
-                (0..KEYLESS_BURST_REQUESTS).map(|_| self.send(instance, &me, to, amount_minor, None));
+            let order = order(&me, to, amount_minor);
+            let requests = (0..KEYLESS_BURST_REQUESTS).map(|_| {
+                let attempts = Arc::new(Mutex::new(Vec::new()));
+                let client = self.client_for(&me, storm_policy(), &attempts);
+                let order = order.clone();
+                async move {
+                    let _ = client.transfer_without_key(&order).await;
+                    take_one(&attempts)
+                }
+            });
             let outcomes = futures::future::join_all(requests).await;
             bursts.push(Burst {
                 wallet_id: me.wallet_id,
@@ -192,30 +199,63 @@ impl Storm {
     }
 }
 
-async fn read_outcome(response: reqwest::Response) -> Outcome {
-    let status = response.status().as_u16();
-    let replayed = response.headers().contains_key("idempotent-replayed");
-    let retry_after = response
-        .headers()
-        .get("retry-after")
-        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok())
-        .map(Duration::from_secs)
-        .unwrap_or(Duration::from_millis(100));
-    let Ok(body) = response.json::<Value>().await else {
-        return Outcome::NoAnswer;
-    };
-    let problem = body["type"].as_str().unwrap_or_default().to_owned();
-    match status {
-        201 => match body["id"].as_str().and_then(|id| Uuid::parse_str(id).ok()) {
-            Some(id) => Outcome::Transferred { id, replayed },
-            None => Outcome::ServerError { status },
-        },
-        409 | 429 | 503 => Outcome::RetryLater {
-            status,
-            problem,
-            retry_after,
-        },
-        400..=499 => Outcome::Refused { status, problem },
-        _ => Outcome::ServerError { status },
+/// `client`, speaking for `user`, recording each request it sends in
+/// `attempts`.
+fn recording(
+    client: Result<Client, wallet_client::Error>,
+    user: &TestUser,
+    attempts: &Arc<Mutex<Vec<Attempt>>>,
+) -> Client {
+    let attempts = attempts.clone();
+    client
+        .expect("a client of the instances")
+        .with_token(&user.token)
+        .observed_by(Arc::new(move |seen: &AttemptSeen| {
+            attempts.lock().expect("attempts").push(Attempt::of(seen));
+        }))
+}
+
+fn order(from: &TestUser, to: Uuid, amount_minor: i64) -> TransferOrder {
+    TransferOrder {
+        from_wallet_id: from.wallet_id,
+        to_wallet_id: to,
+        amount_minor,
+    }
+}
+
+/// The one attempt a call sent once recorded.
+fn take_one(attempts: &Mutex<Vec<Attempt>>) -> Attempt {
+    attempts
+        .lock()
+        .expect("attempts")
+        .pop()
+        .expect("the request was sent")
+}
+
+impl Attempt {
+    /// A request as the client crate saw it, in the storm's terms.
+    fn of(seen: &AttemptSeen) -> Self {
+        let problem = seen
+            .problem
+            .as_deref()
+            .map(|slug| format!("/problems/{slug}"))
+            .unwrap_or_default();
+        let outcome = match seen.status {
+            None => Outcome::NoAnswer,
+            Some(201) => match seen.transfer_id {
+                Some(id) => Outcome::Transferred {
+                    id,
+                    replayed: seen.replayed,
+                },
+                None => Outcome::ServerError { status: 201 },
+            },
+            Some(status @ (409 | 429 | 503)) => Outcome::RetryLater { status, problem },
+            Some(status @ 400..=499) => Outcome::Refused { status, problem },
+            Some(status) => Outcome::ServerError { status },
+        };
+        Self {
+            outcome,
+            took: seen.took,
+        }
     }
 }

@@ -23,7 +23,6 @@ impl Deployment {
         let clients = self.sign_up_clients(scale).await;
         let probes = self.sign_up_probes().await;
         let shared = Arc::new(Storm {
-            client: self.client.clone(),
             instances: self.instances.iter().map(|i| i.url("")).collect(),
             stop: stop.clone(),
         });
@@ -43,7 +42,7 @@ impl Deployment {
             .map(|(number, me)| {
                 let storm = shared.clone();
                 let (me, to) = (me.clone(), clients.keyed[number % clients.keyed.len()].wallet_id);
-                tokio::spawn(async move { storm.keyless_user(number, me, to).await })
+                tokio::spawn(async move { storm.keyless_user(me, to).await })
             })
             .collect();
 
@@ -128,7 +127,7 @@ impl Deployment {
             let to = probes[(instance + 1) % probes.len()].wallet_id;
             let mut record = KeyRecord::new(probe.user_id);
             loop {
-                let attempt = storm.send(instance, probe, to, 1, Some(&record.key)).await;
+                let attempt = storm.send_once(instance, probe, to, &record.key).await;
                 let settled = attempt.outcome.settles();
                 record.attempts.push(attempt);
                 if settled || Instant::now() >= deadline {
