@@ -46,6 +46,11 @@ pub struct AttemptSeen {
     /// A transfer's id, on a 201.
     pub transfer_id: Option<Uuid>,
     pub retry_after: Option<Duration>,
+    /// The `Defense-Decision` header: which layer decided, and how.
+    pub decision: Option<String>,
+    /// The answer's bytes, for checks that a replay is the original byte
+    /// for byte; empty when no answer came.
+    pub body: Vec<u8>,
     /// From sending to the whole answer (or to the failure).
     pub took: Duration,
 }
@@ -80,13 +85,19 @@ impl Client {
     /// to the next, so that a retry reaches another instance, as it would
     /// behind a load balancer.
     pub fn over(base_urls: &[&str], policy: RetryPolicy) -> Result<Self, Error> {
-        if base_urls.is_empty() {
-            return Err(Error::Request("no server to talk to".to_owned()));
-        }
         let http = reqwest::Client::builder()
             .timeout(policy.request_timeout)
             .build()
             .map_err(|error| Error::Request(error.to_string()))?;
+        Self::over_with(http, base_urls, policy)
+    }
+
+    /// As [`Client::over`], through an HTTP client of your own (its pool
+    /// sizes, its TLS); `policy.request_timeout` is then left to it.
+    pub fn over_with(http: reqwest::Client, base_urls: &[&str], policy: RetryPolicy) -> Result<Self, Error> {
+        if base_urls.is_empty() {
+            return Err(Error::Request("no server to talk to".to_owned()));
+        }
         Ok(Self {
             http,
             base_urls: base_urls
@@ -313,6 +324,8 @@ impl Client {
                         .then(|| field("id").and_then(|id| id.parse().ok()))
                         .flatten(),
                     retry_after: answer.retry_after,
+                    decision: answer.decision.clone(),
+                    body: answer.body.clone(),
                     took,
                 }
             }
@@ -322,6 +335,8 @@ impl Client {
                 replayed: false,
                 transfer_id: None,
                 retry_after: None,
+                decision: None,
+                body: Vec::new(),
                 took,
             },
         };
@@ -335,6 +350,7 @@ struct Answer {
     retry_after: Option<Duration>,
     /// `Idempotent-Replayed: true`.
     replayed: bool,
+    decision: Option<String>,
     body: Vec<u8>,
 }
 
@@ -346,11 +362,17 @@ impl Answer {
             .headers()
             .get("idempotent-replayed")
             .is_some_and(|value| value == "true");
+        let decision = response
+            .headers()
+            .get("defense-decision")
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned);
         let body = response.bytes().await?.to_vec();
         Ok(Self {
             status,
             retry_after,
             replayed,
+            decision,
             body,
         })
     }

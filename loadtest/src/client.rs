@@ -1,12 +1,13 @@
 //! The load test's view of the API: sign-up, transfers, and one `Sample`
-//! per response.
+//! per response, each sent through the workspace's client crate.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use layered_wallet::decision::Decision;
-use serde_json::{Value, json};
 use uuid::Uuid;
+use wallet_client::{AttemptSeen, Client, IdempotencyKey, RetryPolicy, TransferOrder};
 
 /// A user the load test created, with the instance it signed up on.
 #[derive(Debug, Clone)]
@@ -43,7 +44,12 @@ pub struct Sample {
 #[derive(Clone)]
 pub struct Api {
     pub targets: Vec<String>,
+    /// For `/healthz`, the one call that is not the API's.
     pub http: reqwest::Client,
+    /// The workspace's client, one per target, sending each request once:
+    /// the load test fires copies on purpose and counts every answer, so
+    /// nothing is retried for it.
+    clients: Vec<Client>,
 }
 
 impl Api {
@@ -52,75 +58,68 @@ impl Api {
             .pool_max_idle_per_host(connections_per_host)
             .timeout(Duration::from_secs(30))
             .build()?;
-        Ok(Self { targets, http })
+        let once = RetryPolicy {
+            attempts_max: 1,
+            ..RetryPolicy::default()
+        };
+        let clients = targets
+            .iter()
+            .map(|target| Client::over_with(http.clone(), &[target.as_str()], once))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            targets,
+            http,
+            clients,
+        })
     }
 
     pub async fn sign_up(&self, target: usize, name: &str, password: &str) -> anyhow::Result<User> {
-        let url = format!("{}/api/v1/users", self.targets[target]);
-        let response = self
-            .http
-            .post(&url)
-            .json(&json!({ "name": name, "password": password }))
-            .send()
+        let signed_up = self.clients[target]
+            .sign_up(name, password)
             .await
-            .with_context(|| format!("failed to reach {url}"))?;
-        if response.status() != 201 {
-            bail!(
-                "sign-up on {url} answered {}: {}",
-                response.status(),
-                response.text().await.unwrap_or_default()
-            );
-        }
-        let body: Value = response.json().await?;
-        let field = |name: &str| {
-            body[name]
-                .as_str()
-                .map(str::to_owned)
-                .context("sign-up response lacks a field")
-        };
+            .with_context(|| format!("sign-up on {}", self.targets[target]))?;
         Ok(User {
-            user_id: field("user_id")?.parse()?,
-            wallet_id: field("wallet_id")?.parse()?,
-            token: field("token")?,
+            user_id: signed_up.user_id,
+            wallet_id: signed_up.wallet_id,
+            token: signed_up.token,
         })
     }
 
     pub async fn transfer(&self, users: &[User], planned: &Planned) -> Sample {
         let user = &users[planned.from];
-        let mut request = self
-            .http
-            .post(format!("{}/api/v1/transfers", self.targets[planned.target]))
-            .bearer_auth(&user.token)
-            .json(&json!({
-                "from_wallet_id": user.wallet_id,
-                "to_wallet_id": planned.to_wallet,
-                "amount_minor": planned.amount_minor,
+        let seen: Arc<Mutex<Option<AttemptSeen>>> = Arc::default();
+        let observer = seen.clone();
+        let client = self.clients[planned.target]
+            .with_token(&user.token)
+            .observed_by(Arc::new(move |attempt: &AttemptSeen| {
+                *observer.lock().expect("the attempt") = Some(attempt.clone());
             }));
-        if let Some(key) = &planned.key {
-            request = request.header("Idempotency-Key", key);
-        }
+        let order = TransferOrder {
+            from_wallet_id: user.wallet_id,
+            to_wallet_id: planned.to_wallet,
+            amount_minor: planned.amount_minor,
+        };
         let started = Instant::now();
-        match request.send().await {
-            Ok(response) => {
-                let status = response.status().as_u16();
-                let decision = response
-                    .headers()
-                    .get("defense-decision")
-                    .and_then(|value| value.to_str().ok())
-                    .and_then(Decision::parse_header);
-                let replayed = response.headers().contains_key("idempotent-replayed");
-                let body = response.bytes().await.ok().map(|bytes| bytes.to_vec());
-                Sample {
-                    status,
-                    decision,
-                    replayed,
-                    latency: started.elapsed(),
-                    key: planned.key.clone(),
-                    body: planned.key.as_ref().and(body),
-                    transport_error: false,
-                }
+        // Whatever the call returns, the sample is the one request it sent.
+        let _ = match &planned.key {
+            Some(key) => {
+                let key = Uuid::parse_str(key).expect("the load test's keys are UUIDs");
+                client.transfer(&order, IdempotencyKey::from_uuid(key)).await
             }
-            Err(_) => Sample {
+            None => client.transfer_without_key(&order).await,
+        };
+        let attempt = seen.lock().expect("the attempt").take();
+        match attempt {
+            Some(attempt) if attempt.status.is_some() => Sample {
+                status: attempt.status.unwrap_or_default(),
+                decision: attempt.decision.as_deref().and_then(Decision::parse_header),
+                replayed: attempt.replayed,
+                latency: attempt.took,
+                key: planned.key.clone(),
+                body: planned.key.as_ref().map(|_| attempt.body),
+                transport_error: false,
+            },
+            _ => Sample {
                 status: 0,
                 decision: None,
                 replayed: false,
