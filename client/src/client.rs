@@ -13,7 +13,8 @@ use uuid::Uuid;
 use crate::error::{Error, Problem};
 use crate::retry::{IdempotencyKey, RetryPolicy, may_succeed_later};
 use crate::types::{
-    Paid, SignedIn, SignedUp, TransferItem, TransferOrder, TransferPage, TransferReceipt, Wallet,
+    DecisionPage, DecisionSource, Paid, SignedIn, SignedUp, TransferItem, TransferOrder, TransferPage,
+    TransferReceipt, Wallet,
 };
 
 #[derive(Clone)]
@@ -243,6 +244,35 @@ impl Client {
                 Retries::Safe,
                 |request, _| request,
             )
+            .await?;
+        read(response)
+    }
+
+    /// `GET /api/v1/decisions`: which layer decided each of the caller's
+    /// requests, oldest first, after the entry `after` (from an earlier
+    /// page), at most `limit`.
+    pub async fn decisions(
+        &self,
+        source: DecisionSource,
+        after: Option<&str>,
+        limit: Option<usize>,
+    ) -> Result<DecisionPage, Error> {
+        let mut query = vec![format!("source={}", source.as_str())];
+        if let Some(after) = after {
+            // An entry id is digits and one hyphen: nothing to escape.
+            if !after.bytes().all(|byte| byte.is_ascii_digit() || byte == b'-') {
+                return Err(Error::Request(format!(
+                    "{after:?} is not an entry id such as 1700000000000-0"
+                )));
+            }
+            query.push(format!("after={after}"));
+        }
+        if let Some(limit) = limit {
+            query.push(format!("limit={limit}"));
+        }
+        let path = format!("/api/v1/decisions?{}", query.join("&"));
+        let (response, _) = self
+            .send(Method::GET, &path, Retries::Safe, |request, _| request)
             .await?;
         read(response)
     }

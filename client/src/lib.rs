@@ -54,5 +54,6 @@ pub use client::{AttemptSeen, Client, Observer};
 pub use error::{Error, FieldError, Problem};
 pub use retry::{IdempotencyKey, RetryPolicy};
 pub use types::{
-    Paid, SignedIn, SignedUp, TransferItem, TransferOrder, TransferPage, TransferReceipt, Wallet,
+    Decision, DecisionPage, DecisionSource, Paid, SignedIn, SignedUp, TransferItem, TransferOrder,
+    TransferPage, TransferReceipt, Wallet,
 };

@@ -82,3 +82,57 @@ pub struct TransferPage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_before: Option<Uuid>,
 }
+
+/// Which of a user's decision streams: their transfers, or the requests
+/// their race-lab runs sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DecisionSource {
+    #[default]
+    Real,
+    Lab,
+}
+
+impl DecisionSource {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            DecisionSource::Real => "real",
+            DecisionSource::Lab => "lab",
+        }
+    }
+}
+
+/// One decision in `GET /api/v1/decisions`: which layer decided a request,
+/// and how. Layers and outcomes are kept as the server names them
+/// (`row_guard`, `accepted`), so that a new one reads as itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    /// The entry's position: pass it as `after` to read what came next.
+    pub id: String,
+    pub time: DateTime<Utc>,
+    pub instance_id: String,
+    pub request_id: String,
+    pub trace_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<Uuid>,
+    pub layer: String,
+    pub outcome: String,
+    pub status: u16,
+    pub latency_ms: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amount_minor: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_wallet_id: Option<Uuid>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem_type: Option<String>,
+    #[serde(default)]
+    pub lab: bool,
+}
+
+/// A page of `GET /api/v1/decisions`, oldest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DecisionPage {
+    pub items: Vec<Decision>,
+    /// Pass as `after` to continue; absent when the page is empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_id: Option<String>,
+}

@@ -6,7 +6,10 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 use uuid::Uuid;
-use wallet_client::{SignedIn, SignedUp, TransferItem, TransferOrder, TransferPage, TransferReceipt, Wallet};
+use wallet_client::{
+    Decision, DecisionPage, SignedIn, SignedUp, TransferItem, TransferOrder, TransferPage, TransferReceipt,
+    Wallet,
+};
 use wallet_testkit::*;
 
 fn keys(value: &impl serde::Serialize) -> BTreeSet<String> {
@@ -17,6 +20,34 @@ fn keys(value: &impl serde::Serialize) -> BTreeSet<String> {
         .keys()
         .cloned()
         .collect()
+}
+
+/// A schema's properties and required names, through `$ref` and `allOf`
+/// (a flattened struct is served as `allOf`).
+fn fields_of(document: &Value, schema: &Value) -> (BTreeSet<String>, BTreeSet<String>) {
+    if let Some(reference) = schema["$ref"].as_str() {
+        let name = reference.rsplit('/').next().unwrap_or_default();
+        return fields_of(document, &document["components"]["schemas"][name]);
+    }
+    let mut properties: BTreeSet<String> = schema["properties"]
+        .as_object()
+        .map(|properties| properties.keys().cloned().collect())
+        .unwrap_or_default();
+    let mut required: BTreeSet<String> = schema["required"]
+        .as_array()
+        .map(|names| {
+            names
+                .iter()
+                .filter_map(|n| n.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    for part in schema["allOf"].as_array().into_iter().flatten() {
+        let (more, more_required) = fields_of(document, part);
+        properties.extend(more);
+        required.extend(more_required);
+    }
+    (properties, required)
 }
 
 #[tokio::test]
@@ -39,6 +70,22 @@ async fn the_client_types_match_the_served_document() {
         amount_minor: 1,
         created_at: now,
         direction: "sent".into(),
+    };
+    let decision = Decision {
+        id: "1-0".into(),
+        time: now,
+        instance_id: String::new(),
+        request_id: String::new(),
+        trace_id: String::new(),
+        idempotency_key: Some(Uuid::nil()),
+        layer: "row_guard".into(),
+        outcome: "accepted".into(),
+        status: 201,
+        latency_ms: 1.0,
+        amount_minor: Some(1),
+        to_wallet_id: Some(Uuid::nil()),
+        problem_type: Some("insufficient-funds".into()),
+        lab: false,
     };
     // Every optional field is filled, so that every property shows.
     let samples: Vec<(&str, BTreeSet<String>)> = vec![
@@ -93,28 +140,23 @@ async fn the_client_types_match_the_served_document() {
                 next_before: Some(Uuid::nil()),
             }),
         ),
+        ("StoredEntry", keys(&decision)),
+        (
+            "FeedPage",
+            keys(&DecisionPage {
+                items: vec![decision.clone()],
+                last_id: Some("1-0".into()),
+            }),
+        ),
     ];
     for (name, client_fields) in samples {
         let schema = &document["components"]["schemas"][name];
-        let properties: BTreeSet<String> = schema["properties"]
-            .as_object()
-            .unwrap_or_else(|| panic!("the document has no schema {name}"))
-            .keys()
-            .cloned()
-            .collect();
+        assert!(schema.is_object(), "the document has no schema {name}");
+        let (properties, required) = fields_of(&document, schema);
         assert_eq!(
             client_fields, properties,
             "{name}: the client and the server disagree"
         );
-        let required: BTreeSet<String> = schema["required"]
-            .as_array()
-            .map(|names| {
-                names
-                    .iter()
-                    .filter_map(|n| n.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
         assert!(required.is_subset(&client_fields), "{name}: {required:?}");
     }
 }

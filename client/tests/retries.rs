@@ -2,7 +2,7 @@
 //! through a proxy that loses answers after the server gave them. Each
 //! test counts the transfers in the database, not only the answers.
 
-use wallet_client::{Client, Error, IdempotencyKey, RetryPolicy, TransferOrder};
+use wallet_client::{Client, DecisionSource, Error, IdempotencyKey, RetryPolicy, TransferOrder};
 use wallet_testkit::answer_cutter::AnswerCutter;
 use wallet_testkit::*;
 
@@ -163,6 +163,36 @@ async fn a_cooldown_is_waited_out_and_then_paid_once() {
     assert!(!second.replayed);
     assert_eq!(app.transfer_count().await, 2);
     app.assert_invariants().await;
+
+    // The decisions say which layer decided each attempt: two made by the
+    // row guard, the 429s by the cooldown. The feed is written
+    // asynchronously: wait for it, bounded.
+    let expected = 1 + second.attempts as usize;
+    let mut decisions = Vec::new();
+    for _ in 0..100 {
+        decisions = client
+            .decisions(DecisionSource::Real, None, None)
+            .await
+            .expect("decisions")
+            .items;
+        if decisions.len() >= expected {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let decided: Vec<(&str, &str)> = decisions
+        .iter()
+        .map(|decision| (decision.layer.as_str(), decision.outcome.as_str()))
+        .collect();
+    assert_eq!(decided.len(), expected, "{decided:?}");
+    assert_eq!(decided.first(), Some(&("row_guard", "accepted")));
+    assert_eq!(decided.last(), Some(&("row_guard", "accepted")));
+    assert!(
+        decided[1..expected - 1]
+            .iter()
+            .all(|d| *d == ("cooldown", "rejected")),
+        "{decided:?}"
+    );
 }
 
 /// Every answer lost: the client gives up after `attempts_max` requests
