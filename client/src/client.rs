@@ -13,8 +13,8 @@ use uuid::Uuid;
 use crate::error::{Error, Problem};
 use crate::retry::{IdempotencyKey, RetryPolicy, may_succeed_later};
 use crate::types::{
-    DecisionPage, DecisionSource, Paid, SignedIn, SignedUp, TransferItem, TransferOrder, TransferPage,
-    TransferReceipt, Wallet,
+    Decision, DecisionPage, DecisionSource, Paid, SignedIn, SignedUp, TransferItem, TransferOrder,
+    TransferPage, TransferReceipt, Wallet,
 };
 
 #[derive(Clone)]
@@ -259,13 +259,7 @@ impl Client {
     ) -> Result<DecisionPage, Error> {
         let mut query = vec![format!("source={}", source.as_str())];
         if let Some(after) = after {
-            // An entry id is digits and one hyphen: nothing to escape.
-            if !after.bytes().all(|byte| byte.is_ascii_digit() || byte == b'-') {
-                return Err(Error::Request(format!(
-                    "{after:?} is not an entry id such as 1700000000000-0"
-                )));
-            }
-            query.push(format!("after={after}"));
+            query.push(format!("after={}", entry_id(after)?));
         }
         if let Some(limit) = limit {
             query.push(format!("limit={limit}"));
@@ -275,6 +269,43 @@ impl Client {
             .send(Method::GET, &path, Retries::Safe, |request, _| request)
             .await?;
         read(response)
+    }
+
+    /// `GET /api/v1/decisions/stream`: the caller's decisions as they are
+    /// made, from every instance, after the entry `after` (or only new
+    /// ones). Read it with [`DecisionStream::next`]; when it ends, open it
+    /// again after [`DecisionStream::last_id`], and nothing is missed.
+    pub async fn decision_stream(
+        &self,
+        source: DecisionSource,
+        after: Option<&str>,
+    ) -> Result<DecisionStream, Error> {
+        let mut path = format!("/api/v1/decisions/stream?source={}", source.as_str());
+        if let Some(after) = after {
+            path.push_str(&format!("&after={}", entry_id(after)?));
+        }
+        let base = &self.base_urls[self.next_base.fetch_add(1, Ordering::Relaxed) % self.base_urls.len()];
+        // A stream outlives any one request's time-out: the server ends it
+        // after decision_stream_lifetime_s, at most a day.
+        let mut request = self.http.get(format!("{base}{path}")).timeout(STREAM_TIME_MAX);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|error| Error::Request(error.to_string()))?;
+        if !response.status().is_success() {
+            let answer = Answer::read(response)
+                .await
+                .map_err(|error| Error::Request(error.to_string()))?;
+            return Err(refusal(answer));
+        }
+        Ok(DecisionStream {
+            response,
+            buffer: Vec::new(),
+            last_id: after.map(str::to_owned),
+        })
     }
 
     /// Sends a request built by `build` (given the attempt, from 0) until
@@ -372,6 +403,79 @@ impl Client {
         };
         observer(&seen);
     }
+}
+
+/// How long a decision stream may stay open: the server's longest stream
+/// lifetime.
+const STREAM_TIME_MAX: Duration = Duration::from_secs(24 * 3_600);
+
+/// `after`, if it is an entry id (digits, a hyphen, digits): nothing in
+/// it needs escaping in a query.
+fn entry_id(after: &str) -> Result<&str, Error> {
+    if after.bytes().all(|byte| byte.is_ascii_digit() || byte == b'-') {
+        Ok(after)
+    } else {
+        Err(Error::Request(format!(
+            "{after:?} is not an entry id such as 1700000000000-0"
+        )))
+    }
+}
+
+/// A live stream of decisions (Server-Sent Events).
+pub struct DecisionStream {
+    response: Response,
+    buffer: Vec<u8>,
+    last_id: Option<String>,
+}
+
+impl DecisionStream {
+    /// The next decision, or `None` when the server ended the stream (its
+    /// lifetime passed, or the token is no longer valid) or the connection
+    /// closed: reopen after [`DecisionStream::last_id`] to go on.
+    pub async fn next(&mut self) -> Option<Result<Decision, Error>> {
+        loop {
+            // An event ends at a blank line.
+            if let Some(end) = self.buffer.windows(2).position(|pair| pair == b"\n\n") {
+                let event: Vec<u8> = self.buffer.drain(..end + 2).collect();
+                let event = String::from_utf8_lossy(&event);
+                let field = |name: &str| {
+                    event
+                        .lines()
+                        .find_map(|line| line.strip_prefix(name))
+                        .map(|value| value.trim_start().to_owned())
+                };
+                match field("event:").as_deref() {
+                    Some("decision") => {
+                        let id = field("id:").unwrap_or_default();
+                        self.last_id = Some(id.clone());
+                        return Some(decision_of(&id, &field("data:").unwrap_or_default()));
+                    }
+                    Some("end") => return None,
+                    // A keep-alive comment, or an event this client does not know.
+                    _ => continue,
+                }
+            }
+            match self.response.chunk().await {
+                Ok(Some(chunk)) => self.buffer.extend_from_slice(&chunk),
+                Ok(None) | Err(_) => return None,
+            }
+        }
+    }
+
+    /// The id of the last decision read: reopen the stream after it.
+    pub fn last_id(&self) -> Option<&str> {
+        self.last_id.as_deref()
+    }
+}
+
+/// A streamed decision: its entry id from `id:`, the rest from `data:`.
+fn decision_of(id: &str, data: &str) -> Result<Decision, Error> {
+    let mut value: serde_json::Value = serde_json::from_str(data)
+        .map_err(|error| Error::Request(format!("a streamed decision: {error}")))?;
+    if let Some(fields) = value.as_object_mut() {
+        fields.insert("id".to_owned(), serde_json::Value::String(id.to_owned()));
+    }
+    serde_json::from_value(value).map_err(|error| Error::Request(format!("a streamed decision: {error}")))
 }
 
 /// An answer, read whole.

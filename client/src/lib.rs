@@ -50,7 +50,7 @@ mod error;
 mod retry;
 mod types;
 
-pub use client::{AttemptSeen, Client, Observer};
+pub use client::{AttemptSeen, Client, DecisionStream, Observer};
 pub use error::{Error, FieldError, Problem};
 pub use retry::{IdempotencyKey, RetryPolicy};
 pub use types::{

@@ -227,3 +227,56 @@ async fn giving_up_says_the_outcome_is_unknown_and_it_was_paid_at_most_once() {
     assert!(paid.replayed);
     assert_eq!(app.transfer_count().await, 1);
 }
+
+/// The live stream: a decision arrives as it is made, and a stream opened
+/// again after the last id read goes on from there.
+#[tokio::test]
+async fn the_decision_stream_follows_and_resumes() {
+    let app = spawn_app(without_cooldown).await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let client = Client::new(&app.address, policy())
+        .expect("client")
+        .with_token(&alice.token);
+    let mut stream = client
+        .decision_stream(DecisionSource::Real, None)
+        .await
+        .expect("a stream");
+    client
+        .transfer(&order(&alice, &bob, 100), IdempotencyKey::new())
+        .await
+        .expect("paid");
+    let first = tokio::time::timeout(std::time::Duration::from_secs(10), stream.next())
+        .await
+        .expect("a decision in time")
+        .expect("the stream is open")
+        .expect("a decision");
+    assert_eq!(
+        (first.layer.as_str(), first.outcome.as_str()),
+        ("row_guard", "accepted")
+    );
+    assert_eq!(first.amount_minor, Some(100));
+    let after = stream.last_id().expect("an id").to_owned();
+    drop(stream);
+
+    client
+        .transfer(&order(&alice, &bob, 200), IdempotencyKey::new())
+        .await
+        .expect("paid");
+    let mut resumed = client
+        .decision_stream(DecisionSource::Real, Some(&after))
+        .await
+        .expect("a stream");
+    let second = tokio::time::timeout(std::time::Duration::from_secs(10), resumed.next())
+        .await
+        .expect("a decision in time")
+        .expect("the stream is open")
+        .expect("a decision");
+    assert_eq!(second.amount_minor, Some(200), "nothing missed, nothing repeated");
+    assert_ne!(second.id, first.id);
+    assert!(matches!(
+        client
+            .decision_stream(DecisionSource::Real, Some("1-0&x=y"))
+            .await,
+        Err(Error::Request(_))
+    ));
+}
