@@ -8,6 +8,10 @@
 //! 2. each request is written but for its last byte;
 //! 3. a barrier releases all of them, and each writes its last byte.
 //!
+//! It writes the requests itself rather than through the workspace's
+//! client crate: holding back each request's last byte is below what an
+//! HTTP client offers, and a burst must never retry (it counts answers).
+//!
 //! A request is complete, and can be decided, only once its last byte
 //! arrives, so the N requests reach the layers within the time it takes to
 //! write N bytes. The most requests in flight at once is measured from the
