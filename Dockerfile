@@ -8,20 +8,22 @@ WORKDIR /src
 # 1. Dependencies only: the manifests with empty sources.
 COPY Cargo.toml Cargo.lock ./
 COPY backend/Cargo.toml backend/askama.toml backend/
+COPY client/Cargo.toml client/
 COPY loadtest/Cargo.toml loadtest/
 COPY testkit/Cargo.toml testkit/
-RUN mkdir -p backend/src loadtest/src testkit/src \
+RUN mkdir -p backend/src client/src loadtest/src testkit/src \
     && echo 'fn main() {}' > backend/src/main.rs \
-    && touch backend/src/lib.rs loadtest/src/lib.rs testkit/src/lib.rs \
+    && touch backend/src/lib.rs client/src/lib.rs loadtest/src/lib.rs testkit/src/lib.rs \
     && echo 'fn main() {}' > loadtest/src/main.rs \
     && cargo build --release --locked -p layered-wallet --bin wallet-server \
-    && rm -rf backend/src loadtest/src testkit/src
+    && rm -rf backend/src client/src loadtest/src testkit/src
 # 2. The service itself: sources, migrations (embedded), templates and
 #    static files (compiled in).
 COPY backend/src backend/src
+COPY client/src client/src
 COPY migrations migrations
 COPY web web
-RUN touch backend/src/main.rs backend/src/lib.rs \
+RUN touch backend/src/main.rs backend/src/lib.rs client/src/lib.rs \
     && cargo build --release --locked -p layered-wallet --bin wallet-server
 
 FROM debian:bookworm-slim AS runtime

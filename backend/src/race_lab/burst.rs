@@ -8,9 +8,10 @@
 //! 2. each request is written but for its last byte;
 //! 3. a barrier releases all of them, and each writes its last byte.
 //!
-//! It writes the requests itself rather than through the workspace's
-//! client crate: holding back each request's last byte is below what an
-//! HTTP client offers, and a burst must never retry (it counts answers).
+//! It builds each request's body from the workspace's client crate
+//! (`wallet_client::TransferOrder`) but writes the bytes itself: holding
+//! back each request's last byte is below what an HTTP client offers, and
+//! a burst must never retry (it counts answers).
 //!
 //! A request is complete, and can be decided, only once its last byte
 //! arrives, so the N requests reach the layers within the time it takes to
@@ -174,12 +175,13 @@ async fn one_request(
 
 /// The request as bytes: HTTP/1.1, one request per connection.
 fn request_bytes(target: &Target<'_>, shot: &Shot) -> Vec<u8> {
-    let body = serde_json::json!({
-        "from_wallet_id": shot.from,
-        "to_wallet_id": shot.to,
-        "amount_minor": shot.amount_minor,
-    })
-    .to_string();
+    // The body as the workspace's client crate defines it.
+    let order = wallet_client::TransferOrder {
+        from_wallet_id: shot.from,
+        to_wallet_id: shot.to,
+        amount_minor: shot.amount_minor,
+    };
+    let body = serde_json::to_string(&order).unwrap_or_default();
     let mut head = format!(
         "POST /api/v1/transfers HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
