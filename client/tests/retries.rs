@@ -280,3 +280,72 @@ async fn the_decision_stream_follows_and_resumes() {
         Err(Error::Request(_))
     ));
 }
+
+/// A time-out is an unknown outcome like a cut connection: the answer is
+/// held back past `request_timeout`, the client retries with the same key,
+/// and the payment is made once.
+#[tokio::test]
+async fn a_time_out_is_retried_with_the_same_key() {
+    let app = spawn_app(without_cooldown).await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let cutter = AnswerCutter::delaying(&app.address, 1, std::time::Duration::from_secs(2)).await;
+    let policy = RetryPolicy {
+        request_timeout: std::time::Duration::from_millis(500),
+        ..policy()
+    };
+    let client = Client::new(&cutter.address, policy)
+        .expect("client")
+        .with_token(&alice.token);
+    let paid = client
+        .transfer(&order(&alice, &bob, 400), IdempotencyKey::new())
+        .await
+        .expect("paid");
+    assert_eq!(cutter.answers_cut(), 1, "the first answer was held back");
+    assert!(paid.replayed && paid.attempts >= 2, "{paid:?}");
+    assert_eq!(app.transfer_count().await, 1);
+}
+
+/// A second copy of a payment arrives while the first is still in its
+/// transaction: 409 in flight, waited out, then the first one's receipt.
+#[tokio::test]
+async fn a_key_in_flight_is_waited_out_and_replayed() {
+    let app = spawn_app(|settings| {
+        without_cooldown(settings);
+        settings.idempotency_wait_ms_max = 100;
+    })
+    .await;
+    let (alice, bob) = app.alice_and_bob().await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION slow_down() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN PERFORM pg_sleep(1); RETURN NEW; END $$;
+         CREATE TRIGGER slow_down BEFORE INSERT ON ledger_entries FOR EACH ROW EXECUTE FUNCTION slow_down();",
+    )
+    .execute(&app.db)
+    .await
+    .expect("a slow ledger");
+    let statuses = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = statuses.clone();
+    let client = Client::new(&app.address, policy())
+        .expect("client")
+        .with_token(&alice.token);
+    let watched = client.observed_by(std::sync::Arc::new(
+        move |attempt: &wallet_client::AttemptSeen| {
+            seen.lock().expect("statuses").push(attempt.status);
+        },
+    ));
+    let key = IdempotencyKey::new();
+    let order = order(&alice, &bob, 600);
+    let (first, second) = tokio::join!(client.transfer(&order, key), async {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        watched.transfer(&order, key).await
+    });
+    let (first, second) = (first.expect("first"), second.expect("second"));
+    assert!(!first.replayed);
+    assert!(second.replayed, "{second:?}");
+    assert_eq!(first.receipt, second.receipt, "the same receipt");
+    assert!(
+        statuses.lock().expect("statuses").contains(&Some(409)),
+        "the copy met the key in flight"
+    );
+    assert_eq!(app.transfer_count().await, 1);
+}

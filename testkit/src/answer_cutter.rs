@@ -2,8 +2,10 @@
 //! fault a retrying client exists for: on the first `cuts` connections it
 //! passes the request on whole, waits until the server has begun to
 //! answer (so the request was decided), and then closes the client's side
-//! without passing the answer on. The client sees a broken connection
-//! after its request was processed: an unknown outcome.
+//! without passing the answer on, or, started with `delaying`, holds the
+//! answer back for a while before passing it on. Either way the client
+//! gets no answer in time after its request was processed: an unknown
+//! outcome.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,6 +25,16 @@ impl AnswerCutter {
     /// A proxy to `upstream` (`http://host:port`) that cuts the answers of
     /// its first `cuts` connections.
     pub async fn start(upstream: &str, cuts: usize) -> Self {
+        Self::starting(upstream, cuts, None).await
+    }
+
+    /// A proxy to `upstream` that holds back the answers of its first
+    /// `count` connections for `delay`, then passes them on.
+    pub async fn delaying(upstream: &str, count: usize, delay: std::time::Duration) -> Self {
+        Self::starting(upstream, count, Some(delay)).await
+    }
+
+    async fn starting(upstream: &str, cuts: usize, delay: Option<std::time::Duration>) -> Self {
         let upstream = upstream.trim_start_matches("http://").to_owned();
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
@@ -48,13 +60,13 @@ impl AnswerCutter {
                     .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(1))
                     .is_ok();
                 let (answers_cut, requests) = (answers_cut.clone(), requests.clone());
-                tokio::spawn(relay(client, server, cut, answers_cut, requests));
+                tokio::spawn(relay(client, server, cut.then_some(delay), answers_cut, requests));
             }
         });
         cutter
     }
 
-    /// Answers the server gave that the client never got.
+    /// Answers the server gave that were cut, or held back.
     pub fn answers_cut(&self) -> usize {
         self.answers_cut.load(Ordering::SeqCst)
     }
@@ -65,10 +77,12 @@ impl AnswerCutter {
     }
 }
 
+/// `fault`: `None` passes the answer on; `Some(None)` cuts it;
+/// `Some(Some(delay))` holds it back for `delay` first.
 async fn relay(
     client: TcpStream,
     server: TcpStream,
-    cut: bool,
+    fault: Option<Option<std::time::Duration>>,
     answers_cut: Arc<AtomicUsize>,
     requests: Arc<AtomicUsize>,
 ) {
@@ -99,15 +113,24 @@ async fn relay(
         }
     });
     let mut buffer = vec![0u8; 16 * 1024];
+    let mut held = false;
     loop {
         let read = match server_reads.read(&mut buffer).await {
             Ok(0) | Err(_) => break,
             Ok(read) => read,
         };
-        if cut {
+        match fault {
             // The server decided and began to answer: lose the answer.
-            answers_cut.fetch_add(1, Ordering::SeqCst);
-            break;
+            Some(None) => {
+                answers_cut.fetch_add(1, Ordering::SeqCst);
+                break;
+            }
+            Some(Some(delay)) if !held => {
+                held = true;
+                answers_cut.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(delay).await;
+            }
+            _ => {}
         }
         if client_writes.write_all(&buffer[..read]).await.is_err() {
             break;
