@@ -196,14 +196,7 @@ async fn a_statement_timeout_answers_503_and_changes_nothing() {
     })
     .await;
     let (alice, bob) = app.alice_and_bob().await;
-    sqlx::raw_sql(
-        "CREATE FUNCTION slow_down() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN PERFORM pg_sleep(2); RETURN NEW; END $$;
-         CREATE TRIGGER slow_down BEFORE INSERT ON ledger_entries FOR EACH ROW EXECUTE FUNCTION slow_down();",
-    )
-    .execute(&app.db)
-    .await
-    .expect("a slow ledger");
+    app.slow_down_ledger_writes(2).await;
     let before = app.snapshot().await;
     let response = app.transfer(&alice, bob.wallet_id, 100, Some(&new_key())).await;
     let (status, body) = problem(response).await;

@@ -315,14 +315,7 @@ async fn a_key_in_flight_is_waited_out_and_replayed() {
     })
     .await;
     let (alice, bob) = app.alice_and_bob().await;
-    sqlx::raw_sql(
-        "CREATE FUNCTION slow_down() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN PERFORM pg_sleep(1); RETURN NEW; END $$;
-         CREATE TRIGGER slow_down BEFORE INSERT ON ledger_entries FOR EACH ROW EXECUTE FUNCTION slow_down();",
-    )
-    .execute(&app.db)
-    .await
-    .expect("a slow ledger");
+    app.slow_down_ledger_writes(1).await;
     let statuses = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen = statuses.clone();
     let client = Client::new(&app.address, policy())

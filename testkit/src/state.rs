@@ -34,6 +34,20 @@ impl TestApp {
             .expect("count query")
     }
 
+    /// Makes every ledger write of this test's database take `seconds`
+    /// longer (a trigger that sleeps), so that a transfer's transaction is
+    /// still running when the next request arrives.
+    pub async fn slow_down_ledger_writes(&self, seconds: u32) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "CREATE FUNCTION slow_down() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN PERFORM pg_sleep({seconds}); RETURN NEW; END $$;
+             CREATE TRIGGER slow_down BEFORE INSERT ON ledger_entries FOR EACH ROW EXECUTE FUNCTION slow_down();"
+        )))
+        .execute(&self.db)
+        .await
+        .expect("a slow ledger");
+    }
+
     pub async fn transfer_count(&self) -> i64 {
         self.count("SELECT count(*) FROM transfers").await
     }
