@@ -10,6 +10,13 @@
 -- money. The row guard refuses to move minor units between currencies, on
 -- the guarded and on the naive path, so lab money and real money never
 -- meet (20261202000007_race_lab.sql has the lab's functions).
+--
+-- A clearing wallet (clearing_source set) stands for money outside the
+-- service: a deposit moves money from its source's clearing wallet to a
+-- person's wallet, so that double entry holds for money that arrives too.
+-- It is the one kind of wallet whose balance goes below zero (by what
+-- its source has paid in), and no transfer may target it
+-- (20261202000010_inbox_and_deposits.sql has the deposit's functions).
 CREATE TABLE wallets (
     id                    uuid        PRIMARY KEY,
     user_id               uuid        NOT NULL REFERENCES users (id),
@@ -17,10 +24,13 @@ CREATE TABLE wallets (
     -- The sign-up grant. Each balance must always equal this plus the sum
     -- of the wallet's ledger entries; money_invariants() checks it.
     opening_balance_minor bigint      NOT NULL CHECK (opening_balance_minor >= 0),
-    balance_minor         bigint      NOT NULL CHECK (balance_minor >= 0),
+    balance_minor         bigint      NOT NULL,
     created_at            timestamptz NOT NULL DEFAULT now(),
     lab_slot              smallint    CHECK (lab_slot IN (1, 2)),
-    CONSTRAINT wallets_lab_money CHECK ((lab_slot IS NOT NULL) = (currency = 'LAB'))
+    clearing_source       text        UNIQUE CHECK (clearing_source ~ '^[a-z]{1,32}$'),
+    CONSTRAINT wallets_lab_money CHECK ((lab_slot IS NOT NULL) = (currency = 'LAB')),
+    CONSTRAINT wallets_never_below_zero CHECK (balance_minor >= 0 OR clearing_source IS NOT NULL),
+    CONSTRAINT wallets_clearing_is_real_money CHECK (clearing_source IS NULL OR lab_slot IS NULL)
 );
 CREATE INDEX wallets_user_id_idx ON wallets (user_id);
 CREATE UNIQUE INDEX wallets_lab_slot_idx ON wallets (user_id, lab_slot) WHERE lab_slot IS NOT NULL;

@@ -15,7 +15,7 @@ CREATE TYPE guard_verdict AS ENUM (
 --   'accepted'           debited, credited, recorded;
 --   'insufficient_funds' the guard refused the debit; nothing written;
 --   'unknown_target'     no such target wallet (or another visitor's lab
---                        wallet); nothing written;
+--                        wallet, or a clearing wallet); nothing written;
 --   'currency_mismatch'  the wallets hold different currencies (minor units
 --                        never move 1:1 between them); nothing written;
 --   'not_owner'          the caller does not own the source wallet.
@@ -38,11 +38,12 @@ DECLARE
     v_source_currency text;
     v_target_currency text;
     v_target_owner uuid;
+    v_target_clearing boolean;
     v_wallet record;
 BEGIN
     PERFORM set_config('lock_timeout', p_wait_ms || 'ms', true);
     FOR v_wallet IN
-        SELECT w.id, w.user_id, w.currency FROM wallets w
+        SELECT w.id, w.user_id, w.currency, w.clearing_source FROM wallets w
          WHERE w.id IN (p_from, p_to)
          ORDER BY w.id
            FOR NO KEY UPDATE
@@ -53,13 +54,16 @@ BEGIN
         ELSE
             v_target_currency := v_wallet.currency;
             v_target_owner := v_wallet.user_id;
+            v_target_clearing := v_wallet.clearing_source IS NOT NULL;
         END IF;
     END LOOP;
     IF v_source_owner IS DISTINCT FROM p_user THEN
         outcome := 'not_owner';
         RETURN;
     END IF;
-    IF v_target_currency IS NULL THEN
+    -- Money goes back to a provider only as a payout, never as a transfer
+    -- into its clearing wallet.
+    IF v_target_currency IS NULL OR v_target_clearing THEN
         outcome := 'unknown_target';
         RETURN;
     END IF;

@@ -68,7 +68,7 @@ pub struct TransferBody {
 }
 
 /// The wallet id in `field`, or `None` with the error noted.
-fn wallet_id_field(fields: &mut Fields, field: &str) -> Option<Uuid> {
+pub(crate) fn wallet_id_field(fields: &mut Fields, field: &str) -> Option<Uuid> {
     let text = fields.string(field)?;
     let id = parse_uuid(&text);
     if id.is_none() {

@@ -1,12 +1,14 @@
 //! Layered Wallet: wallet transfers behind three stacked defenses against
 //! duplicate and racing requests. Start at [`transfer::pipeline`], which
 //! reads as the three layers in order, and at [`defense`], one file a layer.
+//! Deposits from a payment provider have three layers of their own:
+//! [`deposit::pipeline`].
 
 pub mod account_limits;
 pub mod auth;
 pub mod decision;
 pub mod defense;
-pub mod demo_recipient;
+pub mod deposit;
 pub mod domain;
 pub mod kept_pages;
 pub mod listener;
@@ -22,6 +24,7 @@ pub mod settings;
 pub mod startup;
 pub mod state;
 pub mod sweep;
+pub mod system_accounts;
 pub mod telemetry;
 pub mod transfer;
 pub mod web;

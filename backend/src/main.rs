@@ -44,7 +44,8 @@ async fn main() -> anyhow::Result<()> {
     if command == "migrate" {
         let owner = startup::migration_pool(&config.database)?;
         startup::migrate(&owner).await?;
-        layered_wallet::demo_recipient::ensure(&owner, &config).await?;
+        layered_wallet::system_accounts::ensure(&owner, &config).await?;
+        layered_wallet::system_accounts::ensure_provider_clearing(&owner, &config).await?;
         tracing::info!("migrations applied");
         return Ok(());
     }

@@ -14,7 +14,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use crate::problem::ProblemType::{self, *};
-use crate::routes::{decisions, health, transfers, users, wallets};
+use crate::routes::{decisions, deposits, health, transfers, users, wallets};
 use crate::settings::Config;
 use crate::state::AppState;
 
@@ -35,6 +35,7 @@ use crate::state::AppState;
         transfers::create_transfer,
         transfers::list_transfers,
         transfers::get_transfer,
+        deposits::receive_deposit,
         decisions::list_decisions,
         decisions::stream_decisions,
         health::healthz,
@@ -98,6 +99,20 @@ fn failures(method: &str, path: &str) -> Vec<ProblemType> {
                 RaceLabSwitchesOff,
                 LabPassInvalid,
                 LabWalletsOnly,
+            ],
+        ]
+        .concat(),
+        ("post", "/api/v1/webhooks/deposits") => [
+            &BODY[..],
+            &[
+                ProviderSignatureInvalid,
+                EventPayloadChanged,
+                EventInFlight,
+                DepositWalletUnknown,
+                DepositCurrencyMismatch,
+                DepositAmountOverLimit,
+                DepositEventTooOld,
+                OutcomeUnknown,
             ],
         ]
         .concat(),
@@ -188,13 +203,13 @@ fn add_headers(response: &mut Value, method: &str, path: &str, status: &str) {
     if matches!(status, "429" | "503") && is_problem {
         headers.insert("Retry-After".into(), header("Seconds to wait before retrying"));
     }
-    if status == "401" {
+    if status == "401" && path != "/api/v1/webhooks/deposits" {
         headers.insert(
             "WWW-Authenticate".into(),
             header("`Bearer`, with `error=\"invalid_token\"` for a bad token"),
         );
     }
-    if (method, path) == ("post", "/api/v1/transfers") {
+    if method == "post" && ["/api/v1/transfers", "/api/v1/webhooks/deposits"].contains(&path) {
         headers.insert(
             "Defense-Decision".into(),
             header("Which layer decided and how, e.g. `layer=cooldown, outcome=refused`"),

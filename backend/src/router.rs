@@ -7,7 +7,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 
 use crate::listener::Listener;
 use crate::problem::Problem;
-use crate::routes::{decisions, health, transfers, users, wallets};
+use crate::routes::{decisions, deposits, health, transfers, users, wallets};
 use crate::state::AppState;
 use crate::web::{self as site, pages};
 
@@ -43,6 +43,7 @@ route_table! {
     "/api/v1/wallets/{id}" => GET wallets::get_wallet;
     "/api/v1/transfers" => GET transfers::list_transfers, POST transfers::create_transfer;
     "/api/v1/transfers/{id}" => GET transfers::get_transfer;
+    "/api/v1/webhooks/deposits" => POST deposits::receive_deposit;
     "/api/v1/decisions" => GET decisions::list_decisions;
     "/api/v1/decisions/stream" => GET decisions::stream_decisions;
     "/" => GET pages::home;

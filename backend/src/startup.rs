@@ -54,9 +54,14 @@ impl Application {
             let owner = migration_pool(&config.database)?;
             migrate(&owner).await?;
             owner.close().await;
-            crate::demo_recipient::ensure(&db, &config)
+            crate::system_accounts::ensure(&db, &config)
                 .await
                 .map_err(|error| anyhow::anyhow!("failed to make the demo recipient: {error}"))?;
+            crate::system_accounts::ensure_provider_clearing(&db, &config)
+                .await
+                .map_err(|error| {
+                    anyhow::anyhow!("failed to make the provider's clearing account: {error}")
+                })?;
         }
         let listener = TcpListener::bind((config.http.host.as_str(), config.http.port)).map_err(|error| {
             anyhow::anyhow!(
@@ -100,6 +105,11 @@ impl Application {
         };
         let state = AppState {
             cooldown: CooldownLock::new(&config, redis.clone(), metrics.cooldown_fail_open.clone()),
+            event_lock: crate::deposit::edge::EventLock::new(&config, redis.clone()),
+            provider_signatures: crate::deposit::signature::ProviderSignatures::new(
+                config.deposits.provider_webhook_secrets.clone(),
+                config.deposits.signature_tolerance,
+            ),
             account_limits: Arc::new(AccountLimits::new(
                 &config,
                 redis.clone(),

@@ -16,6 +16,10 @@ pub struct AppState {
     /// `None` when none is enabled.
     pub redis: Option<crate::redis_store::RedisStore>,
     pub cooldown: CooldownLock,
+    /// Layer 1 for deposits: the lock on each event.
+    pub event_lock: crate::deposit::edge::EventLock,
+    /// Who may deposit: the payment provider's signatures.
+    pub provider_signatures: crate::deposit::signature::ProviderSignatures,
     pub account_limits: Arc<crate::account_limits::AccountLimits>,
     pub tokens: TokenSigner,
     pub passwords: crate::auth::PasswordWorkers,

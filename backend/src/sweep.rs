@@ -1,5 +1,5 @@
 //! Deleting what has expired: idempotency keys past their retention, token
-//! hashes past their expiry, and kept pages past theirs, in bounded
+//! hashes past their expiry, kept pages and inbox rows past theirs, in bounded
 //! batches, on a timer.
 
 use std::time::Duration;
@@ -52,6 +52,21 @@ pub async fn expired_kept_pages(pool: &PgPool, batch_rows_max: i64) -> Result<u6
     .await
 }
 
+/// Deletes inbox rows past `inbox_retention_hours`, at most
+/// `batch_rows_max` per statement; returns how many it deleted. An event
+/// that happened before its row could have expired is refused by
+/// `deposit()`, so a swept event is never applied again.
+pub async fn expired_inbox_rows(pool: &PgPool, batch_rows_max: i64) -> Result<u64, sqlx::Error> {
+    delete_in_batches(
+        pool,
+        "DELETE FROM inbox WHERE (source, event_id) IN (
+             SELECT source, event_id FROM inbox WHERE expires_at <= now()
+             LIMIT $1 FOR UPDATE SKIP LOCKED)",
+        batch_rows_max,
+    )
+    .await
+}
+
 /// Runs `statement` (a `DELETE` whose `$1` is the batch size) until a batch
 /// deletes fewer rows than `batch_rows_max`; returns how many it deleted.
 /// Each batch is its own statement, so no sweep holds many row locks or
@@ -94,6 +109,7 @@ pub fn spawn_sweeper(pool: PgPool, interval: Duration, batch_rows_max: i64) -> t
                 ),
                 ("tokens", expired_tokens(&pool, batch_rows_max).await),
                 ("kept pages", expired_kept_pages(&pool, batch_rows_max).await),
+                ("inbox rows", expired_inbox_rows(&pool, batch_rows_max).await),
             ];
             for (rows, swept) in sweeps {
                 match swept {

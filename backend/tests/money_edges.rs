@@ -192,6 +192,7 @@ async fn a_statement_timeout_answers_503_and_changes_nothing() {
     let app = spawn_app(|settings| {
         settings.idempotency_wait_ms_max = 100;
         settings.wallet_lock_wait_ms_max = 100;
+        settings.inbox_wait_ms_max = 100;
         settings.db_statement_timeout_ms = 700;
     })
     .await;

@@ -52,7 +52,7 @@ async fn the_database_constraints_back_the_guard_up() {
         refused_by(negative),
         (
             check_violation.clone(),
-            Some("wallets_balance_minor_check".to_owned())
+            Some("wallets_never_below_zero".to_owned())
         )
     );
     let insert = "INSERT INTO transfers (id, from_wallet_id, to_wallet_id, amount_minor, initiated_by)

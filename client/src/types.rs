@@ -126,6 +126,13 @@ pub struct Decision {
     pub problem_type: Option<String>,
     #[serde(default)]
     pub lab: bool,
+    /// How the money moved: `transfer` (sent as absent) or `deposit`.
+    #[serde(default = "transfer_entry_point")]
+    pub entry_point: String,
+}
+
+fn transfer_entry_point() -> String {
+    "transfer".to_owned()
 }
 
 /// A page of `GET /api/v1/decisions`, oldest first.

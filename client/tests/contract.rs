@@ -86,6 +86,7 @@ async fn the_client_types_match_the_served_document() {
         to_wallet_id: Some(Uuid::nil()),
         problem_type: Some("insufficient-funds".into()),
         lab: false,
+        entry_point: "deposit".into(),
     };
     // Every optional field is filled, so that every property shows.
     let samples: Vec<(&str, BTreeSet<String>)> = vec![

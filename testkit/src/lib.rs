@@ -19,6 +19,7 @@ pub mod server_process;
 pub mod visitor;
 
 mod app;
+mod deposits;
 mod http;
 mod settings;
 mod state;
@@ -26,8 +27,9 @@ mod stores;
 mod telemetry;
 
 pub use app::{TestApp, spawn_app, spawn_app_behind_proxy, spawn_second_instance, spawn_with};
+pub use deposits::{PROVIDER_SECRET, deposit_event, new_event_id};
 pub use http::{TestUser, fire_together, fresh_transfers, new_key, problem, sign_up_at};
-pub use settings::{SIGNING_KEY, expose, test_settings, verified_token_for, without_cooldown};
+pub use settings::{SIGNING_KEY, expose, test_settings, verified_token_for, with_deposits, without_cooldown};
 pub use state::{StateSnapshot, money_invariant_violations};
 pub use stores::{
     assert_redis_cluster_reachable, assert_redis_reachable, closed_port, create_database, database_url_as,

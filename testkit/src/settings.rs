@@ -41,6 +41,13 @@ pub fn test_settings(database_url: &str, redis_prefix: &str) -> Settings {
     }
 }
 
+/// Accepts deposits signed with the tests' provider secret. Off by
+/// default, as in a deployment without a provider: tests count users, and a
+/// provider brings its clearing account.
+pub fn with_deposits(settings: &mut Settings) {
+    settings.provider_webhook_secrets = vec![SecretString::from(crate::PROVIDER_SECRET)];
+}
+
 /// Switches the cooldown off, which counts as an unsafe demonstration mode.
 pub fn without_cooldown(settings: &mut Settings) {
     settings.cooldown_enabled = false;

@@ -65,6 +65,7 @@ impl TestApp {
             transfers: self.transfer_count().await,
             ledger_entries: self.count("SELECT count(*) FROM ledger_entries").await,
             idempotency_keys: self.count("SELECT count(*) FROM idempotency_keys").await,
+            inbox_rows: self.inbox_rows().await,
         }
     }
 
@@ -120,4 +121,5 @@ pub struct StateSnapshot {
     pub transfers: i64,
     pub ledger_entries: i64,
     pub idempotency_keys: i64,
+    pub inbox_rows: i64,
 }

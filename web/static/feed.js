@@ -13,7 +13,8 @@
   const ROWS_PER_MONEY_MAX = 200;
   const labWallets = new Set((table.dataset.labWallets || "").split(",").filter(Boolean));
   const currency = table.dataset.currency || "";
-  const LAYERS = { cooldown: "Cooldown lock", idempotency: "Idempotency key", row_guard: "Row guard", none: "Before the layers" };
+  const LAYERS = { cooldown: "Cooldown lock", idempotency: "Idempotency key", row_guard: "Row guard",
+    edge_lock: "Edge lock", inbox: "Inbox", none: "Before the layers" };
 
   // One zone for every entry, whatever the visitor's clock says.
   function utc(time) {
@@ -79,7 +80,8 @@
       decision.appendChild(document.createTextNode(" "));
       decision.appendChild(link);
     }
-    cell(tr, entry.amount_minor ? money(entry.amount_minor, lab ? "LAB" : currency) + " to " + shortId(entry.to_wallet_id) : "");
+    const moved = entry.entry_point === "deposit" ? " deposited into " : " to ";
+    cell(tr, entry.amount_minor ? money(entry.amount_minor, lab ? "LAB" : currency) + moved + shortId(entry.to_wallet_id) : "");
     cell(tr, entry.idempotency_key ? shortId(entry.idempotency_key) : "none");
     cell(tr, shortId(entry.request_id) + " on " + entry.instance_id);
     cell(tr, entry.latency_ms.toFixed(1) + " ms", "num");

@@ -114,6 +114,25 @@ pub struct FeedEntry {
     /// A request a race-lab run sent (lab money); kept in the lab stream.
     #[serde(default)]
     pub lab: bool,
+    /// How the money moved: a client's transfer (left out when so), or a
+    /// provider's deposit.
+    #[serde(default, skip_serializing_if = "EntryPoint::is_transfer")]
+    pub entry_point: EntryPoint,
+}
+
+/// The way into the service a decision was made at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryPoint {
+    #[default]
+    Transfer,
+    Deposit,
+}
+
+impl EntryPoint {
+    fn is_transfer(&self) -> bool {
+        *self == EntryPoint::Transfer
+    }
 }
 
 /// Which of a user's two streams: real transfers, or race-lab runs.

@@ -1,5 +1,5 @@
-//! The one decision every `POST /api/v1/transfers` ends in: which layer
-//! decided, and how. One type, reported the same way everywhere: the
+//! The one decision every `POST /api/v1/transfers` (and every deposit
+//! delivery) ends in: which layer decided, and how. One type, reported the same way everywhere: the
 //! `Defense-Decision` response header, the problem body, the request's
 //! trace, the metrics, the log line and the decision feed.
 
@@ -23,6 +23,10 @@ pub enum Layer {
     Cooldown,
     Idempotency,
     RowGuard,
+    /// A deposit's or a command's lock on its event id, in Redis.
+    EdgeLock,
+    /// A deposit's or a command's claim of its event id, in PostgreSQL.
+    Inbox,
     #[serde(rename = "none")]
     NoLayer,
 }
@@ -40,6 +44,8 @@ pub enum Outcome {
     InFlight,
     /// The key belongs to a different request.
     KeyReused,
+    /// The event id was delivered before with different contents.
+    PayloadChanged,
     InsufficientFunds,
     /// The transfer was made while Redis was unreachable and the cooldown
     /// failed open: correct, but without the edge's protection.
@@ -58,6 +64,8 @@ impl Layer {
             Layer::Cooldown => "cooldown",
             Layer::Idempotency => "idempotency",
             Layer::RowGuard => "row_guard",
+            Layer::EdgeLock => "edge_lock",
+            Layer::Inbox => "inbox",
             Layer::NoLayer => "none",
         }
     }
@@ -69,6 +77,8 @@ impl Layer {
             Layer::Cooldown => Some("Cooldown lock"),
             Layer::Idempotency => Some("Idempotency key"),
             Layer::RowGuard => Some("Row guard"),
+            Layer::EdgeLock => Some("Edge lock"),
+            Layer::Inbox => Some("Inbox"),
             Layer::NoLayer => None,
         }
     }
@@ -82,6 +92,7 @@ impl Outcome {
             Outcome::Replayed => "replayed",
             Outcome::InFlight => "in_flight",
             Outcome::KeyReused => "key_reused",
+            Outcome::PayloadChanged => "payload_changed",
             Outcome::InsufficientFunds => "insufficient_funds",
             Outcome::Degraded => "degraded",
             Outcome::Invalid => "invalid",

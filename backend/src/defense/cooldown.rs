@@ -473,8 +473,9 @@ impl CooldownPermit {
     }
 }
 
-/// 128 random bits: unguessable, so no other request can release our key.
-fn random_token() -> String {
+/// 128 random bits: unguessable, so no other request can release our key
+/// (the cooldown's windows, the deposits' event locks).
+pub(crate) fn random_token() -> String {
     let mut bytes = [0u8; 16];
     rand::thread_rng().fill_bytes(&mut bytes);
     hex::encode(bytes)

@@ -242,7 +242,8 @@ pub async fn apply_read_decide_write(
     .fetch_optional(&mut *tx)
     .await?;
     let target_currency = sqlx::query_scalar::<_, String>(
-        "SELECT currency FROM wallets WHERE id = $1 AND (lab_slot IS NOT NULL OR NOT $2)",
+        "SELECT currency FROM wallets
+         WHERE id = $1 AND (lab_slot IS NOT NULL OR NOT $2) AND clearing_source IS NULL",
     )
     .bind(request.to.0)
     .bind(lab_only)

@@ -12,6 +12,7 @@ use crate::settings::Config;
 use crate::state::AppState;
 
 pub mod decisions;
+pub mod deposits;
 pub mod health;
 pub mod transfers;
 pub mod users;

@@ -139,6 +139,42 @@ declare_settings! {
         row_guard_mode: RowGuardMode = RowGuardMode::Guarded;
     }
 
+    section "Deposits from a payment provider" {
+        /// Secrets the provider signs deposit webhooks with, each at least 32
+        /// bytes. Several at once let a secret be rotated without refusing a
+        /// delivery: add the new one, move the provider over, remove the old.
+        provider_webhook_secrets: Vec<SecretString> = Vec::new(),
+            empty "no provider can sign, so every deposit is refused (401)";
+        /// How far a signature's time may be from this server's clock, either
+        /// way; an older signed delivery is refused as a replay.
+        provider_signature_tolerance_s: u64 = 300, within 1..=3_600 "s";
+        /// Largest single deposit; a larger one is refused, and the refusal
+        /// stored like a credit.
+        deposit_amount_minor_max: i64 = 100_000_000, within 1..=1_000_000_000_000_000 "minor units";
+        /// How long the inbox remembers an event. An event that happened
+        /// longer ago than this is refused, so that one whose row was swept
+        /// can never be applied twice. Providers retry for up to a few days.
+        inbox_retention_hours: u16 = 720, within 1..=8_760 "hours";
+        /// How long a delivery waits in PostgreSQL for a concurrent delivery of
+        /// the same event to commit, before answering 409.
+        inbox_wait_ms_max: u16 = 2_000, within 1..=60_000 "ms";
+        /// The edge lock on each event, in Redis. Off, every duplicate
+        /// delivery reaches PostgreSQL, where the inbox still applies the
+        /// event once.
+        event_lock_enabled: bool = true;
+        /// How long one delivery holds an event's edge lock at most; a burst of
+        /// the event's deliveries within it reaches PostgreSQL once.
+        event_lock_ttl_ms: u64 = 10_000, within 100..=600_000 "ms";
+        /// How long a duplicate delivery waits at the edge for the first one's
+        /// answer before asking the inbox itself.
+        event_duplicate_wait_ms_max: u64 = 3_000, within 0..=60_000 "ms";
+        /// How often a waiting duplicate looks for that answer.
+        event_answer_poll_ms: u64 = 20, within 1..=1_000 "ms";
+        /// How long the first delivery's answer stays at the edge for the
+        /// duplicates; later deliveries get it from the inbox.
+        event_answer_cache_ms: u64 = 30_000, within 1_000..=3_600_000 "ms";
+    }
+
     section "Unsafe demonstration modes" {
         /// Must be on for the server to start with any layer disabled or in a
         /// naive mode. Never in production.

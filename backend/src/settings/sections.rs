@@ -32,6 +32,7 @@ pub struct Config {
     pub cooldown: Cooldown,
     pub idempotency: Idempotency,
     pub row_guard: RowGuard,
+    pub deposits: Deposits,
     pub demo: Demo,
     pub race_lab: RaceLab,
     pub feed: Feed,
@@ -108,6 +109,22 @@ pub struct Idempotency {
 #[derive(Debug, Clone)]
 pub struct RowGuard {
     pub mode: RowGuardMode,
+}
+
+#[derive(Debug, Clone)]
+pub struct Deposits {
+    /// Each at least 32 bytes; empty: every deposit is refused.
+    pub provider_webhook_secrets: Vec<SecretString>,
+    pub signature_tolerance: Duration,
+    pub amount_minor_max: i64,
+    /// In PostgreSQL's hours and milliseconds, as `int`.
+    pub inbox_retention_hours: u16,
+    pub inbox_wait_ms_max: u16,
+    pub event_lock_enabled: bool,
+    pub event_lock_ttl: Duration,
+    pub duplicate_wait_max: Duration,
+    pub answer_poll: Duration,
+    pub answer_cache: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -210,6 +227,7 @@ impl Config {
             row_guard: RowGuard {
                 mode: settings.row_guard_mode,
             },
+            deposits: Deposits::checked(settings, &mut check),
             demo: Demo::from(settings),
             race_lab: RaceLab::from(settings),
             feed: Feed::from(settings),
@@ -222,18 +240,26 @@ impl Config {
 
     /// The rules that tie one section to another.
     fn check_across_sections(&self, check: &mut Checks) {
-        let enclosed = self.idempotency.wait_max()
-            + Duration::from_millis(self.database.wallet_lock_wait_ms_max.into())
-            + Duration::from_millis(STATEMENT_TIMEOUT_MARGIN_MS);
-        check.require(
-            self.database.statement_timeout >= enclosed,
-            format!(
-                "db_statement_timeout_ms ({}) must be at least idempotency_wait_ms_max + wallet_lock_wait_ms_max + \
-                 {STATEMENT_TIMEOUT_MARGIN_MS} ms = {}, so that each wait ends in its own answer",
-                self.database.statement_timeout.as_millis(),
-                enclosed.as_millis()
-            ),
-        );
+        // A transfer's and a deposit's statement each enclose a claim's wait
+        // and a wallet lock's.
+        let claim_waits = [
+            ("idempotency_wait_ms_max", self.idempotency.wait_ms_max),
+            ("inbox_wait_ms_max", self.deposits.inbox_wait_ms_max),
+        ];
+        for (claim_wait_name, claim_wait_ms) in claim_waits {
+            let enclosed = Duration::from_millis(claim_wait_ms.into())
+                + Duration::from_millis(self.database.wallet_lock_wait_ms_max.into())
+                + Duration::from_millis(STATEMENT_TIMEOUT_MARGIN_MS);
+            check.require(
+                self.database.statement_timeout >= enclosed,
+                format!(
+                    "db_statement_timeout_ms ({}) must be at least {claim_wait_name} + wallet_lock_wait_ms_max + \
+                     {STATEMENT_TIMEOUT_MARGIN_MS} ms = {}, so that each wait ends in its own answer",
+                    self.database.statement_timeout.as_millis(),
+                    enclosed.as_millis()
+                ),
+            );
+        }
         check.require(
             self.race_lab.requests_in_flight_max >= self.race_lab.requests_max,
             "race_lab_requests_in_flight_max must be at least race_lab_requests_max, or no full run could start",
@@ -268,7 +294,10 @@ impl Config {
 
     /// Whether any part of the server talks to Redis.
     pub fn uses_redis(&self) -> bool {
-        self.cooldown.enabled || self.feed.enabled || self.accounts.limits_enabled
+        self.cooldown.enabled
+            || self.feed.enabled
+            || self.accounts.limits_enabled
+            || self.deposits.event_lock_enabled
     }
 }
 
@@ -364,6 +393,29 @@ impl From<&Settings> for Idempotency {
             retention_hours: s.idempotency_retention_hours,
             sweep_interval: Duration::from_secs(s.idempotency_sweep_interval_s),
             sweep_batch_rows_max: s.idempotency_sweep_batch_rows_max,
+        }
+    }
+}
+
+impl Deposits {
+    fn checked(s: &Settings, check: &mut Checks) -> Self {
+        check.require(
+            s.provider_webhook_secrets
+                .iter()
+                .all(|secret| secret.expose_secret().len() >= 32),
+            "each of provider_webhook_secrets must be at least 32 bytes",
+        );
+        Self {
+            provider_webhook_secrets: s.provider_webhook_secrets.clone(),
+            signature_tolerance: Duration::from_secs(s.provider_signature_tolerance_s),
+            amount_minor_max: s.deposit_amount_minor_max,
+            inbox_retention_hours: s.inbox_retention_hours,
+            inbox_wait_ms_max: s.inbox_wait_ms_max,
+            event_lock_enabled: s.event_lock_enabled,
+            event_lock_ttl: Duration::from_millis(s.event_lock_ttl_ms),
+            duplicate_wait_max: Duration::from_millis(s.event_duplicate_wait_ms_max),
+            answer_poll: Duration::from_millis(s.event_answer_poll_ms),
+            answer_cache: Duration::from_millis(s.event_answer_cache_ms),
         }
     }
 }

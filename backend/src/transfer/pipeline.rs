@@ -17,7 +17,7 @@ use actix_web::http::{StatusCode, header};
 use chrono::Utc;
 
 use crate::auth::VerifiedToken;
-use crate::decision::feed::FeedEntry;
+use crate::decision::feed::{EntryPoint, FeedEntry};
 use crate::decision::{Decision, Layer, Outcome};
 use crate::defense::Refusal;
 use crate::defense::cooldown::CooldownPass;
@@ -99,11 +99,7 @@ impl Decided {
 
     /// The problem type of a refusal, stored or not; `None` for a success.
     pub fn problem_type(&self) -> Option<ProblemType> {
-        match &self.answer {
-            Answer::Refused(problem) => Some(problem.kind),
-            Answer::Stored { response, .. } if response.status >= 400 => ProblemType::of_body(&response.body),
-            Answer::Stored { .. } => None,
-        }
+        self.answer.problem_type()
     }
 
     /// Refused, unstored, with a problem of this type.
@@ -112,23 +108,45 @@ impl Decided {
     }
 
     pub fn status(&self) -> u16 {
-        match &self.answer {
+        self.answer.status()
+    }
+
+    /// The HTTP response, with the `Defense-Decision` header.
+    pub fn into_response(self, context: &RequestContext) -> HttpResponse {
+        self.answer.into_response(self.decision, context)
+    }
+}
+
+impl Answer {
+    pub fn status(&self) -> u16 {
+        match self {
             Answer::Stored { response, .. } => response.status,
             Answer::Refused(problem) => problem.status,
         }
     }
 
-    /// The HTTP response, with the `Defense-Decision` header. A refusal's
-    /// problem body names the layer and the trace.
-    pub fn into_response(self, context: &RequestContext) -> HttpResponse {
-        let mut response = match self.answer {
+    /// The problem type of a refusal, stored or not; `None` for a success.
+    pub fn problem_type(&self) -> Option<ProblemType> {
+        match self {
+            Answer::Refused(problem) => Some(problem.kind),
+            Answer::Stored { response, .. } if response.status >= 400 => ProblemType::of_body(&response.body),
+            Answer::Stored { .. } => None,
+        }
+    }
+
+    /// The HTTP response, with the `Defense-Decision` header: a stored
+    /// answer exactly as stored, or a refusal's problem naming the layer
+    /// and the trace. The one way a transfer's or a deposit's decision is
+    /// sent.
+    pub fn into_response(self, decision: Decision, context: &RequestContext) -> HttpResponse {
+        let mut response = match self {
             Answer::Stored { response, replayed } => stored_response(&response, replayed),
             Answer::Refused(problem) => problem
-                .with_layer(self.decision.layer)
+                .with_layer(decision.layer)
                 .with_trace_id(&context.trace_id)
                 .into_response(),
         };
-        self.decision.mark(&mut response);
+        decision.mark(&mut response);
         response
     }
 }
@@ -292,6 +310,7 @@ pub fn report(state: &AppState, context: &RequestContext, decided: &Decided) {
                 to_wallet_id: decided.transfer.map(|transfer| transfer.to.0),
                 problem_type: decided.problem_type().map(|kind| kind.slug().to_owned()),
                 lab: decided.lab,
+                entry_point: EntryPoint::Transfer,
             },
         );
     }
