@@ -2,10 +2,12 @@
 //! duplicate and racing requests. Start at [`transfer::pipeline`], which
 //! reads as the three layers in order, and at [`defense`], one file a layer.
 //! Deposits from a payment provider have three layers of their own:
-//! [`deposit::pipeline`].
+//! [`deposit::pipeline`]; a broker's transfer commands, and their
+//! consumer: [`command::consumer`].
 
 pub mod account_limits;
 pub mod auth;
+pub mod command;
 pub mod decision;
 pub mod defense;
 pub mod deposit;

@@ -11,6 +11,8 @@ pub enum Listener {
 
 /// What the admin listener serves; everything else there is a 404.
 const ADMIN_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+/// ...and a broker command's outcome, under this prefix.
+const ADMIN_PREFIX: &str = "/commands/";
 
 /// Tells the routes which listener a request came in on, and keeps the
 /// admin listener to its own paths: the public routes never answer there.
@@ -26,9 +28,10 @@ pub async fn keep_listeners_apart(
         .copied()
         .unwrap_or(Listener::Public);
     actix_web::HttpMessage::extensions_mut(&request).insert(listener);
-    if listener == Listener::Admin && !ADMIN_PATHS.contains(&request.path()) {
+    let admin_path = ADMIN_PATHS.contains(&request.path()) || request.path().starts_with(ADMIN_PREFIX);
+    if listener == Listener::Admin && !admin_path {
         let problem = crate::problem::Problem::not_found(format!(
-            "The admin listener serves only {}.",
+            "The admin listener serves only {} and {ADMIN_PREFIX}{{command_id}}.",
             ADMIN_PATHS.join(", ")
         ));
         return Ok(request

@@ -21,6 +21,18 @@ pub struct Metrics {
     registry: Registry,
     /// Transfer decisions by layer and outcome.
     pub decisions: IntCounterVec,
+    /// Deposit decisions by layer and outcome.
+    deposit_decisions: IntCounterVec,
+    /// Command decisions by layer and outcome.
+    command_decisions: IntCounterVec,
+    /// Commands claimed from a consumer whose claim time ran out.
+    pub commands_claimed: IntCounter,
+    /// Command stream entries moved to the dead-letter stream.
+    pub commands_dead_lettered: IntCounter,
+    /// Entries delivered and not yet acknowledged, by partition.
+    pub commands_pending: IntGaugeVec,
+    /// Entries not yet delivered to any consumer, by partition.
+    pub commands_lag: IntGaugeVec,
     /// Every HTTP request's latency by route, method and status class.
     pub http_latency: HistogramVec,
     /// Time spent in each defense layer.
@@ -51,6 +63,48 @@ impl Metrics {
                 "Transfer decisions by the layer that decided and the outcome",
             ),
             &["layer", "outcome"],
+        )
+        .expect("static metric definition");
+        let deposit_decisions = IntCounterVec::new(
+            Opts::new(
+                "deposit_decisions_total",
+                "Deposit deliveries by the layer that decided and the outcome",
+            ),
+            &["layer", "outcome"],
+        )
+        .expect("static metric definition");
+        let command_decisions = IntCounterVec::new(
+            Opts::new(
+                "command_decisions_total",
+                "Broker commands handled, by the layer that decided and the outcome",
+            ),
+            &["layer", "outcome"],
+        )
+        .expect("static metric definition");
+        let commands_claimed = IntCounter::new(
+            "commands_claimed_total",
+            "Commands claimed from a consumer whose claim time (commands_claim_idle_ms) ran out",
+        )
+        .expect("static metric definition");
+        let commands_dead_lettered = IntCounter::new(
+            "commands_dead_lettered_total",
+            "Command stream entries moved to the dead-letter stream",
+        )
+        .expect("static metric definition");
+        let commands_pending = IntGaugeVec::new(
+            Opts::new(
+                "commands_pending",
+                "Command entries delivered and not yet acknowledged, by partition (read while idle)",
+            ),
+            &["partition"],
+        )
+        .expect("static metric definition");
+        let commands_lag = IntGaugeVec::new(
+            Opts::new(
+                "commands_lag",
+                "Command entries not yet delivered to any consumer, by partition (read while idle)",
+            ),
+            &["partition"],
         )
         .expect("static metric definition");
         let http_latency = HistogramVec::new(
@@ -105,6 +159,12 @@ impl Metrics {
         .expect("static metric definition");
         for collector in [
             Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(deposit_decisions.clone()),
+            Box::new(command_decisions.clone()),
+            Box::new(commands_claimed.clone()),
+            Box::new(commands_dead_lettered.clone()),
+            Box::new(commands_pending.clone()),
+            Box::new(commands_lag.clone()),
             Box::new(http_latency.clone()),
             Box::new(layer_latency.clone()),
             Box::new(cooldown_fail_open.clone()),
@@ -122,6 +182,12 @@ impl Metrics {
         Self {
             registry,
             decisions,
+            deposit_decisions,
+            command_decisions,
+            commands_claimed,
+            commands_dead_lettered,
+            commands_pending,
+            commands_lag,
             http_latency,
             layer_latency,
             cooldown_fail_open,
@@ -134,10 +200,19 @@ impl Metrics {
         }
     }
 
+    /// Counts a transfer's decision.
     pub fn count_decision(&self, decision: Decision) {
-        self.decisions
-            .with_label_values(&[decision.layer.as_str(), decision.outcome.as_str()])
-            .inc();
+        count(&self.decisions, decision);
+    }
+
+    /// Counts a deposit delivery's decision.
+    pub fn count_deposit_decision(&self, decision: Decision) {
+        count(&self.deposit_decisions, decision);
+    }
+
+    /// Counts a broker command's decision.
+    pub fn count_command_decision(&self, decision: Decision) {
+        count(&self.command_decisions, decision);
     }
 
     pub fn observe_layer(&self, layer: &str, elapsed: Duration) {
@@ -170,4 +245,10 @@ impl Default for Metrics {
     fn default() -> Self {
         Self::new()
     }
+}
+
+fn count(decisions: &IntCounterVec, decision: Decision) {
+    decisions
+        .with_label_values(&[decision.layer.as_str(), decision.outcome.as_str()])
+        .inc();
 }

@@ -7,7 +7,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 
 use crate::listener::Listener;
 use crate::problem::Problem;
-use crate::routes::{decisions, deposits, health, transfers, users, wallets};
+use crate::routes::{commands, decisions, deposits, health, transfers, users, wallets};
 use crate::state::AppState;
 use crate::web::{self as site, pages};
 
@@ -91,7 +91,8 @@ pub fn configure_admin(config: &mut web::ServiceConfig) {
             }))
             .route("/healthz", web::get().to(health::healthz))
             .route("/readyz", web::get().to(health::readyz_detailed))
-            .route("/metrics", web::get().to(health::metrics)),
+            .route("/metrics", web::get().to(health::metrics))
+            .route("/commands/{id}", web::get().to(commands::command_outcome)),
     );
 }
 

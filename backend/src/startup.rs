@@ -34,6 +34,8 @@ pub struct Application {
     /// One server on both listeners: one set of workers, one shutdown.
     server: Server,
     sweeper: tokio::task::JoinHandle<()>,
+    /// One task per command partition, when this instance consumes.
+    consumers: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Application {
@@ -91,6 +93,12 @@ impl Application {
         } else {
             (None, None)
         };
+        let commands_client = match config.commands.redis_url.expose_secret() {
+            "" => redis_client.clone(),
+            url => Some(StreamClient::Single(redis::Client::open(url).map_err(
+                |error| anyhow::anyhow!("invalid commands_redis_url: {error}"),
+            )?)),
+        };
         let feed = DecisionFeed::start(
             redis.clone().filter(|_| config.feed.enabled),
             redis_client.filter(|_| config.feed.enabled),
@@ -144,6 +152,12 @@ impl Application {
             state.config.idempotency.sweep_interval,
             state.config.idempotency.sweep_batch_rows_max,
         );
+        let consumers = match commands_client {
+            Some(client) if state.config.commands.enabled => {
+                crate::command::consumer::spawn(state.clone(), client)
+            }
+            _ => Vec::new(),
+        };
         let workers = state.config.http.workers;
         let grace_s = state.config.http.shutdown_grace.as_secs();
         let data = web::Data::new(state);
@@ -178,6 +192,7 @@ impl Application {
             admin_port,
             server,
             sweeper,
+            consumers,
         })
     }
 
@@ -200,6 +215,9 @@ impl Application {
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let result = self.server.await;
         self.sweeper.abort();
+        for consumer in &self.consumers {
+            consumer.abort();
+        }
         result
     }
 }

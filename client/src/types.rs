@@ -126,7 +126,8 @@ pub struct Decision {
     pub problem_type: Option<String>,
     #[serde(default)]
     pub lab: bool,
-    /// How the money moved: `transfer` (sent as absent) or `deposit`.
+    /// How the money moved: `transfer` (sent as absent), `deposit` or
+    /// `command`.
     #[serde(default = "transfer_entry_point")]
     pub entry_point: String,
 }

@@ -19,6 +19,7 @@ pub mod server_process;
 pub mod visitor;
 
 mod app;
+mod commands;
 mod deposits;
 mod http;
 mod settings;
@@ -27,6 +28,7 @@ mod stores;
 mod telemetry;
 
 pub use app::{TestApp, spawn_app, spawn_app_behind_proxy, spawn_second_instance, spawn_with};
+pub use commands::{transfer_command, with_commands};
 pub use deposits::{PROVIDER_SECRET, deposit_event, new_event_id};
 pub use http::{TestUser, fire_together, fresh_transfers, new_key, problem, sign_up_at};
 pub use settings::{SIGNING_KEY, expose, test_settings, verified_token_for, with_deposits, without_cooldown};

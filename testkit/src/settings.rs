@@ -37,6 +37,13 @@ pub fn test_settings(database_url: &str, redis_prefix: &str) -> Settings {
         // sets it.
         race_lab_run_spacing_ms: 0,
         race_lab_runs_per_user_per_minute_max: 1_000,
+        // Each consumer holds connections and creates streams in the shared
+        // Redis; the commands' own tests switch them on.
+        commands_enabled: false,
+        // Fewer partitions than a deployment's, so that each test's
+        // consumers make fewer connections; the issuer's side of every test
+        // reads the same setting.
+        commands_partitions: 2,
         ..Settings::default()
     }
 }

@@ -80,7 +80,7 @@
       decision.appendChild(document.createTextNode(" "));
       decision.appendChild(link);
     }
-    const moved = entry.entry_point === "deposit" ? " deposited into " : " to ";
+    const moved = entry.entry_point === "deposit" ? " deposited into " : entry.entry_point === "command" ? " by command to " : " to ";
     cell(tr, entry.amount_minor ? money(entry.amount_minor, lab ? "LAB" : currency) + moved + shortId(entry.to_wallet_id) : "");
     cell(tr, entry.idempotency_key ? shortId(entry.idempotency_key) : "none");
     cell(tr, shortId(entry.request_id) + " on " + entry.instance_id);

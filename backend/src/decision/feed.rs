@@ -114,8 +114,8 @@ pub struct FeedEntry {
     /// A request a race-lab run sent (lab money); kept in the lab stream.
     #[serde(default)]
     pub lab: bool,
-    /// How the money moved: a client's transfer (left out when so), or a
-    /// provider's deposit.
+    /// How the money moved: a client's transfer (left out when so), a
+    /// provider's deposit, or a broker's command.
     #[serde(default, skip_serializing_if = "EntryPoint::is_transfer")]
     pub entry_point: EntryPoint,
 }
@@ -127,6 +127,8 @@ pub enum EntryPoint {
     #[default]
     Transfer,
     Deposit,
+    /// A broker's transfer command.
+    Command,
 }
 
 impl EntryPoint {

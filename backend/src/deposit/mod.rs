@@ -33,9 +33,9 @@ pub mod transaction;
 /// The inbox's name for deposits, and the edge lock's.
 pub const SOURCE: &str = "provider";
 
-/// An event id: what the provider names its event by. The characters
-/// leave it safe in a Redis key and a log line.
-fn is_event_id(text: &str) -> bool {
+/// An event id: what a provider names its event by, and an issuer its
+/// command. The characters leave it safe in a Redis key and a log line.
+pub(crate) fn is_event_id(text: &str) -> bool {
     (1..=128).contains(&text.len())
         && text
             .bytes()

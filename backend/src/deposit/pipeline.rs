@@ -143,7 +143,7 @@ pub fn report(state: &AppState, context: &RequestContext, decided: &DepositDecid
     let span = tracing::Span::current();
     span.record("defense.layer", decision.layer.as_str());
     span.record("defense.outcome", decision.outcome.as_str());
-    state.metrics.count_decision(decision);
+    state.metrics.count_deposit_decision(decision);
     let event = decided.event.as_ref();
     tracing::info!(
         decision.layer = decision.layer.as_str(),

@@ -175,6 +175,39 @@ declare_settings! {
         event_answer_cache_ms: u64 = 30_000, within 1_000..=3_600_000 "ms";
     }
 
+    section "Transfer commands from a broker" {
+        /// Consume transfer commands from the Redis streams on this instance,
+        /// as a member of the deployment's one consumer group.
+        commands_enabled: bool = true;
+        /// The Redis holding the command streams, when not the cooldown's:
+        /// until a command is consumed it lives only there, so it should run
+        /// with the append-only file on.
+        commands_redis_url: SecretString = SecretString::from(""),
+            empty "the Redis at `redis_url` (or `redis_cluster_urls`)";
+        /// Streams the commands are spread over by source wallet; one
+        /// consumer works a partition at a time, in order. Every issuer and
+        /// every instance must agree on it.
+        commands_partitions: u16 = 4, within 1..=256 "partitions";
+        /// The visibility timeout: a consumer that holds an entry (and its
+        /// partition) this long without finishing loses both, and another
+        /// consumer claims the entry.
+        commands_claim_idle_ms: u64 = 30_000, within 100..=3_600_000 "ms";
+        /// Deliveries of one entry without an outcome before it is moved to
+        /// the dead-letter stream.
+        commands_deliveries_max: u32 = 5, within 1..=1_000 "deliveries";
+        /// Entries one read takes at most.
+        commands_read_batch_entries_max: usize = 16, within 1..=1_000 "entries";
+        /// How long an idle consumer's read waits for new entries.
+        commands_read_wait_ms: u64 = 1_000, within 10..=60_000 "ms";
+        /// The pause after an entry could not be applied (the database is
+        /// down), or after Redis failed, before trying again.
+        commands_retry_backoff_ms: u64 = 1_000, within 10..=600_000 "ms";
+        /// Length cap of the results stream (approximate, `MAXLEN ~`).
+        commands_results_entries_max: u64 = 100_000, within 100..=100_000_000 "entries";
+        /// Length cap of the dead-letter stream (approximate, `MAXLEN ~`).
+        commands_dead_letters_entries_max: u64 = 100_000, within 100..=100_000_000 "entries";
+    }
+
     section "Unsafe demonstration modes" {
         /// Must be on for the server to start with any layer disabled or in a
         /// naive mode. Never in production.

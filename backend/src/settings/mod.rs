@@ -61,6 +61,15 @@ impl Settings {
             environment = environment.with_list_parse_key(list.name);
         }
         builder = builder.add_source(environment);
+        // A list set to nothing (`WALLET_TRUSTED_PROXIES=`, as a compose
+        // file writes an unset variable) is the empty list, not a list of
+        // one empty entry.
+        for list in SETTINGS_DOC.iter().filter(|setting| setting.is_list) {
+            let variable = format!("WALLET_{}", list.name.to_uppercase());
+            if std::env::var(&variable).is_ok_and(|value| value.trim().is_empty()) {
+                builder = builder.set_override(list.name, Vec::<String>::new())?;
+            }
+        }
         for &(variable, setting) in CONVENTIONAL_VARIABLES {
             if let Ok(value) = std::env::var(variable) {
                 builder = builder.set_override(setting, value)?;

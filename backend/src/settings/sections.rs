@@ -19,8 +19,8 @@ use secrecy::{ExposeSecret, SecretString};
 
 use super::checks::Checks;
 use super::{
-    CooldownScope, IdempotencyMode, LogFormat, RowGuardMode, STATEMENT_TIMEOUT_MARGIN_MS, Settings,
-    SettingsError, StoreErrorPolicy,
+    CooldownScope, IdempotencyMode, LogFormat, RowGuardMode, STATEMENT_TIMEOUT_MARGIN_MS,
+    Settings, SettingsError, StoreErrorPolicy,
 };
 
 /// Everything the server reads, validated.
@@ -33,6 +33,7 @@ pub struct Config {
     pub idempotency: Idempotency,
     pub row_guard: RowGuard,
     pub deposits: Deposits,
+    pub commands: Commands,
     pub demo: Demo,
     pub race_lab: RaceLab,
     pub feed: Feed,
@@ -125,6 +126,21 @@ pub struct Deposits {
     pub duplicate_wait_max: Duration,
     pub answer_poll: Duration,
     pub answer_cache: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct Commands {
+    pub enabled: bool,
+    /// Empty: the shared Redis.
+    pub redis_url: SecretString,
+    pub partitions: u16,
+    pub claim_idle: Duration,
+    pub deliveries_max: u32,
+    pub read_batch_entries_max: usize,
+    pub read_wait: Duration,
+    pub retry_backoff: Duration,
+    pub results_entries_max: u64,
+    pub dead_letters_entries_max: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -228,6 +244,7 @@ impl Config {
                 mode: settings.row_guard_mode,
             },
             deposits: Deposits::checked(settings, &mut check),
+            commands: Commands::from(settings),
             demo: Demo::from(settings),
             race_lab: RaceLab::from(settings),
             feed: Feed::from(settings),
@@ -298,6 +315,7 @@ impl Config {
             || self.feed.enabled
             || self.accounts.limits_enabled
             || self.deposits.event_lock_enabled
+            || self.commands.enabled
     }
 }
 
@@ -416,6 +434,23 @@ impl Deposits {
             duplicate_wait_max: Duration::from_millis(s.event_duplicate_wait_ms_max),
             answer_poll: Duration::from_millis(s.event_answer_poll_ms),
             answer_cache: Duration::from_millis(s.event_answer_cache_ms),
+        }
+    }
+}
+
+impl From<&Settings> for Commands {
+    fn from(s: &Settings) -> Self {
+        Self {
+            enabled: s.commands_enabled,
+            redis_url: s.commands_redis_url.clone(),
+            partitions: s.commands_partitions,
+            claim_idle: Duration::from_millis(s.commands_claim_idle_ms),
+            deliveries_max: s.commands_deliveries_max,
+            read_batch_entries_max: s.commands_read_batch_entries_max,
+            read_wait: Duration::from_millis(s.commands_read_wait_ms),
+            retry_backoff: Duration::from_millis(s.commands_retry_backoff_ms),
+            results_entries_max: s.commands_results_entries_max,
+            dead_letters_entries_max: s.commands_dead_letters_entries_max,
         }
     }
 }

@@ -1,0 +1,530 @@
+//! The consumer every instance runs: one task per partition stream, each
+//! working its partition only while it holds the partition's lease.
+//!
+//! **Order.** One wallet's commands share a partition (`Streams::partition_of`),
+//! and a partition is worked by one consumer at a time, entry after entry:
+//! its own pending entries first, oldest first, then new ones. An entry
+//! that cannot be applied yet (the database is down, another consumer
+//! still holds it) stops the partition until it can, so nothing overtakes
+//! it.
+//!
+//! **The visibility timeout.** The lease lasts `commands_claim_idle_ms` and
+//! is renewed before each entry. A consumer that takes longer over one
+//! entry loses the partition; the next holder claims every entry idle that
+//! long (`XAUTOCLAIM`), so the slow consumer's entry runs on two consumers
+//! at once. The inbox lets one of them apply it and the other only
+//! acknowledge it.
+//!
+//! **Acknowledged after the commit.** `XACK` (with `XDEL`: the outcome is
+//! in PostgreSQL, so the stream keeps only what is still to be applied)
+//! follows the transaction; a
+//! crash in between leaves the entry pending, to be claimed and replayed
+//! by the inbox. The result is published before the acknowledgement, so an
+//! issuer may read a result twice, never miss one.
+//!
+//! **Poison.** An entry that is not a command is dead-lettered at once. One
+//! delivered `commands_deliveries_max` times without an outcome is recorded
+//! as dead-lettered in the inbox and moved to the dead-letter stream, so it
+//! never blocks its partition. A refusal (insufficient funds) is an
+//! outcome, not poison.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::Utc;
+use redis::Script;
+
+use super::transaction::{self, NotApplied};
+use super::{Command, GROUP, Streams, published_at};
+use crate::decision::feed::{EntryPoint, FeedEntry};
+use crate::decision::feed::{RawEntry, XreadReply};
+use crate::redis_store::{StreamClient, StreamConnection};
+use crate::state::AppState;
+
+/// Takes or renews the lease (`KEYS[1]`) for `ARGV[1]` for `ARGV[2]` ms,
+/// unless another consumer holds it.
+const HOLD_LEASE: &str = r"
+local holder = redis.call('GET', KEYS[1])
+if holder == false or holder == ARGV[1] then
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    return 1
+end
+return 0
+";
+
+/// Starts one consumer task per partition. They run until aborted (at
+/// shutdown); a task that loses Redis waits `commands_retry_backoff_ms`
+/// and connects again.
+pub fn spawn(state: AppState, client: StreamClient) -> Vec<tokio::task::JoinHandle<()>> {
+    let partitions = state.config.commands.partitions;
+    (0..partitions)
+        .map(|partition| {
+            let worker = PartitionWorker::new(state.clone(), client.clone(), partition);
+            tokio::spawn(worker.run())
+        })
+        .collect()
+}
+
+struct PartitionWorker {
+    state: AppState,
+    client: StreamClient,
+    partition: u16,
+    stream: String,
+    lease: String,
+    streams: Streams,
+    consumer: String,
+    hold_lease: Script,
+}
+
+/// What became of one entry.
+enum Handled {
+    /// An outcome is stored (or the entry was dead-lettered): acknowledge.
+    Done,
+    /// Not yet: keep it pending, and stop the partition for a while.
+    Retry(String),
+}
+
+impl PartitionWorker {
+    fn new(state: AppState, client: StreamClient, partition: u16) -> Self {
+        let streams = Streams::new(&state.config.redis.key_prefix, state.config.commands.partitions);
+        Self {
+            stream: streams.stream(partition),
+            lease: streams.lease(partition),
+            consumer: state.instance_id.to_string(),
+            streams,
+            state,
+            client,
+            partition,
+            hold_lease: Script::new(HOLD_LEASE),
+        }
+    }
+
+    async fn run(self) {
+        let settings = &self.state.config.commands;
+        let command_timeout = self.state.config.redis.command_timeout;
+        loop {
+            let connection = self
+                .client
+                .connect(command_timeout, settings.read_wait + command_timeout)
+                .await;
+            let ended = match connection {
+                Ok(mut connection) => self.serve(&mut connection).await,
+                Err(error) => Err(error),
+            };
+            if let Err(error) = ended {
+                tracing::warn!(
+                    error,
+                    commands.partition = self.partition,
+                    "a command consumer lost Redis; it connects again"
+                );
+            }
+            tokio::time::sleep(settings.retry_backoff).await;
+        }
+    }
+
+    /// Works the partition whenever it holds the lease. Returns only on a
+    /// Redis error.
+    async fn serve(&self, connection: &mut StreamConnection) -> Result<(), String> {
+        self.join_the_group(connection).await?;
+        let settings = &self.state.config.commands;
+        loop {
+            if !self.hold_lease(connection).await? {
+                tokio::time::sleep(settings.read_wait).await;
+                continue;
+            }
+            let claimed = self.claim_stale_entries(connection).await?;
+            if claimed > 0 {
+                self.state.metrics.commands_claimed.inc_by(claimed);
+                tracing::info!(
+                    commands.partition = self.partition,
+                    commands.claimed = claimed,
+                    "claimed commands whose consumer ran out of time"
+                );
+            }
+            let (entries, deliveries) = match self.own_pending(connection).await? {
+                (pending, deliveries) if !pending.is_empty() => (pending, deliveries),
+                _ => (self.read_new(connection).await?, HashMap::new()),
+            };
+            if entries.is_empty() {
+                self.refresh_gauges(connection).await;
+                continue;
+            }
+            for (entry_id, fields) in entries {
+                // Renewed before each entry: a consumer slower than the
+                // claim time over the last one no longer owns the
+                // partition, and stops here.
+                if !self.hold_lease(connection).await? {
+                    break;
+                }
+                let delivered = deliveries.get(&entry_id).copied().unwrap_or(1);
+                match self.handle(connection, &entry_id, &fields, delivered).await? {
+                    Handled::Done => self.acknowledge(connection, &entry_id).await?,
+                    Handled::Retry(why) => {
+                        tracing::warn!(
+                            commands.partition = self.partition,
+                            commands.entry_id = %entry_id,
+                            why,
+                            "a command could not be applied yet; its partition waits"
+                        );
+                        // The next read of this consumer's pending entries
+                        // delivers it again, and counts that delivery.
+                        tokio::time::sleep(settings.retry_backoff).await;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn join_the_group(&self, connection: &mut StreamConnection) -> Result<(), String> {
+        let created = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&self.stream)
+            .arg(GROUP)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async::<()>(connection)
+            .await;
+        match created {
+            Ok(()) => Ok(()),
+            Err(error) if error.code() == Some("BUSYGROUP") => Ok(()),
+            Err(error) => Err(error.to_string()),
+        }
+    }
+
+    async fn hold_lease(&self, connection: &mut StreamConnection) -> Result<bool, String> {
+        let held: i64 = self
+            .hold_lease
+            .key(&self.lease)
+            .arg(&self.consumer)
+            .arg(self.state.config.commands.claim_idle.as_millis())
+            .invoke_async(connection)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(held == 1)
+    }
+
+    /// Moves every entry idle longer than the claim time, whoever holds it,
+    /// to this consumer; returns how many. Each claim counts a delivery.
+    async fn claim_stale_entries(&self, connection: &mut StreamConnection) -> Result<u64, String> {
+        let mut start = "0-0".to_owned();
+        let mut claimed = 0u64;
+        loop {
+            let (next, entries, _deleted): (String, Vec<redis::Value>, Vec<String>) =
+                redis::cmd("XAUTOCLAIM")
+                    .arg(&self.stream)
+                    .arg(GROUP)
+                    .arg(&self.consumer)
+                    .arg(self.state.config.commands.claim_idle.as_millis())
+                    .arg(&start)
+                    .arg("COUNT")
+                    .arg(self.state.config.commands.read_batch_entries_max)
+                    .query_async(connection)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            claimed += entries.len() as u64;
+            if next == "0-0" {
+                return Ok(claimed);
+            }
+            start = next;
+        }
+    }
+
+    /// This consumer's pending entries, oldest first, with how often each
+    /// was delivered.
+    async fn own_pending(
+        &self,
+        connection: &mut StreamConnection,
+    ) -> Result<(Vec<RawEntry>, HashMap<String, u64>), String> {
+        let batch = self.state.config.commands.read_batch_entries_max;
+        let reply: XreadReply = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(GROUP)
+            .arg(&self.consumer)
+            .arg("COUNT")
+            .arg(batch)
+            .arg("STREAMS")
+            .arg(&self.stream)
+            .arg("0")
+            .query_async(connection)
+            .await
+            .map_err(|e| e.to_string())?;
+        let entries = entries_of(reply);
+        if entries.is_empty() {
+            return Ok((entries, HashMap::new()));
+        }
+        let counts: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+            .arg(&self.stream)
+            .arg(GROUP)
+            .arg("-")
+            .arg("+")
+            .arg(batch)
+            .arg(&self.consumer)
+            .query_async(connection)
+            .await
+            .map_err(|e| e.to_string())?;
+        let deliveries = counts
+            .into_iter()
+            .map(|(id, _consumer, _idle_ms, delivered)| (id, delivered))
+            .collect();
+        Ok((entries, deliveries))
+    }
+
+    /// New entries, waiting at most `commands_read_wait_ms` for some.
+    async fn read_new(&self, connection: &mut StreamConnection) -> Result<Vec<RawEntry>, String> {
+        let reply: XreadReply = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(GROUP)
+            .arg(&self.consumer)
+            .arg("COUNT")
+            .arg(self.state.config.commands.read_batch_entries_max)
+            .arg("BLOCK")
+            .arg(self.state.config.commands.read_wait.as_millis())
+            .arg("STREAMS")
+            .arg(&self.stream)
+            .arg(">")
+            .query_async(connection)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(entries_of(reply))
+    }
+
+    /// Applies one entry, dead-letters it, or says why not yet.
+    async fn handle(
+        &self,
+        connection: &mut StreamConnection,
+        entry_id: &str,
+        fields: &[(String, String)],
+        delivered: u64,
+    ) -> Result<Handled, String> {
+        let started = std::time::Instant::now();
+        let command = match Command::parse(fields) {
+            Ok(command) => command,
+            Err(unreadable) => {
+                self.dead_letter(connection, entry_id, fields, &unreadable.0, delivered)
+                    .await?;
+                let result = serde_json::json!({
+                    "entry_id": entry_id,
+                    "outcome": "dead_lettered",
+                    "reason": unreadable.0,
+                });
+                self.publish_result(connection, None, "dead_lettered", &result.to_string())
+                    .await?;
+                return Ok(Handled::Done);
+            }
+        };
+        let Some(published) = published_at(entry_id) else {
+            return Ok(Handled::Retry(format!("{entry_id} is not a stream id")));
+        };
+        let deliveries_max = u64::from(self.state.config.commands.deliveries_max);
+        let dead_letter_reason =
+            (delivered > deliveries_max).then(|| format!("delivered {delivered} times without an outcome"));
+        let applied = transaction::apply(
+            &self.state.db,
+            &self.state.config,
+            &command,
+            published,
+            dead_letter_reason.as_deref(),
+        )
+        .await;
+        let applied = match applied {
+            Ok(applied) => applied,
+            Err(NotApplied::Protocol(what)) => {
+                tracing::error!(what, "the database's answer to a command broke the protocol");
+                return Ok(Handled::Retry(what));
+            }
+            Err(not_yet) => return Ok(Handled::Retry(not_yet.to_string())),
+        };
+        if applied.verdict == "dead_lettered" {
+            let reason = dead_letter_reason.unwrap_or_else(|| "dead-lettered before".to_owned());
+            self.dead_letter(connection, entry_id, fields, &reason, delivered)
+                .await?;
+        }
+        if applied.verdict == "payload_changed" {
+            tracing::warn!(
+                commands.command_id = %command.command_id,
+                commands.issuer = %command.issuer,
+                issuer.error = "payload_changed",
+                "a command id was published again for another command; refused"
+            );
+        }
+        self.publish_result(
+            connection,
+            Some(&command.command_id),
+            &applied.verdict,
+            &applied.result,
+        )
+        .await?;
+        self.report(&command, &applied, started.elapsed());
+        Ok(Handled::Done)
+    }
+
+    /// Acknowledges the entry and deletes it from its stream, in one round
+    /// trip: its outcome is in PostgreSQL now, so the stream keeps only
+    /// what is still to be applied.
+    async fn acknowledge(&self, connection: &mut StreamConnection, entry_id: &str) -> Result<(), String> {
+        redis::pipe()
+            .cmd("XACK")
+            .arg(&self.stream)
+            .arg(GROUP)
+            .arg(entry_id)
+            .ignore()
+            .cmd("XDEL")
+            .arg(&self.stream)
+            .arg(entry_id)
+            .ignore()
+            .query_async::<()>(connection)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn dead_letter(
+        &self,
+        connection: &mut StreamConnection,
+        entry_id: &str,
+        fields: &[(String, String)],
+        reason: &str,
+        delivered: u64,
+    ) -> Result<(), String> {
+        let mut add = redis::cmd("XADD");
+        add.arg(self.streams.dead_letters())
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(self.state.config.commands.dead_letters_entries_max)
+            .arg("*")
+            .arg("entry_id")
+            .arg(entry_id)
+            .arg("partition")
+            .arg(self.partition)
+            .arg("reason")
+            .arg(reason)
+            .arg("deliveries")
+            .arg(delivered);
+        for (name, value) in fields {
+            add.arg(format!("command.{name}")).arg(value);
+        }
+        add.query_async::<String>(connection)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.state.metrics.commands_dead_lettered.inc();
+        tracing::warn!(
+            commands.partition = self.partition,
+            commands.entry_id = %entry_id,
+            reason,
+            "a command was dead-lettered"
+        );
+        Ok(())
+    }
+
+    async fn publish_result(
+        &self,
+        connection: &mut StreamConnection,
+        command_id: Option<&str>,
+        outcome: &str,
+        result: &str,
+    ) -> Result<(), String> {
+        redis::cmd("XADD")
+            .arg(self.streams.results())
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(self.state.config.commands.results_entries_max)
+            .arg("*")
+            .arg("command_id")
+            .arg(command_id.unwrap_or(""))
+            .arg("outcome")
+            .arg(outcome)
+            .arg("result")
+            .arg(result)
+            .query_async::<String>(connection)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    /// The decision, reported as a transfer's or a deposit's is: metrics,
+    /// one log line, the source wallet owner's feed.
+    fn report(&self, command: &Command, applied: &transaction::Applied, took: Duration) {
+        let decision = applied.decision;
+        self.state.metrics.count_command_decision(decision);
+        tracing::info!(
+            decision.layer = decision.layer.as_str(),
+            decision.outcome = decision.outcome.as_str(),
+            commands.command_id = %command.command_id,
+            commands.issuer = %command.issuer,
+            commands.verdict = %applied.verdict,
+            commands.partition = self.partition,
+            instance.id = %self.state.instance_id,
+            "command decided"
+        );
+        if let Some(owner) = applied.owner {
+            self.state.feed.publish(
+                owner,
+                FeedEntry {
+                    time: Utc::now(),
+                    instance_id: self.state.instance_id.to_string(),
+                    request_id: command.command_id.clone(),
+                    trace_id: String::new(),
+                    idempotency_key: None,
+                    layer: decision.layer,
+                    outcome: decision.outcome,
+                    status: if applied.verdict == "applied" { 200 } else { 422 },
+                    latency_ms: took.as_secs_f64() * 1000.0,
+                    amount_minor: Some(command.amount_minor),
+                    to_wallet_id: Some(command.to.0),
+                    problem_type: None,
+                    lab: false,
+                    entry_point: EntryPoint::Command,
+                },
+            );
+        }
+    }
+
+    /// Pending entries and the group's lag (entries not yet delivered to
+    /// any consumer), for the metrics. Best effort:
+    /// read while idle, never in the way of an entry.
+    async fn refresh_gauges(&self, connection: &mut StreamConnection) {
+        let summary: Result<(u64, Option<String>, Option<String>, redis::Value), _> = redis::cmd("XPENDING")
+            .arg(&self.stream)
+            .arg(GROUP)
+            .query_async(connection)
+            .await;
+        if let Ok((pending, ..)) = summary {
+            let partition = self.partition.to_string();
+            self.state
+                .metrics
+                .commands_pending
+                .with_label_values(&[partition.as_str()])
+                .set(i64::try_from(pending).unwrap_or(i64::MAX));
+        }
+        let groups: Result<Vec<HashMap<String, redis::Value>>, _> = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(&self.stream)
+            .query_async(connection)
+            .await;
+        let lag = groups.ok().and_then(|groups| {
+            groups
+                .into_iter()
+                .find(|group| matches!(group.get("name"), Some(redis::Value::BulkString(name)) if name == GROUP.as_bytes()))
+                .and_then(|group| match group.get("lag") {
+                    Some(redis::Value::Int(lag)) => Some(*lag),
+                    _ => None,
+                })
+        });
+        if let Some(lag) = lag {
+            let partition = self.partition.to_string();
+            self.state
+                .metrics
+                .commands_lag
+                .with_label_values(&[partition.as_str()])
+                .set(lag);
+        }
+    }
+}
+
+fn entries_of(reply: XreadReply) -> Vec<RawEntry> {
+    reply
+        .into_iter()
+        .flatten()
+        .flat_map(|(_stream, entries)| entries)
+        .collect()
+}

@@ -1,0 +1,125 @@
+//! Layers 2 and 3 for a command, in one PostgreSQL call: `broker_command()`
+//! claims the command id in the inbox (source `broker`), makes the
+//! transfer through the row guard, and stores the outcome with the claim;
+//! or, for a command applied before, reads back its outcome.
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::Command;
+use crate::decision::{Decision, Layer, Outcome};
+use crate::deposit::transaction::InboxClaim;
+use crate::domain::UserId;
+use crate::settings::Config;
+
+/// What became of one command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Applied {
+    pub decision: Decision,
+    /// The outcome's name (`applied`, `insufficient_funds`, …,
+    /// `payload_changed` for a command id reused for another command).
+    pub verdict: String,
+    /// The result body, as stored and published.
+    pub result: String,
+    /// The source wallet's owner, when it has one: their feed hears of it.
+    pub owner: Option<UserId>,
+}
+
+#[derive(sqlx::FromRow)]
+struct CommandRow {
+    claim: InboxClaim,
+    verdict: Option<String>,
+    owner: Option<Uuid>,
+    result: Option<String>,
+}
+
+/// Why a command has no outcome yet: it stays pending and is delivered
+/// again.
+#[derive(Debug, thiserror::Error)]
+pub enum NotApplied {
+    #[error("another consumer still holds the command (the inbox's wait ran out)")]
+    InFlight,
+    #[error("the database failed: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("the database broke the protocol: {0}")]
+    Protocol(String),
+}
+
+/// Applies `command`, published at `published_at`; with
+/// `dead_letter_reason`, records it as dead-lettered instead (unless it
+/// has an outcome already).
+pub async fn apply(
+    db: &sqlx::PgPool,
+    config: &Config,
+    command: &Command,
+    published_at: DateTime<Utc>,
+    dead_letter_reason: Option<&str>,
+) -> Result<Applied, NotApplied> {
+    let row: CommandRow = sqlx::query_as(
+        "SELECT claim, verdict, owner, result
+         FROM broker_command($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+    )
+    .bind(&command.command_id)
+    .bind(&command.fingerprint()[..])
+    .bind(&command.issuer)
+    .bind(command.from.0)
+    .bind(command.to.0)
+    .bind(command.amount_minor)
+    .bind(published_at)
+    .bind(dead_letter_reason)
+    .bind(i32::from(config.deposits.inbox_retention_hours))
+    .bind(i32::from(config.deposits.inbox_wait_ms_max))
+    .bind(i32::from(config.database.wallet_lock_wait_ms_max))
+    .bind(Uuid::now_v7())
+    .fetch_one(db)
+    .await?;
+    let owner = row.owner.map(UserId);
+    let decision_of = |verdict: &str| match verdict {
+        "applied" => Decision::new(Layer::RowGuard, Outcome::Accepted),
+        "insufficient_funds" => Decision::new(Layer::RowGuard, Outcome::InsufficientFunds),
+        _ => Decision::new(Layer::RowGuard, Outcome::Rejected),
+    };
+    match (row.claim, row.verdict, row.result) {
+        (InboxClaim::InFlight, _, _) => Err(NotApplied::InFlight),
+        (InboxClaim::PayloadChanged, _, _) => Ok(Applied {
+            decision: Decision::new(Layer::Inbox, Outcome::PayloadChanged),
+            verdict: "payload_changed".into(),
+            result: serde_json::json!({
+                "command_id": command.command_id,
+                "issuer": command.issuer,
+                "outcome": "payload_changed",
+                "reason": "this command id was published before as another command; that one stands",
+            })
+            .to_string(),
+            owner,
+        }),
+        (InboxClaim::Replayed, Some(verdict), Some(result)) => Ok(Applied {
+            decision: Decision::new(Layer::Inbox, Outcome::Replayed),
+            verdict,
+            result,
+            owner,
+        }),
+        (InboxClaim::Started, Some(verdict), Some(result)) => Ok(Applied {
+            decision: decision_of(&verdict),
+            verdict,
+            result,
+            owner,
+        }),
+        (claim, verdict, result) => Err(NotApplied::Protocol(format!(
+            "broker_command() answered {claim:?} with verdict {verdict:?} and a result: {}",
+            result.is_some()
+        ))),
+    }
+}
+
+/// A command's stored outcome, by its id: the result body, or `None` when
+/// the inbox has none (never published, not yet applied, or forgotten).
+pub async fn outcome_of(db: &sqlx::PgPool, command_id: &str) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT response_body FROM inbox
+         WHERE source = 'broker' AND event_id = $1 AND verdict IS NOT NULL AND expires_at > now()",
+    )
+    .bind(command_id)
+    .fetch_optional(db)
+    .await
+}

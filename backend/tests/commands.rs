@@ -1,0 +1,248 @@
+//! Transfer commands from a broker: published to real Redis Streams,
+//! consumed by real instances in one consumer group, with consumers that
+//! stall past their claim time and consumers that die holding a command,
+//! asserting on the database afterwards.
+
+use layered_wallet::command::transaction;
+use wallet_testkit::*;
+
+/// The value of one series on an instance's `/metrics`, 0 when absent.
+async fn series(app: &TestApp, line_start: &str) -> f64 {
+    app.metrics()
+        .await
+        .lines()
+        .find(|line| line.starts_with(line_start))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn each_command_applies_once_across_two_instances_and_its_outcome_is_kept() {
+    let first = spawn_app(with_commands).await;
+    let second = spawn_second_instance(&first).await;
+    let (alice, bob) = first.alice_and_bob().await;
+    let commands: Vec<_> = (0..20)
+        .map(|_| transfer_command(alice.wallet_id, bob.wallet_id, 100))
+        .collect();
+    for command in &commands {
+        first.publish_command(command).await;
+    }
+    // The issuer publishes five of them again, as after a time-out.
+    for command in &commands[..5] {
+        first.publish_command(command).await;
+    }
+    for command in &commands {
+        let outcome = first.wait_for_outcome(&command.command_id).await;
+        assert_eq!(outcome["outcome"], "applied", "{outcome}");
+        assert_eq!(outcome["issuer"], "payroll");
+    }
+    first.wait_until_nothing_pending().await;
+    assert_eq!(first.transfer_count().await, 20);
+    assert_eq!(first.balance(alice.wallet_id).await, 100_000 - 2_000);
+    assert_eq!(first.balance(bob.wallet_id).await, 100_000 + 2_000);
+    first.assert_invariants().await;
+
+    let results = first.stream_entries(first.command_streams().results()).await;
+    assert_eq!(results.len(), 25, "one result per delivery handled");
+    let replayed = series(
+        &first,
+        "wallet_command_decisions_total{layer=\"inbox\",outcome=\"replayed\"}",
+    )
+    .await
+        + series(
+            &second,
+            "wallet_command_decisions_total{layer=\"inbox\",outcome=\"replayed\"}",
+        )
+        .await;
+    assert_eq!(replayed, 5.0, "the republished five were replayed by the inbox");
+    let (status, _) = first.command_outcome("cmd_never_published").await;
+    assert_eq!(status, 404);
+}
+
+/// One wallet's commands apply in the order they were published: the
+/// first debit fits, the second no longer does, whichever instance holds
+/// the partition.
+#[tokio::test]
+async fn one_wallets_commands_apply_in_order_and_a_refusal_is_an_outcome() {
+    let first = spawn_app(with_commands).await;
+    let _second = spawn_second_instance(&first).await;
+    let (alice, bob) = first.alice_and_bob().await;
+    let fits = transfer_command(alice.wallet_id, bob.wallet_id, 60_000);
+    let too_much = transfer_command(alice.wallet_id, bob.wallet_id, 50_000);
+    let small = transfer_command(alice.wallet_id, bob.wallet_id, 40_000);
+    for command in [&fits, &too_much, &small] {
+        first.publish_command(command).await;
+    }
+    assert_eq!(
+        first.wait_for_outcome(&fits.command_id).await["outcome"],
+        "applied"
+    );
+    let refused = first.wait_for_outcome(&too_much.command_id).await;
+    assert_eq!(refused["outcome"], "insufficient_funds", "{refused}");
+    assert_eq!(
+        first.wait_for_outcome(&small.command_id).await["outcome"],
+        "applied"
+    );
+    first.wait_until_nothing_pending().await;
+    assert!(
+        first
+            .stream_entries(first.command_streams().dead_letters())
+            .await
+            .is_empty(),
+        "a refusal is not poison"
+    );
+    assert_eq!(first.balance(alice.wallet_id).await, 0);
+    first.assert_invariants().await;
+}
+
+/// The visibility timeout by construction: the first consumer's
+/// transaction takes longer than the claim time, so the other instance
+/// claims the command and runs it at the same time. One effect.
+#[tokio::test]
+async fn a_consumer_that_stalls_past_the_claim_time_runs_twice_and_applies_once() {
+    let adjust = |settings: &mut layered_wallet::settings::Settings| {
+        with_commands(settings);
+        settings.commands_claim_idle_ms = 500;
+        settings.inbox_wait_ms_max = 8_000;
+        settings.db_statement_timeout_ms = 15_000;
+    };
+    let first = spawn_app(adjust).await;
+    let second = spawn_second_instance(&first).await;
+    let (alice, bob) = first.alice_and_bob().await;
+    // Each ledger entry takes a second to write: the transaction holds the
+    // command for two, four times the claim time.
+    first.slow_down_ledger_writes(1).await;
+    let command = transfer_command(alice.wallet_id, bob.wallet_id, 1_000);
+    first.publish_command(&command).await;
+    let outcome = first.wait_for_outcome(&command.command_id).await;
+    assert_eq!(outcome["outcome"], "applied");
+    first.wait_until_nothing_pending().await;
+
+    let claimed = series(&first, "wallet_commands_claimed_total").await
+        + series(&second, "wallet_commands_claimed_total").await;
+    assert!(
+        claimed >= 1.0,
+        "the stalled command was claimed by another consumer"
+    );
+    let replayed = series(
+        &first,
+        "wallet_command_decisions_total{layer=\"inbox\",outcome=\"replayed\"}",
+    )
+    .await
+        + series(
+            &second,
+            "wallet_command_decisions_total{layer=\"inbox\",outcome=\"replayed\"}",
+        )
+        .await;
+    assert!(replayed >= 1.0, "the second holder only acknowledged it");
+    assert_eq!(first.transfer_count().await, 1);
+    assert_eq!(first.balance(alice.wallet_id).await, 100_000 - 1_000);
+    first.assert_invariants().await;
+}
+
+/// A consumer killed after its commit and before its `XACK`: the command
+/// is applied in PostgreSQL and still pending in Redis. The state is made
+/// exactly so (the consumer's own transaction, then no acknowledgement),
+/// and a live instance claims it: no second effect.
+#[tokio::test]
+async fn a_command_committed_but_never_acknowledged_is_redelivered_without_a_second_effect() {
+    let first = spawn_app(|_| {}).await;
+    let (alice, bob) = first.alice_and_bob().await;
+    let command = transfer_command(alice.wallet_id, bob.wallet_id, 2_500);
+    let mut settings = first.settings.clone();
+    with_commands(&mut settings);
+    settings.commands_claim_idle_ms = 300;
+    let stream = first.command_streams().stream_for(command.from);
+    let entry_id = first.publish_command(&command).await;
+    assert_eq!(
+        first
+            .take_as_a_consumer_that_dies(&stream, "killed-after-commit")
+            .await,
+        std::slice::from_ref(&entry_id)
+    );
+    let config = settings.clone().validate().expect("valid settings");
+    let published = layered_wallet::command::published_at(&entry_id).expect("a stream id");
+    let applied = transaction::apply(&first.db, &config, &command, published, None)
+        .await
+        .expect("applied");
+    assert_eq!(applied.verdict, "applied");
+    assert_eq!(first.transfer_count().await, 1);
+
+    let mut consumer = spawn_with(settings, first.db_options.clone()).await;
+    consumer.mark_second_instance();
+    consumer.wait_until_nothing_pending().await;
+    assert_eq!(
+        series(
+            &consumer,
+            "wallet_command_decisions_total{layer=\"inbox\",outcome=\"replayed\"}"
+        )
+        .await,
+        1.0
+    );
+    assert_eq!(first.transfer_count().await, 1);
+    assert_eq!(first.balance(alice.wallet_id).await, 100_000 - 2_500);
+    first.assert_invariants().await;
+}
+
+/// Poison: an entry that is not a command is dead-lettered at once, one
+/// delivered too often is dead-lettered with its count, and neither blocks
+/// the commands behind it.
+#[tokio::test]
+async fn poison_entries_are_dead_lettered_and_never_block_their_partition() {
+    let first = spawn_app(|_| {}).await;
+    let (alice, bob) = first.alice_and_bob().await;
+    let mut settings = first.settings.clone();
+    with_commands(&mut settings);
+    settings.commands_claim_idle_ms = 300;
+    settings.commands_deliveries_max = 3;
+    let streams = first.command_streams();
+    let stream = streams.stream_for(layered_wallet::domain::WalletId(alice.wallet_id));
+
+    // Delivered ten times to consumers that died each time.
+    let worn = transfer_command(alice.wallet_id, bob.wallet_id, 100);
+    let worn_id = first.publish_command(&worn).await;
+    first.take_as_a_consumer_that_dies(&stream, "crashed").await;
+    first.set_deliveries(&stream, "crashed", &worn_id, 10).await;
+    // Not a command at all.
+    first
+        .publish_fields(
+            stream.clone(),
+            &[("command_id", "cmd_garbled".into()), ("amount", "12".into())],
+        )
+        .await;
+    let behind = transfer_command(alice.wallet_id, bob.wallet_id, 300);
+    first.publish_command(&behind).await;
+
+    let mut consumer = spawn_with(settings, first.db_options.clone()).await;
+    consumer.mark_second_instance();
+    assert_eq!(
+        consumer.wait_for_outcome(&behind.command_id).await["outcome"],
+        "applied"
+    );
+    let worn_outcome = consumer.wait_for_outcome(&worn.command_id).await;
+    assert_eq!(worn_outcome["outcome"], "dead_lettered", "{worn_outcome}");
+    consumer.wait_until_nothing_pending().await;
+
+    let dead = first.stream_entries(streams.dead_letters()).await;
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    let worn_letter = dead
+        .iter()
+        .find(|letter| letter["command.command_id"] == worn.command_id)
+        .expect("the worn command's dead letter");
+    // Ten deliveries before, then the claim and the read: each counts.
+    let deliveries: u32 = worn_letter["deliveries"].parse().expect("a count");
+    assert!(deliveries > 10, "{dead:?}");
+    assert_eq!(
+        worn_letter["reason"],
+        format!("delivered {deliveries} times without an outcome")
+    );
+    let garbled = dead
+        .iter()
+        .find(|letter| letter["command.command_id"] == "cmd_garbled")
+        .expect("the garbled entry's dead letter");
+    assert!(garbled["reason"].contains("not a field"), "{dead:?}");
+    assert_eq!(first.transfer_count().await, 1, "only the command behind them");
+    assert_eq!(first.balance(bob.wallet_id).await, 100_000 + 300);
+    first.assert_invariants().await;
+}

@@ -1,0 +1,120 @@
+-- Transfer commands from a broker: another service (a payroll run, a
+-- batch) publishes them to Redis Streams, and every instance consumes
+-- them as a member of one consumer group. backend/src/command/ documents
+-- the consumer; this is the SQL that applies one command.
+--
+-- A command reaches a consumer at least once: again after a consumer's
+-- claim time runs out while it is still working (so two consumers may
+-- hold one command at once), after a crash between the commit and the
+-- acknowledgement, after a rebalance. The inbox (source 'broker') makes
+-- the second holder do nothing but acknowledge.
+
+-- Each command's outcome, as stored in the inbox and published to the
+-- results stream:
+--   'applied'             the transfer was made;
+--   'insufficient_funds'  the row guard refused the debit;
+--   'unknown_source'      no real wallet has the source id;
+--   'unknown_target'      no wallet can receive it (as for transfers);
+--   'currency_mismatch'   the wallets hold different currencies;
+--   'too_old'             published longer ago than the inbox remembers;
+--   'dead_lettered'       delivered commands_deliveries_max times without
+--                         an outcome; moved to the dead-letter stream.
+CREATE TYPE command_verdict AS ENUM (
+    'applied', 'insufficient_funds', 'unknown_source', 'unknown_target', 'currency_mismatch', 'too_old',
+    'dead_lettered');
+
+-- The result body, the same bytes for every delivery of one command.
+CREATE FUNCTION command_result(
+    p_command_id text,
+    p_issuer text,
+    p_verdict command_verdict,
+    p_transfer_id uuid,
+    p_reason text
+)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT json_strip_nulls(json_build_object(
+        'command_id', p_command_id,
+        'issuer', p_issuer,
+        'outcome', p_verdict,
+        'transfer_id', p_transfer_id,
+        'reason', p_reason))::text
+$$;
+
+-- One command in one call: the inbox claim, the row guard's transfer from
+-- the source wallet's owner, the result stored with the claim. With
+-- p_dead_letter_reason set, the command is recorded as dead-lettered
+-- instead, unless the inbox already holds its outcome. A command's time is
+-- its stream entry's (p_published_at).
+CREATE FUNCTION broker_command(
+    p_command_id text,
+    p_fingerprint bytea,
+    p_issuer text,
+    p_from uuid,
+    p_to uuid,
+    p_amount bigint,
+    p_published_at timestamptz,
+    p_dead_letter_reason text,
+    p_retention_hours int,
+    p_claim_wait_ms int,
+    p_wallet_wait_ms int,
+    p_transfer_id uuid,
+    OUT claim inbox_claim_verdict,
+    OUT claim_ms double precision,
+    OUT guard_ms double precision,
+    OUT verdict text,
+    OUT owner uuid,
+    OUT result text
+)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    v_claim record;
+    v_guard record;
+    v_started timestamptz;
+    v_verdict command_verdict;
+    v_transfer_id uuid;
+BEGIN
+    v_started := clock_timestamp();
+    SELECT * INTO v_claim
+      FROM inbox_claim('broker', p_command_id, p_fingerprint, p_retention_hours, p_claim_wait_ms);
+    claim := v_claim.outcome;
+    claim_ms := extract(epoch FROM clock_timestamp() - v_started) * 1000;
+    SELECT w.user_id INTO owner
+      FROM wallets w
+     WHERE w.id = p_from AND w.lab_slot IS NULL AND w.clearing_source IS NULL;
+    IF claim <> 'started' THEN
+        verdict := v_claim.verdict;
+        result := v_claim.response_body;
+        RETURN;
+    END IF;
+
+    v_started := clock_timestamp();
+    IF p_dead_letter_reason IS NOT NULL THEN
+        v_verdict := 'dead_lettered';
+    ELSIF p_published_at < now() - make_interval(hours => p_retention_hours) THEN
+        v_verdict := 'too_old';
+    ELSIF owner IS NULL THEN
+        v_verdict := 'unknown_source';
+    ELSE
+        SELECT * INTO v_guard
+          FROM row_guard_transfer(p_transfer_id, owner, p_from, p_to, p_amount, NULL, p_wallet_wait_ms);
+        v_verdict := CASE v_guard.outcome
+            WHEN 'accepted' THEN 'applied'
+            WHEN 'insufficient_funds' THEN 'insufficient_funds'
+            WHEN 'unknown_target' THEN 'unknown_target'
+            WHEN 'currency_mismatch' THEN 'currency_mismatch'
+        END;
+        IF v_verdict IS NULL THEN
+            RAISE EXCEPTION 'the row guard answered % for the source wallet''s owner', v_guard.outcome;
+        END IF;
+    END IF;
+    guard_ms := extract(epoch FROM clock_timestamp() - v_started) * 1000;
+    v_transfer_id := CASE WHEN v_verdict = 'applied' THEN p_transfer_id END;
+    verdict := v_verdict::text;
+    result := command_result(p_command_id, p_issuer, v_verdict, v_transfer_id, p_dead_letter_reason);
+    PERFORM inbox_complete('broker', p_command_id, verdict,
+                           (CASE WHEN v_verdict = 'applied' THEN 200 ELSE 422 END)::smallint,
+                           result, NULL, v_transfer_id);
+END
+$$;

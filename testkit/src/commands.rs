@@ -1,0 +1,182 @@
+//! Publishing transfer commands to a test app's streams, as an issuer does,
+//! and reading what became of them.
+
+use std::time::Duration;
+
+use layered_wallet::command::{Command, GROUP, Streams, new_command_id};
+use layered_wallet::domain::WalletId;
+use layered_wallet::settings::Settings;
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::{TestApp, redis_url};
+
+/// Consumes commands, with a short claim time and short waits so that the
+/// tests' stalls and crashes play out in a second or two.
+pub fn with_commands(settings: &mut Settings) {
+    settings.commands_enabled = true;
+    settings.commands_claim_idle_ms = 1_000;
+    settings.commands_read_wait_ms = 100;
+    settings.commands_retry_backoff_ms = 100;
+}
+
+/// A command moving `amount_minor` from `from` to `to`.
+pub fn transfer_command(from: Uuid, to: Uuid, amount_minor: i64) -> Command {
+    Command {
+        command_id: new_command_id(),
+        issuer: "payroll".into(),
+        from: WalletId(from),
+        to: WalletId(to),
+        amount_minor,
+    }
+}
+
+async fn redis() -> redis::aio::MultiplexedConnection {
+    redis::Client::open(redis_url())
+        .expect("redis url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis")
+}
+
+impl TestApp {
+    pub fn command_streams(&self) -> Streams {
+        Streams::new(&self.redis_prefix, self.settings.commands_partitions)
+    }
+
+    /// Publishes `command` to its partition's stream; returns the entry id.
+    pub async fn publish_command(&self, command: &Command) -> String {
+        self.publish_fields(self.command_streams().stream_for(command.from), &command.fields())
+            .await
+    }
+
+    /// Publishes any fields to `stream`: a command, or something that is not.
+    pub async fn publish_fields(&self, stream: String, fields: &[(&str, String)]) -> String {
+        let mut add = redis::cmd("XADD");
+        add.arg(stream).arg("*");
+        for (name, value) in fields {
+            add.arg(*name).arg(value);
+        }
+        add.query_async(&mut redis().await).await.expect("XADD")
+    }
+
+    /// Makes the consumer group of `stream` and reads its newest entries
+    /// as `consumer`, which then never acknowledges them: a consumer that
+    /// died holding them.
+    pub async fn take_as_a_consumer_that_dies(&self, stream: &str, consumer: &str) -> Vec<String> {
+        let mut conn = redis().await;
+        let created: redis::RedisResult<()> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(stream)
+            .arg(GROUP)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut conn)
+            .await;
+        if let Err(error) = created {
+            assert_eq!(error.code(), Some("BUSYGROUP"), "{error}");
+        }
+        let reply: layered_wallet::decision::feed::XreadReply = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(GROUP)
+            .arg(consumer)
+            .arg("STREAMS")
+            .arg(stream)
+            .arg(">")
+            .query_async(&mut conn)
+            .await
+            .expect("XREADGROUP");
+        reply
+            .into_iter()
+            .flatten()
+            .flat_map(|(_, entries)| entries.into_iter().map(|(id, _)| id))
+            .collect()
+    }
+
+    /// Marks `entry_id` as delivered `count` times to `consumer`.
+    pub async fn set_deliveries(&self, stream: &str, consumer: &str, entry_id: &str, count: u32) {
+        redis::cmd("XCLAIM")
+            .arg(stream)
+            .arg(GROUP)
+            .arg(consumer)
+            .arg(0)
+            .arg(entry_id)
+            .arg("RETRYCOUNT")
+            .arg(count)
+            .arg("JUSTID")
+            .query_async::<Vec<String>>(&mut redis().await)
+            .await
+            .expect("XCLAIM");
+    }
+
+    /// A command's outcome from the admin listener: status and body.
+    pub async fn command_outcome(&self, command_id: &str) -> (u16, Value) {
+        let response = self
+            .client
+            .get(self.admin_url(&format!("/commands/{command_id}")))
+            .send()
+            .await
+            .expect("send");
+        let status = response.status().as_u16();
+        (status, response.json().await.expect("a JSON body"))
+    }
+
+    /// Waits (at most 30 s) until the command has an outcome; returns it.
+    pub async fn wait_for_outcome(&self, command_id: &str) -> Value {
+        for _ in 0..300 {
+            let (status, body) = self.command_outcome(command_id).await;
+            if status == 200 {
+                return body;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("command {command_id} has no outcome after 30 s");
+    }
+
+    /// Waits (at most 30 s) until no command is pending in any partition:
+    /// everything delivered was acknowledged.
+    pub async fn wait_until_nothing_pending(&self) {
+        for _ in 0..300 {
+            if self.commands_pending().await == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!(
+            "commands still pending after 30 s: {}",
+            self.commands_pending().await
+        );
+    }
+
+    pub async fn commands_pending(&self) -> u64 {
+        let mut conn = redis().await;
+        let streams = self.command_streams();
+        let mut pending = 0;
+        for partition in 0..streams.partitions() {
+            let summary: redis::RedisResult<(u64, Option<String>, Option<String>, redis::Value)> =
+                redis::cmd("XPENDING")
+                    .arg(streams.stream(partition))
+                    .arg(GROUP)
+                    .query_async(&mut conn)
+                    .await;
+            pending += summary.map(|(count, ..)| count).unwrap_or(0);
+        }
+        pending
+    }
+
+    /// The entries of one of the commands' own streams (dead letters,
+    /// results), oldest first, as field maps.
+    pub async fn stream_entries(&self, stream: String) -> Vec<std::collections::HashMap<String, String>> {
+        let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+            .arg(stream)
+            .arg("-")
+            .arg("+")
+            .query_async(&mut redis().await)
+            .await
+            .expect("XRANGE");
+        entries
+            .into_iter()
+            .map(|(_, fields)| fields.into_iter().collect())
+            .collect()
+    }
+}
