@@ -10,10 +10,11 @@
 //!
 //! **The visibility timeout.** The lease lasts `commands_claim_idle_ms` and
 //! is renewed before each entry. A consumer that takes longer over one
-//! entry loses the partition; the next holder claims every entry idle that
-//! long (`XAUTOCLAIM`), so the slow consumer's entry runs on two consumers
-//! at once. The inbox lets one of them apply it and the other only
-//! acknowledge it.
+//! entry loses the partition; the next holder claims every entry another
+//! consumer holds (`XCLAIM`) before it reads anything new, so the slow
+//! consumer's entry runs on two consumers at once, and still before the
+//! entries behind it. The inbox lets one of them apply it and the other
+//! only acknowledge it.
 //!
 //! **Acknowledged after the commit.** `XACK` (with `XDEL`: the outcome is
 //! in PostgreSQL, so the stream keeps only what is still to be applied)
@@ -132,7 +133,7 @@ impl PartitionWorker {
                 tokio::time::sleep(settings.read_wait).await;
                 continue;
             }
-            let claimed = self.claim_stale_entries(connection).await?;
+            let claimed = self.claim_entries_of_others(connection).await?;
             if claimed > 0 {
                 self.state.metrics.commands_claimed.inc_by(claimed);
                 tracing::info!(
@@ -204,29 +205,47 @@ impl PartitionWorker {
         Ok(held == 1)
     }
 
-    /// Moves every entry idle longer than the claim time, whoever holds it,
-    /// to this consumer; returns how many. Each claim counts a delivery.
-    async fn claim_stale_entries(&self, connection: &mut StreamConnection) -> Result<u64, String> {
-        let mut start = "0-0".to_owned();
+    /// Moves to this consumer every entry another consumer holds, however
+    /// recently it was delivered: only the lease holder may work the
+    /// partition, so an entry held elsewhere belongs to a consumer that lost
+    /// the lease (stalled past the claim time, or dead). Claiming them all
+    /// before reading anything new keeps the partition in order. Returns
+    /// how many; each claim counts a delivery.
+    async fn claim_entries_of_others(&self, connection: &mut StreamConnection) -> Result<u64, String> {
+        let batch = self.state.config.commands.read_batch_entries_max;
+        let mut start = "-".to_owned();
         let mut claimed = 0u64;
         loop {
-            let (next, entries, _deleted): (String, Vec<redis::Value>, Vec<String>) =
-                redis::cmd("XAUTOCLAIM")
+            let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+                .arg(&self.stream)
+                .arg(GROUP)
+                .arg(&start)
+                .arg("+")
+                .arg(batch)
+                .query_async(connection)
+                .await
+                .map_err(|e| e.to_string())?;
+            let others: Vec<&str> = pending
+                .iter()
+                .filter(|(_, consumer, _, _)| *consumer != self.consumer)
+                .map(|(entry_id, _, _, _)| entry_id.as_str())
+                .collect();
+            if !others.is_empty() {
+                redis::cmd("XCLAIM")
                     .arg(&self.stream)
                     .arg(GROUP)
                     .arg(&self.consumer)
-                    .arg(self.state.config.commands.claim_idle.as_millis())
-                    .arg(&start)
-                    .arg("COUNT")
-                    .arg(self.state.config.commands.read_batch_entries_max)
-                    .query_async(connection)
+                    .arg(0)
+                    .arg(&others)
+                    .query_async::<redis::Value>(connection)
                     .await
                     .map_err(|e| e.to_string())?;
-            claimed += entries.len() as u64;
-            if next == "0-0" {
-                return Ok(claimed);
+                claimed += others.len() as u64;
             }
-            start = next;
+            match pending.last() {
+                Some((last, _, _, _)) if pending.len() >= batch => start = format!("({last}"),
+                _ => return Ok(claimed),
+            }
         }
     }
 
