@@ -4,7 +4,7 @@
 //! probabilistic, so each demonstration gets a few attempts and a pause
 //! inside the naive window (`naive_window_ms`).
 
-use layered_wallet::settings::{IdempotencyMode, RowGuardMode, Settings};
+use layered_wallet::settings::{IdempotencyMode, InboxMode, RowGuardMode, Settings};
 use layered_wallet::startup::Application;
 use wallet_testkit::*;
 
@@ -94,6 +94,50 @@ async fn check_then_insert_lets_one_key_pay_more_than_once() {
     assert_eq!(storm_with_one_key(&atomic, 10).await, 1);
 }
 
+/// A storm of `copies` deliveries of one deposit event; returns how many
+/// times it was credited.
+async fn deposit_storm(app: &TestApp, copies: usize) -> i64 {
+    let alice = app.sign_up(&format!("a{}", new_key())).await;
+    let event = deposit_event(&new_event_id(), alice.wallet_id, 700);
+    let deliveries = (0..copies).map(|_| app.deposit_request(&event)).collect();
+    fire_together(deliveries).await;
+    let credited = app.balance(alice.wallet_id).await - 100_000;
+    assert_eq!(credited % 700, 0, "only whole credits of the event");
+    credited / 700
+}
+
+#[tokio::test]
+async fn a_check_then_insert_inbox_credits_one_event_more_than_once() {
+    let naive = spawn_app(|settings| {
+        with_deposits(settings);
+        settings.event_lock_enabled = false;
+        settings.inbox_mode = InboxMode::CheckThenInsert;
+        settings.allow_unsafe_demo_modes = true;
+        settings.naive_window_ms = 100;
+    })
+    .await;
+    let mut worst = 0;
+    for _ in 0..ATTEMPTS {
+        worst = worst.max(deposit_storm(&naive, 10).await);
+        if worst > 1 {
+            break;
+        }
+    }
+    assert!(
+        worst > 1,
+        "a check-then-insert inbox never credited an event twice"
+    );
+    naive.assert_invariants().await;
+
+    // The atomic inbox alone, without the edge lock, credits it once.
+    let atomic = spawn_app(|settings| {
+        with_deposits(settings);
+        settings.event_lock_enabled = false;
+    })
+    .await;
+    assert_eq!(deposit_storm(&atomic, 10).await, 1);
+}
+
 #[tokio::test]
 async fn with_idempotency_off_every_retry_pays() {
     let off = spawn_app(|settings| {
@@ -181,6 +225,7 @@ async fn an_unsafe_mode_needs_the_explicit_switch_and_is_reported() {
     assert_eq!(ready["mode"]["safe"], false);
     assert_eq!(ready["mode"]["idempotency"], "check_then_insert");
     assert_eq!(ready["mode"]["unsafe_modes"][0], "idempotency check-then-insert");
+    assert_eq!(ready["mode"]["inbox"], "atomic");
 
     let safe = spawn_app(|_| {}).await;
     assert_eq!(safe.admin_readiness().await.1["mode"]["safe"], true);

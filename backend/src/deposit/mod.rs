@@ -25,6 +25,7 @@ use uuid::Uuid;
 use crate::domain::{WalletId, wallet_id_field};
 use crate::problem::{Fields, Problem};
 
+mod check_then_insert;
 pub mod edge;
 pub mod pipeline;
 pub mod signature;

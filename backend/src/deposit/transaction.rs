@@ -18,6 +18,7 @@ use crate::defense::Refusal;
 use crate::defense::idempotency::StoredResponse;
 use crate::domain::UserId;
 use crate::problem::{self, DatabaseFailure, Problem, ProblemType, SqlState};
+use crate::settings::InboxMode;
 use crate::state::AppState;
 
 /// The inbox's answer to a claim: the PostgreSQL enum
@@ -43,7 +44,7 @@ pub enum DepositVerdict {
 }
 
 impl DepositVerdict {
-    fn of_name(name: &str) -> Option<Self> {
+    pub(super) fn of_name(name: &str) -> Option<Self> {
         Some(match name {
             "credited" => Self::Credited,
             "unknown_wallet" => Self::UnknownWallet,
@@ -88,7 +89,7 @@ impl DepositVerdict {
         })
     }
 
-    fn decision(self) -> Decision {
+    pub(super) fn decision(self) -> Decision {
         match self {
             Self::Credited => Decision::new(Layer::RowGuard, Outcome::Accepted),
             _ => Decision::new(Layer::RowGuard, Outcome::Rejected),
@@ -124,6 +125,21 @@ struct DepositRow {
 /// Runs the deposit's transaction. Every way it can end is a decision: a
 /// stored answer (fresh or replayed), or a refusal that stored nothing.
 pub async fn execute(
+    state: &AppState,
+    event: &DepositEvent,
+    fingerprint: &[u8; 32],
+    trace_id: &str,
+) -> Result<Settled, Refusal> {
+    match state.config.deposits.inbox_mode {
+        InboxMode::Atomic => execute_atomic(state, event, fingerprint, trace_id).await,
+        InboxMode::CheckThenInsert => {
+            super::check_then_insert::execute(state, event, fingerprint, trace_id).await
+        }
+    }
+}
+
+/// The production transaction: `deposit()`, one statement.
+pub(super) async fn execute_atomic(
     state: &AppState,
     event: &DepositEvent,
     fingerprint: &[u8; 32],
@@ -267,7 +283,7 @@ fn claim_outcome(claim: InboxClaim) -> Outcome {
 /// A database failure, said as what is known: nothing committed, or (the
 /// connection broke after the statement was sent) unknown, with how to
 /// retry safely.
-fn database_refusal(error: &sqlx::Error, may_have_committed: bool) -> Refusal {
+pub(super) fn database_refusal(error: &sqlx::Error, may_have_committed: bool) -> Refusal {
     if SqlState::of(error) == Some(SqlState::LockNotAvailable) {
         return Refusal::new(
             Problem::unavailable(

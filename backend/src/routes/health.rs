@@ -3,7 +3,7 @@
 use actix_web::{HttpResponse, web};
 use serde::Serialize;
 
-use crate::settings::{Config, IdempotencyMode, RowGuardMode, StoreErrorPolicy};
+use crate::settings::{Config, IdempotencyMode, InboxMode, RowGuardMode, StoreErrorPolicy};
 use crate::state::AppState;
 
 /// The process is up. Touches nothing else, so an orchestrator does not
@@ -32,6 +32,10 @@ pub struct DefenseMode {
     pub cooldown: &'static str,
     pub idempotency: IdempotencyMode,
     pub row_guard: RowGuardMode,
+    /// Deposits' edge lock on each event: `on` or `off` (off is safe; the
+    /// inbox still applies each event once).
+    pub event_lock: &'static str,
+    pub inbox: InboxMode,
     /// The unsafe switches in effect, by name.
     pub unsafe_modes: Vec<&'static str>,
 }
@@ -44,6 +48,12 @@ impl DefenseMode {
             cooldown: if config.cooldown.enabled { "on" } else { "off" },
             idempotency: config.idempotency.mode,
             row_guard: config.row_guard.mode,
+            event_lock: if config.deposits.event_lock_enabled {
+                "on"
+            } else {
+                "off"
+            },
+            inbox: config.deposits.inbox_mode,
             unsafe_modes,
         }
     }

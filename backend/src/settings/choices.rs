@@ -42,6 +42,18 @@ pub enum IdempotencyMode {
     Off,
 }
 
+/// How the inbox claims a deposit event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum InboxMode {
+    /// The claim is an insert under the event's primary key, in the credit's
+    /// transaction. The only safe mode.
+    Atomic,
+    /// DEMO ONLY: look the event up, credit, record the event afterwards.
+    /// Two deliveries that look at once both see nothing, and both credit.
+    CheckThenInsert,
+}
+
 /// How the debit checks the balance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -82,6 +94,7 @@ choice_values! {
     CooldownScope => ["user_action", "user_action_body"],
     StoreErrorPolicy => ["fail_open", "fail_closed"],
     IdempotencyMode => ["atomic", "check_then_insert", "off"],
+    InboxMode => ["atomic", "check_then_insert"],
     RowGuardMode => ["guarded", "read_decide_write"],
     LogFormat => ["text", "json"],
 }
@@ -114,6 +127,7 @@ mod tests {
         values_parse::<CooldownScope>();
         values_parse::<StoreErrorPolicy>();
         values_parse::<IdempotencyMode>();
+        values_parse::<InboxMode>();
         values_parse::<RowGuardMode>();
         values_parse::<LogFormat>();
     }

@@ -11,7 +11,7 @@
 use secrecy::SecretString;
 
 use super::declare::declare_settings;
-use super::{CooldownScope, IdempotencyMode, LogFormat, RowGuardMode, StoreErrorPolicy};
+use super::{CooldownScope, IdempotencyMode, InboxMode, LogFormat, RowGuardMode, StoreErrorPolicy};
 
 declare_settings! {
     section "HTTP" {
@@ -158,6 +158,10 @@ declare_settings! {
         /// How long a delivery waits in PostgreSQL for a concurrent delivery of
         /// the same event to commit, before answering 409.
         inbox_wait_ms_max: u16 = 2_000, within 1..=60_000 "ms";
+        /// `atomic`: the claim is inserted first, in the credit's transaction.
+        /// `check_then_insert` is DEMO ONLY (it credits a redelivered event
+        /// twice) and needs `allow_unsafe_demo_modes`.
+        inbox_mode: InboxMode = InboxMode::Atomic;
         /// The edge lock on each event, in Redis. Off, every duplicate
         /// delivery reaches PostgreSQL, where the inbox still applies the
         /// event once.

@@ -19,7 +19,7 @@ use secrecy::{ExposeSecret, SecretString};
 
 use super::checks::Checks;
 use super::{
-    CooldownScope, IdempotencyMode, LogFormat, RowGuardMode, STATEMENT_TIMEOUT_MARGIN_MS,
+    CooldownScope, IdempotencyMode, InboxMode, LogFormat, RowGuardMode, STATEMENT_TIMEOUT_MARGIN_MS,
     Settings, SettingsError, StoreErrorPolicy,
 };
 
@@ -121,6 +121,7 @@ pub struct Deposits {
     /// In PostgreSQL's hours and milliseconds, as `int`.
     pub inbox_retention_hours: u16,
     pub inbox_wait_ms_max: u16,
+    pub inbox_mode: InboxMode,
     pub event_lock_enabled: bool,
     pub event_lock_ttl: Duration,
     pub duplicate_wait_max: Duration,
@@ -306,6 +307,9 @@ impl Config {
         if self.row_guard.mode == RowGuardMode::ReadDecideWrite {
             modes.push("row guard off (read-decide-write)");
         }
+        if self.deposits.inbox_mode == InboxMode::CheckThenInsert {
+            modes.push("inbox check-then-insert");
+        }
         modes
     }
 
@@ -429,6 +433,7 @@ impl Deposits {
             amount_minor_max: s.deposit_amount_minor_max,
             inbox_retention_hours: s.inbox_retention_hours,
             inbox_wait_ms_max: s.inbox_wait_ms_max,
+            inbox_mode: s.inbox_mode,
             event_lock_enabled: s.event_lock_enabled,
             event_lock_ttl: Duration::from_millis(s.event_lock_ttl_ms),
             duplicate_wait_max: Duration::from_millis(s.event_duplicate_wait_ms_max),
