@@ -10,13 +10,15 @@ COPY Cargo.toml Cargo.lock ./
 COPY backend/Cargo.toml backend/askama.toml backend/
 COPY client/Cargo.toml client/
 COPY loadtest/Cargo.toml loadtest/
+COPY sim/Cargo.toml sim/
 COPY testkit/Cargo.toml testkit/
-RUN mkdir -p backend/src client/src loadtest/src testkit/src \
+RUN mkdir -p backend/src client/src loadtest/src sim/src testkit/src \
     && echo 'fn main() {}' > backend/src/main.rs \
-    && touch backend/src/lib.rs client/src/lib.rs loadtest/src/lib.rs testkit/src/lib.rs \
+    && touch backend/src/lib.rs client/src/lib.rs loadtest/src/lib.rs sim/src/lib.rs testkit/src/lib.rs \
     && echo 'fn main() {}' > loadtest/src/main.rs \
+    && echo 'fn main() {}' > sim/src/main.rs \
     && cargo build --release --locked -p layered-wallet --bin wallet-server \
-    && rm -rf backend/src client/src loadtest/src testkit/src
+    && rm -rf backend/src client/src loadtest/src sim/src testkit/src
 # 2. The service itself: sources, migrations (embedded), templates and
 #    static files (compiled in).
 COPY backend/src backend/src

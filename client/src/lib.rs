@@ -52,7 +52,7 @@ mod types;
 
 pub use client::{AttemptSeen, Client, DecisionStream, Observer};
 pub use error::{Error, FieldError, Problem};
-pub use retry::{IdempotencyKey, RetryPolicy};
+pub use retry::{IdempotencyKey, RetryPolicy, may_succeed_later};
 pub use types::{
     Decision, DecisionPage, DecisionSource, Paid, SignedIn, SignedUp, TransferItem, TransferOrder,
     TransferPage, TransferReceipt, Wallet,

@@ -79,7 +79,7 @@ impl RetryPolicy {
 /// or the server could not tell or could not do it now (503, including
 /// `outcome-unknown`). Everything else is final: a success, or a refusal
 /// that the same request would get again.
-pub(crate) fn may_succeed_later(status: u16) -> bool {
+pub fn may_succeed_later(status: u16) -> bool {
     matches!(status, 409 | 429 | 503)
 }
 

@@ -3,13 +3,13 @@
 //! the same duplicate and race scenarios against each, and prints what went
 //! wrong where.
 
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
+use layered_wallet::decision::Layer;
 use serde::Serialize;
+use wallet_sim::instances::{Instances, Spec};
+use wallet_sim::provider::{DepositEvent, Provider};
 
 use crate::scenarios::Scenario;
 use crate::{RunArgs, RunReport};
@@ -91,35 +91,20 @@ struct Row {
     requests: u64,
 }
 
-/// Servers of one rung; killed when dropped.
-struct Instances(Vec<Child>);
-
-impl Drop for Instances {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
 pub async fn run(args: &DemoArgs) -> anyhow::Result<bool> {
-    let server = match &args.server_bin {
-        Some(path) => path.clone(),
-        None => std::env::current_exe()?.with_file_name("wallet-server"),
-    };
-    if !server.exists() {
-        bail!(
-            "no wallet-server at {}; build it or pass --server-bin",
-            server.display()
-        );
-    }
+    let server = wallet_sim::instances::server_binary(args.server_bin.as_deref())?;
     let mut rows = Vec::new();
     for rung in &LADDER {
         if !args.json {
             eprintln!("configuration: {}", rung.name);
         }
-        let (targets, _instances) = start(&server, args, rung).await?;
+        let rung_settings = [
+            ("WALLET_COOLDOWN_ENABLED", rung.cooldown.to_string()),
+            ("WALLET_IDEMPOTENCY_MODE", rung.idempotency.to_owned()),
+            ("WALLET_ROW_GUARD_MODE", rung.row_guard.to_owned()),
+        ];
+        let instances = Instances::start(spec(&server, args, &rung_settings), args.instances).await?;
+        let targets = instances.urls();
         let mut row = Row {
             configuration: rung.name,
             keys_paid_twice: 0,
@@ -157,19 +142,151 @@ pub async fn run(args: &DemoArgs) -> anyhow::Result<bool> {
         }
         rows.push(row);
     }
+    let deliveries = run_deliveries(&server, args).await?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &serde_json::json!({ "transfers": rows, "deliveries": deliveries })
+            )?
+        );
     } else {
         print_rows(&rows, args);
+        print_delivery_rows(&deliveries, args);
     }
-    // The ladder succeeds when the naive bottom shows damage and the top
+    // Each ladder succeeds when its naive bottom shows damage and its top
     // shows none.
-    let bottom = &rows[0];
-    let top = &rows[rows.len() - 1];
     let damage = |row: &Row| {
         row.keys_paid_twice + row.keyless_double_pays + row.overdrafts + row.money_created_minor.abs()
     };
-    Ok(damage(bottom) > 0 && damage(top) == 0)
+    let credit_damage = |row: &DeliveryRow| row.events_credited_twice + row.money_credited_twice_minor;
+    let shows = |bottom: i64, top: i64| bottom > 0 && top == 0;
+    Ok(shows(damage(&rows[0]), damage(&rows[rows.len() - 1]))
+        && shows(
+            credit_damage(&deliveries[0]),
+            credit_damage(&deliveries[deliveries.len() - 1]),
+        ))
+}
+
+/// The ladder for money that arrives: a provider's storm of one deposit
+/// event per round, `copies` deliveries at once over the instances.
+struct DeliveryRung {
+    name: &'static str,
+    event_lock: bool,
+    inbox: &'static str,
+}
+
+const DELIVERY_LADDER: [DeliveryRung; 3] = [
+    DeliveryRung {
+        name: "deliveries: edge lock off, naive inbox",
+        event_lock: false,
+        inbox: "check_then_insert",
+    },
+    DeliveryRung {
+        name: "deliveries: + inbox",
+        event_lock: false,
+        inbox: "atomic",
+    },
+    DeliveryRung {
+        name: "deliveries: + edge lock (all on)",
+        event_lock: true,
+        inbox: "atomic",
+    },
+];
+
+/// What each deposit event of the delivery ladder credits.
+const DEPOSIT_MINOR: i64 = 100;
+
+#[derive(Serialize)]
+struct DeliveryRow {
+    configuration: &'static str,
+    /// Events credited more than once.
+    events_credited_twice: i64,
+    /// Money credited beyond one credit per event.
+    money_credited_twice_minor: i64,
+    /// Deliveries that got past the edge lock, i.e. reached PostgreSQL.
+    deliveries_reaching_database: u64,
+    deliveries: u64,
+}
+
+async fn run_deliveries(server: &Path, args: &DemoArgs) -> anyhow::Result<Vec<DeliveryRow>> {
+    let db = sqlx::PgPool::connect(&args.database_url).await?;
+    let mut rows = Vec::new();
+    for rung in &DELIVERY_LADDER {
+        if !args.json {
+            eprintln!("configuration: {}", rung.name);
+        }
+        let secret = format!("demo-provider-{}", uuid::Uuid::new_v4().simple());
+        let rung_settings = [
+            ("WALLET_PROVIDER_WEBHOOK_SECRETS", secret.clone()),
+            ("WALLET_EVENT_LOCK_ENABLED", rung.event_lock.to_string()),
+            ("WALLET_INBOX_MODE", rung.inbox.to_owned()),
+        ];
+        let instances = Instances::start(spec(server, args, &rung_settings), args.instances).await?;
+        let accounts = wallet_sim::accounts::sign_up(&instances.urls(), args.rounds).await?;
+        let currency = wallet_sim::accounts::currency_of(&db, &accounts[0]).await?;
+        let provider = Provider::new(
+            instances.urls(),
+            secrecy::SecretString::from(secret),
+            wallet_client::RetryPolicy::default(),
+        )?;
+        let mut row = DeliveryRow {
+            configuration: rung.name,
+            events_credited_twice: 0,
+            money_credited_twice_minor: 0,
+            deliveries_reaching_database: 0,
+            deliveries: 0,
+        };
+        // One event per round, into an account of its own, so that the
+        // account's credits are that event's.
+        for account in &accounts {
+            let event = DepositEvent::new(account.wallet_id, DEPOSIT_MINOR, &currency);
+            let deliveries = provider
+                .storm(&event, args.copies, std::time::Duration::from_secs(10))
+                .await;
+            row.deliveries += deliveries.len() as u64;
+            row.deliveries_reaching_database += deliveries
+                .iter()
+                .filter(|delivery| delivery.status.is_some() && delivery.layer() != Some(Layer::EdgeLock))
+                .count() as u64;
+            let credits: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM transfers t JOIN wallets c ON c.id = t.from_wallet_id
+                 WHERE c.clearing_source = 'provider' AND t.to_wallet_id = $1",
+            )
+            .bind(account.wallet_id)
+            .fetch_one(&db)
+            .await?;
+            if credits > 1 {
+                row.events_credited_twice += 1;
+                row.money_credited_twice_minor += (credits - 1) * DEPOSIT_MINOR;
+            }
+        }
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+fn print_delivery_rows(rows: &[DeliveryRow], args: &DemoArgs) {
+    println!();
+    println!(
+        "Deposit ladder: {} instances per configuration; {} deposit events, each delivered {} times at once",
+        args.instances, args.rounds, args.copies
+    );
+    println!();
+    println!(
+        "| configuration | events credited more than once | money credited more than once (minor units) | deliveries reaching PostgreSQL |"
+    );
+    println!("|---|---|---|---|");
+    for row in rows {
+        println!(
+            "| {} | {} | {} | {} of {} |",
+            row.configuration,
+            row.events_credited_twice,
+            row.money_credited_twice_minor,
+            row.deliveries_reaching_database,
+            row.deliveries
+        );
+    }
 }
 
 fn print_rows(rows: &[Row], args: &DemoArgs) {
@@ -208,61 +325,19 @@ async fn run_scenario(scenario: Scenario, targets: &[String], args: &DemoArgs) -
     crate::run(&run_args).await
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-async fn start(server: &PathBuf, args: &DemoArgs, rung: &Rung) -> anyhow::Result<(Vec<String>, Instances)> {
-    let prefix = format!("demo:{}:", uuid::Uuid::new_v4().simple());
-    let signing_key = uuid::Uuid::new_v4().simple().to_string().repeat(2);
-    let mut children = Instances(Vec::new());
-    let mut targets = Vec::new();
-    for index in 0..args.instances.max(1) {
-        let port = free_port()?;
-        let child = Command::new(server)
-            .env("DATABASE_URL", &args.database_url)
-            .env("REDIS_URL", &args.redis_url)
-            .env("PORT", port.to_string())
-            .env("RUST_LOG", "error")
-            .env("WALLET_INSTANCE_ID", format!("demo-{index}"))
-            .env("WALLET_ADMIN_HTTP_ADDR", "127.0.0.1:0")
-            .env("WALLET_ACCOUNT_LIMITS_ENABLED", "false")
-            .env("WALLET_TOKEN_SIGNING_KEY", &signing_key)
-            .env("WALLET_REDIS_KEY_PREFIX", &prefix)
-            .env("WALLET_SIGNUP_GRANT_MINOR", GRANT_MINOR.to_string())
-            .env("WALLET_ALLOW_UNSAFE_DEMO_MODES", "true")
-            .env("WALLET_NAIVE_WINDOW_MS", "50")
-            .env("WALLET_COOLDOWN_ENABLED", rung.cooldown.to_string())
-            .env("WALLET_IDEMPOTENCY_MODE", rung.idempotency)
-            .env("WALLET_ROW_GUARD_MODE", rung.row_guard)
-            .env("WALLET_IDEMPOTENCY_WAIT_MS_MAX", "5000")
-            // The transfer statement encloses the idempotency wait and the
-            // wallet-lock wait (3000 ms), plus a margin: the server refuses
-            // to start with less.
-            .env("WALLET_DB_STATEMENT_TIMEOUT_MS", "9000")
-            .stdout(Stdio::null())
-            .spawn()
-            .with_context(|| format!("failed to start {}", server.display()))?;
-        children.0.push(child);
-        targets.push(format!("http://127.0.0.1:{port}"));
+/// The settings every instance of the ladder shares, and a rung's.
+fn spec(server: &Path, args: &DemoArgs, rung_settings: &[(&str, String)]) -> Spec {
+    let mut spec = Spec::new(server.to_owned(), &args.database_url, &args.redis_url, "demo")
+        .with("WALLET_SIGNUP_GRANT_MINOR", GRANT_MINOR)
+        .with("WALLET_ALLOW_UNSAFE_DEMO_MODES", true)
+        .with("WALLET_NAIVE_WINDOW_MS", 50)
+        .with("WALLET_IDEMPOTENCY_WAIT_MS_MAX", 5000)
+        // The transfer statement encloses the idempotency wait and the
+        // wallet-lock wait (3000 ms), plus a margin: the server refuses
+        // to start with less.
+        .with("WALLET_DB_STATEMENT_TIMEOUT_MS", 9000);
+    for (name, value) in rung_settings {
+        spec = spec.with(name, value);
     }
-    let client = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for target in &targets {
-        loop {
-            if client
-                .get(format!("{target}/readyz"))
-                .send()
-                .await
-                .is_ok_and(|r| r.status() == 200)
-            {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("{target} did not become ready in 30 s");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-    Ok((targets, children))
+    spec
 }
