@@ -96,6 +96,33 @@ async fn one_wallets_commands_apply_in_order_and_a_refusal_is_an_outcome() {
     first.assert_invariants().await;
 }
 
+/// Consumers scale out: an instance alone works every partition; when a
+/// second one starts, the first gives up partitions until each holds its
+/// share.
+#[tokio::test]
+async fn the_partitions_are_shared_among_the_live_consumers() {
+    let first = spawn_app(with_commands).await;
+    assert_eq!(first.settings.commands_partitions, 2);
+    first
+        .wait_for_lease_holders("every partition held by the one instance", |holders| {
+            holders.iter().all(Option::is_some) && holders.windows(2).all(|pair| pair[0] == pair[1])
+        })
+        .await;
+    let _second = spawn_second_instance(&first).await;
+    first
+        .wait_for_lease_holders("one partition held by each instance", |holders| {
+            holders.iter().all(Option::is_some) && holders[0] != holders[1]
+        })
+        .await;
+    // Still shared a little later: the two do not take turns.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let holders = first.lease_holders().await;
+    assert!(
+        holders.iter().all(Option::is_some) && holders[0] != holders[1],
+        "{holders:?}"
+    );
+}
+
 /// The visibility timeout by construction: the first consumer's
 /// transaction takes longer than the claim time, so the other instance
 /// claims the command and runs it at the same time. One effect.

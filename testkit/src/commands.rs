@@ -148,6 +148,33 @@ impl TestApp {
         );
     }
 
+    /// Who holds each partition's lease, by partition; `None` for a free one.
+    pub async fn lease_holders(&self) -> Vec<Option<String>> {
+        let mut conn = redis().await;
+        let streams = self.command_streams();
+        let mut holders = Vec::new();
+        for partition in 0..streams.partitions() {
+            let holder: Option<String> = redis::cmd("GET")
+                .arg(streams.lease(partition))
+                .query_async(&mut conn)
+                .await
+                .expect("GET");
+            holders.push(holder);
+        }
+        holders
+    }
+
+    /// Waits (30 s at most) until the partitions' leases satisfy `wanted`.
+    pub async fn wait_for_lease_holders(&self, what: &str, wanted: impl Fn(&[Option<String>]) -> bool) {
+        for _ in 0..300 {
+            if wanted(&self.lease_holders().await) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("after 30 s, not {what}: {:?}", self.lease_holders().await);
+    }
+
     pub async fn commands_pending(&self) -> u64 {
         let mut conn = redis().await;
         let streams = self.command_streams();

@@ -8,6 +8,13 @@
 //! still holds it) stops the partition until it can, so nothing overtakes
 //! it.
 //!
+//! **Sharing.** Every consumer notes that it is alive in a sorted set, and
+//! an instance holds at most its share of the partitions (the partitions
+//! divided by the live consumers, rounded up): it takes a free lease only
+//! below its share and gives one up above it. A consumer that starts takes
+//! partitions from those that held them all; one that dies or stalls
+//! stops counting after the claim time, and the others take its share.
+//!
 //! **The visibility timeout.** The lease lasts `commands_claim_idle_ms` and
 //! is renewed before each entry. A consumer that takes longer over one
 //! entry loses the partition; the next holder claims every entry another
@@ -30,6 +37,8 @@
 //! outcome, not poison.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -53,14 +62,23 @@ end
 return 0
 ";
 
+/// Gives up the lease (`KEYS[1]`) if `ARGV[1]` holds it.
+const RELEASE_LEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
 /// Starts one consumer task per partition. They run until aborted (at
 /// shutdown); a task that loses Redis waits `commands_retry_backoff_ms`
 /// and connects again.
 pub fn spawn(state: AppState, client: StreamClient) -> Vec<tokio::task::JoinHandle<()>> {
     let partitions = state.config.commands.partitions;
+    let held = Arc::new(AtomicUsize::new(0));
     (0..partitions)
         .map(|partition| {
-            let worker = PartitionWorker::new(state.clone(), client.clone(), partition);
+            let worker = PartitionWorker::new(state.clone(), client.clone(), partition, held.clone());
             tokio::spawn(worker.run())
         })
         .collect()
@@ -75,6 +93,20 @@ struct PartitionWorker {
     streams: Streams,
     consumer: String,
     hold_lease: Script,
+    release_lease: Script,
+    /// Whether this task holds its partition's lease, as far as it knows.
+    holding: AtomicBool,
+    /// How many partitions this instance's tasks hold: shared by them, so
+    /// that no instance takes more than its fair share.
+    held: Arc<AtomicUsize>,
+}
+
+/// How the partitions are shared now, as one consumer sees it.
+struct Census {
+    /// The partitions divided by the live consumers, rounded up.
+    share: usize,
+    /// Whether another live consumer holds fewer than its share.
+    another_below_share: bool,
 }
 
 /// What became of one entry.
@@ -86,7 +118,7 @@ enum Handled {
 }
 
 impl PartitionWorker {
-    fn new(state: AppState, client: StreamClient, partition: u16) -> Self {
+    fn new(state: AppState, client: StreamClient, partition: u16, held: Arc<AtomicUsize>) -> Self {
         let streams = Streams::new(&state.config.redis.key_prefix, state.config.commands.partitions);
         Self {
             stream: streams.stream(partition),
@@ -97,6 +129,9 @@ impl PartitionWorker {
             client,
             partition,
             hold_lease: Script::new(HOLD_LEASE),
+            release_lease: Script::new(RELEASE_LEASE),
+            holding: AtomicBool::new(false),
+            held,
         }
     }
 
@@ -129,7 +164,7 @@ impl PartitionWorker {
         self.join_the_group(connection).await?;
         let settings = &self.state.config.commands;
         loop {
-            if !self.hold_lease(connection).await? {
+            if !self.keep_partition(connection).await? {
                 tokio::time::sleep(settings.read_wait).await;
                 continue;
             }
@@ -154,7 +189,7 @@ impl PartitionWorker {
                 // Renewed before each entry: a consumer slower than the
                 // claim time over the last one no longer owns the
                 // partition, and stops here.
-                if !self.hold_lease(connection).await? {
+                if !self.renew_lease(connection).await? {
                     break;
                 }
                 let delivered = deliveries.get(&entry_id).copied().unwrap_or(1);
@@ -193,7 +228,116 @@ impl PartitionWorker {
         }
     }
 
-    async fn hold_lease(&self, connection: &mut StreamConnection) -> Result<bool, String> {
+    /// Decides, between batches, whether this task works its partition
+    /// now. The partitions are shared fairly among the live consumers, so
+    /// that consumers scale out instead of the first one to start keeping
+    /// every partition: an instance gives a partition up while it holds
+    /// more than its share and another consumer holds less, and takes a
+    /// free one while it holds less than its share, or when no other
+    /// consumer would (they all hold their share: the partition's last
+    /// holder is stalled or dead).
+    async fn keep_partition(&self, connection: &mut StreamConnection) -> Result<bool, String> {
+        let census = self.census(connection).await?;
+        let share = census.share;
+        if self.holding.load(Ordering::SeqCst) {
+            let give_up = census.another_below_share
+                && self
+                    .held
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| {
+                        (held > share).then(|| held - 1)
+                    })
+                    .is_ok();
+            if !give_up {
+                return self.renew_lease(connection).await;
+            }
+            self.holding.store(false, Ordering::SeqCst);
+            self.release_lease
+                .key(&self.lease)
+                .arg(&self.consumer)
+                .invoke_async::<i64>(connection)
+                .await
+                .map_err(|e| e.to_string())?;
+            tracing::info!(
+                commands.partition = self.partition,
+                commands.share = share,
+                "gave up a partition to a consumer holding less than its share"
+            );
+            return Ok(false);
+        }
+        // Reserve a place before asking for the lease.
+        let reserved = self
+            .held
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |held| {
+                (held < share || !census.another_below_share).then_some(held + 1)
+            })
+            .is_ok();
+        if !reserved {
+            return Ok(false);
+        }
+        self.holding.store(true, Ordering::SeqCst);
+        self.renew_lease(connection).await
+    }
+
+    /// Notes that this consumer is alive and how many partitions it holds,
+    /// and reads the same of the others: those that noted it within the
+    /// claim time.
+    async fn census(&self, connection: &mut StreamConnection) -> Result<Census, String> {
+        let now_ms = Utc::now().timestamp_millis();
+        let claim_idle_ms =
+            i64::try_from(self.state.config.commands.claim_idle.as_millis()).unwrap_or(i64::MAX);
+        let (consumers, held) = (self.streams.consumers(), self.streams.consumers_held());
+        let (live, holdings): (Vec<String>, HashMap<String, usize>) = redis::pipe()
+            .cmd("ZADD")
+            .arg(&consumers)
+            .arg(now_ms.saturating_add(claim_idle_ms))
+            .arg(&self.consumer)
+            .ignore()
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(&consumers)
+            .arg("-inf")
+            .arg(now_ms)
+            .ignore()
+            .cmd("HSET")
+            .arg(&held)
+            .arg(&self.consumer)
+            .arg(self.held.load(Ordering::SeqCst))
+            .ignore()
+            .cmd("ZRANGE")
+            .arg(&consumers)
+            .arg(0)
+            .arg(-1)
+            .cmd("HGETALL")
+            .arg(&held)
+            .query_async(connection)
+            .await
+            .map_err(|e| e.to_string())?;
+        let gone: Vec<&String> = holdings.keys().filter(|name| !live.contains(name)).collect();
+        if !gone.is_empty() {
+            redis::cmd("HDEL")
+                .arg(&held)
+                .arg(&gone)
+                .query_async::<()>(connection)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        let share = usize::from(self.partitions()).div_ceil(live.len().max(1));
+        let another_below_share = live
+            .iter()
+            .filter(|name| **name != self.consumer)
+            .any(|name| holdings.get(name).copied().unwrap_or(0) < share);
+        Ok(Census {
+            share,
+            another_below_share,
+        })
+    }
+
+    fn partitions(&self) -> u16 {
+        self.streams.partitions()
+    }
+
+    /// Takes or renews this task's lease; a lease another consumer holds
+    /// means this one lost the partition.
+    async fn renew_lease(&self, connection: &mut StreamConnection) -> Result<bool, String> {
         let held: i64 = self
             .hold_lease
             .key(&self.lease)
@@ -202,7 +346,13 @@ impl PartitionWorker {
             .invoke_async(connection)
             .await
             .map_err(|e| e.to_string())?;
-        Ok(held == 1)
+        if held == 1 {
+            return Ok(true);
+        }
+        if self.holding.swap(false, Ordering::SeqCst) {
+            self.held.fetch_sub(1, Ordering::SeqCst);
+        }
+        Ok(false)
     }
 
     /// Moves to this consumer every entry another consumer holds, however

@@ -81,6 +81,17 @@ impl Streams {
         format!("{}commands:{{p{partition}}}:lease", self.prefix)
     }
 
+    /// The live consumers, each with when it stops counting as alive: the
+    /// partitions are shared among them.
+    pub fn consumers(&self) -> String {
+        format!("{}commands:consumers", self.prefix)
+    }
+
+    /// How many partitions each live consumer holds.
+    pub fn consumers_held(&self) -> String {
+        format!("{}commands:consumers:held", self.prefix)
+    }
+
     /// Entries moved aside after `commands_deliveries_max` deliveries, or
     /// unreadable, with the reason.
     pub fn dead_letters(&self) -> String {
