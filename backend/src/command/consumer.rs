@@ -5,8 +5,8 @@
 //! and a partition is worked by one consumer at a time, entry after entry:
 //! its own pending entries first, oldest first, then new ones. An entry
 //! that cannot be applied yet (the database is down, another consumer
-//! still holds it) stops the partition until it can, so nothing overtakes
-//! it.
+//! still holds it) is retried in place until it can, so nothing overtakes
+//! it, and an outage does not count against it.
 //!
 //! **Sharing.** Every consumer notes that it is alive in a sorted set, and
 //! an instance holds at most its share of the partitions (the partitions
@@ -31,7 +31,9 @@
 //! issuer may read a result twice, never miss one.
 //!
 //! **Poison.** An entry that is not a command is dead-lettered at once. One
-//! delivered `commands_deliveries_max` times without an outcome is recorded
+//! that reached `commands_deliveries_max` deliveries without an outcome
+//! (consumers that died or stalled holding it, and attempts the database
+//! refused outright) is recorded
 //! as dead-lettered in the inbox and moved to the dead-letter stream, so it
 //! never blocks its partition. A refusal (insufficient funds) is an
 //! outcome, not poison.
@@ -48,6 +50,7 @@ use super::transaction::{self, NotApplied};
 use super::{Command, GROUP, Streams, published_at};
 use crate::decision::feed::{EntryPoint, FeedEntry};
 use crate::decision::feed::{RawEntry, XreadReply};
+use crate::problem::DatabaseFailure;
 use crate::redis_store::{StreamClient, StreamConnection};
 use crate::state::AppState;
 
@@ -113,8 +116,14 @@ struct Census {
 enum Handled {
     /// An outcome is stored (or the entry was dead-lettered): acknowledge.
     Done,
-    /// Not yet: keep it pending, and stop the partition for a while.
-    Retry(String),
+    /// Not yet, for a reason that passes (the database is unavailable,
+    /// another consumer still holds the command): try again, for as long
+    /// as it takes.
+    NotYet(String),
+    /// Not applied, for a reason that may not pass (the database refused it,
+    /// or answered what it never should): try again, counting the attempt
+    /// as a delivery, so that it is dead-lettered in the end.
+    Failed(String),
 }
 
 impl PartitionWorker {
@@ -185,28 +194,42 @@ impl PartitionWorker {
                 self.refresh_gauges(connection).await;
                 continue;
             }
-            for (entry_id, fields) in entries {
-                // Renewed before each entry: a consumer slower than the
-                // claim time over the last one no longer owns the
-                // partition, and stops here.
-                if !self.renew_lease(connection).await? {
-                    break;
-                }
+            'entries: for (entry_id, fields) in entries {
                 let delivered = deliveries.get(&entry_id).copied().unwrap_or(1);
-                match self.handle(connection, &entry_id, &fields, delivered).await? {
-                    Handled::Done => self.acknowledge(connection, &entry_id).await?,
-                    Handled::Retry(why) => {
-                        tracing::warn!(
-                            commands.partition = self.partition,
-                            commands.entry_id = %entry_id,
-                            why,
-                            "a command could not be applied yet; its partition waits"
-                        );
-                        // The next read of this consumer's pending entries
-                        // delivers it again, and counts that delivery.
-                        tokio::time::sleep(settings.retry_backoff).await;
-                        break;
+                // Failures of the command itself, retried here: each counts
+                // like a delivery towards the dead-letter stream.
+                let mut failed = 0;
+                loop {
+                    // Renewed before each attempt: a consumer slower than
+                    // the claim time over the last one no longer owns the
+                    // partition, and stops here.
+                    if !self.renew_lease(connection).await? {
+                        break 'entries;
                     }
+                    let why = match self
+                        .handle(connection, &entry_id, &fields, delivered + failed)
+                        .await?
+                    {
+                        Handled::Done => {
+                            self.acknowledge(connection, &entry_id).await?;
+                            break;
+                        }
+                        Handled::NotYet(why) => why,
+                        Handled::Failed(why) => {
+                            failed += 1;
+                            why
+                        }
+                    };
+                    tracing::warn!(
+                        commands.partition = self.partition,
+                        commands.entry_id = %entry_id,
+                        why,
+                        "a command could not be applied yet; its partition waits"
+                    );
+                    // Retried in place, not read again: nothing behind it
+                    // overtakes it, and an outage of the database does not
+                    // count as deliveries that would make it poison.
+                    tokio::time::sleep(settings.retry_backoff).await;
                 }
             }
         }
@@ -483,7 +506,7 @@ impl PartitionWorker {
             }
         };
         let Some(published) = published_at(entry_id) else {
-            return Ok(Handled::Retry(format!("{entry_id} is not a stream id")));
+            return Ok(Handled::Failed(format!("{entry_id} is not a stream id")));
         };
         let deliveries_max = u64::from(self.state.config.commands.deliveries_max);
         let dead_letter_reason =
@@ -500,9 +523,15 @@ impl PartitionWorker {
             Ok(applied) => applied,
             Err(NotApplied::Protocol(what)) => {
                 tracing::error!(what, "the database's answer to a command broke the protocol");
-                return Ok(Handled::Retry(what));
+                return Ok(Handled::Failed(what));
             }
-            Err(not_yet) => return Ok(Handled::Retry(not_yet.to_string())),
+            Err(NotApplied::Database(error))
+                if DatabaseFailure::of(&error) == DatabaseFailure::RolledBackBug =>
+            {
+                tracing::error!(error = %error, "the database refused a command");
+                return Ok(Handled::Failed(error.to_string()));
+            }
+            Err(not_yet) => return Ok(Handled::NotYet(not_yet.to_string())),
         };
         if applied.verdict == "dead_lettered" {
             let reason = dead_letter_reason.unwrap_or_else(|| "dead-lettered before".to_owned());
