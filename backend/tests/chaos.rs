@@ -6,6 +6,12 @@
 //! no dangling claim), the answers (no 500, no request over its bound, no
 //! false "nothing was changed"), readiness during the fault, and recovery.
 //!
+//! Money that arrives gets a storm of its own (`arrivals_*`): a payment
+//! provider's deposits and a broker's commands through the same kind of
+//! deployment, with a consumer killed or stalled, Redis restarted from its
+//! append-only file, or PostgreSQL restarted, and `wallet-sim`'s database
+//! checks afterwards.
+//!
 //! The faults run one at a time, so that each one's timings are its own.
 //! `CHAOS_FULL=1` runs the bigger storm behind `docs/reliability.md`
 //! (`./scripts/chaos`); without it, the subset CI runs.
@@ -13,7 +19,7 @@
 use std::path::PathBuf;
 
 use layered_wallet::settings::StoreErrorPolicy;
-use wallet_testkit::chaos::{self, Fault, Scale};
+use wallet_testkit::chaos::{self, ArrivalFault, Fault, Scale};
 
 /// One fault at a time in this process.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -24,6 +30,35 @@ async fn survive(fault: Fault) {
     let report = chaos::run(binary, fault, Scale::from_env()).await;
     report.publish();
     report.assert_held();
+}
+
+/// Money that arrives, with `fault` in the middle of its storm.
+async fn arrive_through(fault: ArrivalFault) {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_wallet-server"));
+    let report = chaos::run_arrivals(binary, fault, Scale::from_env()).await;
+    report.publish();
+    report.assert_held();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn arrivals_with_a_consumer_killed() {
+    arrive_through(ArrivalFault::ConsumerKilled).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn arrivals_with_a_consumer_stalled_past_the_claim_time() {
+    arrive_through(ArrivalFault::ConsumerStalled).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn arrivals_with_redis_restarted_from_its_append_only_file() {
+    arrive_through(ArrivalFault::RedisRestarted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn arrivals_with_postgres_restarted() {
+    arrive_through(ArrivalFault::PostgresRestarted).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -87,10 +87,11 @@ pub struct Report {
 }
 
 /// A command as the issuer remembers it: its place in its wallet's order.
-struct Published {
-    command: Command,
+#[derive(Debug, Clone)]
+pub struct Published {
+    pub command: Command,
     /// The partition stream entry id of its first publication.
-    first_entry: String,
+    pub first_entry: String,
 }
 
 pub async fn run(args: &BrokerArgs) -> anyhow::Result<Report> {
@@ -124,7 +125,7 @@ pub async fn run(args: &BrokerArgs) -> anyhow::Result<Report> {
         unreadable,
     } = published?;
     let counted_before_kills = counted_before_kills?;
-    let settled = settle(&db, &mut redis, &streams, &published, args).await;
+    let settled = settle(&db, &mut redis, &streams, &published, args.settle_s).await;
     let seconds_to_settle = started.elapsed().as_secs_f64();
     settled?;
 
@@ -142,16 +143,19 @@ pub async fn run(args: &BrokerArgs) -> anyhow::Result<Report> {
     let counted_now = Counted::read(&*servers.lock().await, None).await;
     report.claims = counted_before_kills.claims + counted_now.claims;
     report.inbox_replays = counted_before_kills.inbox_replays + counted_now.inbox_replays;
-    check(
+    let settled = check_commands(
         &db,
         &mut redis,
         &streams,
         &accounts,
         &opening,
         &published,
-        &mut report,
+        report.unreadable,
+        &mut report.checks,
     )
     .await?;
+    report.outcomes = settled.outcomes;
+    report.dead_letters = settled.dead_letters;
     Ok(report)
 }
 
@@ -314,16 +318,17 @@ async fn faults(servers: &Mutex<Instances>, args: &BrokerArgs) -> anyhow::Result
     Ok(counted)
 }
 
-/// Waits until every command has an outcome and the streams hold nothing.
-async fn settle(
+/// Waits, `settle_s` at most, until every command has an outcome and the
+/// streams hold nothing.
+pub async fn settle(
     db: &PgPool,
     redis: &mut redis::aio::MultiplexedConnection,
     streams: &Streams,
     published: &[Published],
-    args: &BrokerArgs,
+    settle_s: u64,
 ) -> anyhow::Result<()> {
     let ids: Vec<&str> = published.iter().map(|p| p.command.command_id.as_str()).collect();
-    let deadline = Instant::now() + Duration::from_secs(args.settle_s);
+    let deadline = Instant::now() + Duration::from_secs(settle_s);
     loop {
         let decided: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM inbox WHERE source = 'broker' AND event_id = ANY($1) AND verdict IS NOT NULL",
@@ -339,7 +344,7 @@ async fn settle(
             anyhow::bail!(
                 "after {} s, {} of {} commands have an outcome; {left} entries are left in the streams, {pending} \
                  of them delivered and not acknowledged",
-                args.settle_s,
+                settle_s,
                 decided,
                 ids.len()
             );
@@ -373,29 +378,40 @@ async fn stream_backlog(
     Ok((left, pending))
 }
 
+/// What the commands came to, besides the checks.
+#[derive(Debug, Default)]
+pub struct Settled {
+    /// Outcomes stored in the inbox, by verdict.
+    pub outcomes: Vec<(String, i64)>,
+    pub dead_letters: i64,
+}
+
+/// The checks of the commands `published` (and `unreadable` entries that
+/// are not commands) among `accounts`, whose balances were `opening`
+/// before the first and which no other money reached since.
 #[allow(clippy::too_many_arguments)]
-async fn check(
+pub async fn check_commands(
     db: &PgPool,
     redis: &mut redis::aio::MultiplexedConnection,
     streams: &Streams,
     accounts: &[Account],
     opening: &[i64],
     published: &[Published],
-    report: &mut Report,
-) -> anyhow::Result<()> {
+    unreadable: usize,
+    checks: &mut Checks,
+) -> anyhow::Result<Settled> {
     let ids: Vec<&str> = published.iter().map(|p| p.command.command_id.as_str()).collect();
     let froms: Vec<Uuid> = published.iter().map(|p| p.command.from.0).collect();
     let tos: Vec<Uuid> = published.iter().map(|p| p.command.to.0).collect();
     let amounts: Vec<i64> = published.iter().map(|p| p.command.amount_minor).collect();
     let entries: Vec<&str> = published.iter().map(|p| p.first_entry.as_str()).collect();
-    report.outcomes = sqlx::query_as(
+    let outcomes = sqlx::query_as(
         "SELECT verdict, count(*) FROM inbox WHERE source = 'broker' AND event_id = ANY($1)
          GROUP BY verdict ORDER BY verdict",
     )
     .bind(&ids)
     .fetch_all(db)
     .await?;
-    let checks = &mut report.checks;
 
     // Each command against its inbox row and the transfer the row names.
     let (missing, wrong_transfer, applied_without_transfer, dead_lettered): (i64, i64, i64, i64) =
@@ -453,13 +469,16 @@ async fn check(
     let (left, pending) = stream_backlog(redis, streams).await?;
     checks.add("entries left in the partition streams", left);
     checks.add("entries delivered and never acknowledged", pending);
-    report.dead_letters = redis::cmd("XLEN")
-        .arg(streams.dead_letters())
-        .query_async::<i64>(redis)
-        .await?;
+    let settled = Settled {
+        outcomes,
+        dead_letters: redis::cmd("XLEN")
+            .arg(streams.dead_letters())
+            .query_async::<i64>(redis)
+            .await?,
+    };
     checks.add(
         "unreadable entries not dead-lettered",
-        i64::try_from(report.unreadable)? - report.dead_letters,
+        i64::try_from(unreadable)? - settled.dead_letters,
     );
 
     let now = accounts::balances(db, accounts).await?;
@@ -468,7 +487,8 @@ async fn check(
         now.iter().sum::<i64>() - opening.iter().sum::<i64>(),
     );
     let users: Vec<Uuid> = accounts.iter().map(|account| account.user_id).collect();
-    checks.money_invariants(db, &users).await
+    checks.money_invariants(db, &users).await?;
+    Ok(settled)
 }
 
 /// Applied commands whose transfer is older than that of a command from

@@ -167,7 +167,8 @@ pub async fn run(args: &ProviderArgs) -> anyhow::Result<Report> {
     let mut report = tally(&delivered, servers.len(), seconds);
     report.event_lock = args.event_lock;
     check_answers(&delivered, &mut report.checks);
-    check_database(&db, &accounts, &opening, &delivered, &mut report.checks).await?;
+    let events: Vec<DepositEvent> = delivered.iter().map(|one| one.event.clone()).collect();
+    check_credits(&db, &accounts, &opening, &events, &mut report.checks).await?;
     Ok(report)
 }
 
@@ -289,17 +290,19 @@ fn check_answers(delivered: &[Delivered], checks: &mut Checks) {
 }
 
 /// What the database holds: each event credited exactly once, for its
-/// first payload, and nothing else credited.
-async fn check_database(
+/// first payload, and nothing else credited into `accounts`, whose
+/// balances were `opening` before the first event and which no other money
+/// reached since.
+pub async fn check_credits(
     db: &PgPool,
     accounts: &[Account],
     opening: &[i64],
-    delivered: &[Delivered],
+    events: &[DepositEvent],
     checks: &mut Checks,
 ) -> anyhow::Result<()> {
-    let event_ids: Vec<&str> = delivered.iter().map(|one| one.event.event_id.as_str()).collect();
-    let amounts: Vec<i64> = delivered.iter().map(|one| one.event.amount_minor).collect();
-    let wallets: Vec<Uuid> = delivered.iter().map(|one| one.event.wallet_id).collect();
+    let event_ids: Vec<&str> = events.iter().map(|event| event.event_id.as_str()).collect();
+    let amounts: Vec<i64> = events.iter().map(|event| event.amount_minor).collect();
+    let wallets: Vec<Uuid> = events.iter().map(|event| event.wallet_id).collect();
     // Every event, against its inbox row and the transfer the row names.
     let (missing, not_credited, wrong_credit): (i64, i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE i.event_id IS NULL),
@@ -333,12 +336,12 @@ async fn check_database(
     .await?;
     checks.add(
         "credits beyond one per event",
-        credits - i64::try_from(delivered.len())?,
+        credits - i64::try_from(events.len())?,
     );
     let now = accounts::balances(db, accounts).await?;
     let mut expected: HashMap<Uuid, i64> = HashMap::new();
-    for one in delivered {
-        *expected.entry(one.event.wallet_id).or_default() += one.event.amount_minor;
+    for event in events {
+        *expected.entry(event.wallet_id).or_default() += event.amount_minor;
     }
     let wrong_balances = accounts
         .iter()

@@ -105,6 +105,26 @@ impl ServerProcess {
         }
     }
 
+    /// SIGSTOP: the process stops wherever it is, holding what it holds,
+    /// until `resume`; to its peers it is a consumer that stalled.
+    pub fn stall(&self) {
+        self.signal("-STOP");
+    }
+
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("the instance is running").id();
+        let status = Command::new("kill")
+            .arg(signal)
+            .arg(pid.to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid} failed");
+    }
+
     /// SIGKILL: the process ends at once, mid-request, without releasing
     /// anything it holds.
     pub fn kill_9(&mut self) {
@@ -114,6 +134,10 @@ impl ServerProcess {
 
 impl Drop for ServerProcess {
     fn drop(&mut self) {
+        // A stalled process must go on to die.
+        if self.child.is_some() {
+            self.signal("-CONT");
+        }
         self.kill_9();
     }
 }

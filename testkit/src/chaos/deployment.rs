@@ -25,8 +25,8 @@ const CHAOS_SIGNING_KEY: &str = "chaos-signing-key-chaos-signing-key-0123456789"
 
 /// A deployment of the chaos suite's own.
 pub(super) struct Deployment {
-    postgres: PrivatePostgres,
-    redis: PrivateRedis,
+    pub(super) postgres: PrivatePostgres,
+    pub(super) redis: PrivateRedis,
     pub(super) proxy: CountingProxy,
     pub(super) instances: Vec<ServerProcess>,
     /// Straight to PostgreSQL, not through the proxy: for the checks.
@@ -35,14 +35,34 @@ pub(super) struct Deployment {
     pub(super) logs: ScratchDir,
 }
 
+/// What a deployment runs beyond the transfer path's needs.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Extras {
+    /// More settings for every instance.
+    pub(super) env: Vec<(String, String)>,
+    /// `redis-server` arguments, e.g. the append-only file.
+    pub(super) redis_args: Vec<&'static str>,
+}
+
 impl Deployment {
     /// Starts everything, with the cooldown policy `policy`, and migrates.
     pub(super) async fn start(binary: PathBuf, instances: usize, policy: StoreErrorPolicy) -> Self {
+        Self::start_with(binary, instances, policy, Extras::default()).await
+    }
+
+    /// As `start`, with `extras`.
+    pub(super) async fn start_with(
+        binary: PathBuf,
+        instances: usize,
+        policy: StoreErrorPolicy,
+        extras: Extras,
+    ) -> Self {
         let postgres = tokio::task::spawn_blocking(PrivatePostgres::start)
             .await
             .expect("start the private PostgreSQL");
         postgres.create_database("wallet").await;
-        let redis = tokio::task::spawn_blocking(PrivateRedis::start)
+        let redis_args = extras.redis_args.clone();
+        let redis = tokio::task::spawn_blocking(move || PrivateRedis::start_with(&redis_args))
             .await
             .expect("start the private Redis");
         let upstream = format!("127.0.0.1:{}", postgres.port).parse().expect("address");
@@ -77,6 +97,7 @@ impl Deployment {
         ]
         .into_iter()
         .map(|(name, value)| (name.to_owned(), value))
+        .chain(extras.env)
         .collect();
         let migrate_binary = binary.clone();
         let migrate_env = env.clone();

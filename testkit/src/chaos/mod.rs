@@ -9,6 +9,7 @@
 //! until it gets an answer that settles the transfer; keyless clients
 //! double-click (several identical requests at once) and never retry.
 
+mod arrivals;
 mod checks;
 mod deployment;
 mod fault;
@@ -19,6 +20,7 @@ mod timeline;
 
 use std::path::PathBuf;
 
+pub use arrivals::{ARRIVALS_REPORT_HEADER, ArrivalFault, ArrivalsReport, run_arrivals};
 pub use fault::Fault;
 pub use report::{ChaosReport, REPORT_HEADER};
 pub use scale::Scale;
