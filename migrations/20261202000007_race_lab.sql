@@ -2,8 +2,8 @@
 -- wallets.lab_slot in 20261202000002_wallets_and_ledger.sql).
 
 -- Makes a visitor's two lab wallets on first use, then empties them for a
--- new run: their transfers, ledger entries and the keys that point at
--- those transfers go, and both balances start again at p_balance_minor.
+-- new run: their transfers, ledger entries, the keys that point at those
+-- transfers and the lab's deposit events go, and both balances start again at p_balance_minor.
 -- Only lab rows are touched: every statement filters on lab_slot. The
 -- wallets are locked first, so a run started from a second tab waits for
 -- this reset instead of interleaving with it.
@@ -24,6 +24,8 @@ BEGIN
     DELETE FROM idempotency_keys k
      USING transfers t
      WHERE k.transfer_id = t.id AND t.from_wallet_id IN (wallet_a, wallet_b);
+    -- The lab's deposit events, named 'lab:<visitor>:<event>'.
+    DELETE FROM inbox WHERE source = 'race_lab' AND event_id LIKE 'lab:' || p_user::text || ':%';
     DELETE FROM ledger_entries WHERE wallet_id IN (wallet_a, wallet_b);
     DELETE FROM transfers WHERE from_wallet_id IN (wallet_a, wallet_b);
     UPDATE wallets

@@ -9,7 +9,9 @@
 -- credit, so that of two deliveries of one event the second waits for the
 -- first and then reads its answer.
 
-CREATE TYPE inbox_source AS ENUM ('provider', 'broker');
+-- 'race_lab': the race lab's deliveries of lab deposits, between a
+-- visitor's two lab wallets (20261202000007_race_lab.sql).
+CREATE TYPE inbox_source AS ENUM ('provider', 'broker', 'race_lab');
 CREATE TYPE inbox_claim_verdict AS ENUM ('started', 'replayed', 'payload_changed', 'in_flight');
 
 -- Each committed row holds the answer every later delivery gets: the
@@ -147,6 +149,8 @@ $$;
 --   'credited'           credited and recorded;
 --   'unknown_wallet'     no such real wallet (lab and clearing wallets
 --                        cannot receive deposits); nothing written;
+-- With p_lab_clearing, the deposit is the race lab's: into one lab wallet,
+-- from the same visitor's other one, and nowhere else.
 --   'currency_mismatch'  the wallet holds another currency; nothing written.
 -- The remaining values are decided by deposit() before the credit.
 CREATE TYPE deposit_verdict AS ENUM (
@@ -158,6 +162,7 @@ CREATE FUNCTION deposit_credit(
     p_amount bigint,
     p_currency text,
     p_wait_ms int,
+    p_lab_clearing uuid,
     OUT outcome deposit_verdict,
     OUT owner uuid,
     OUT balance_minor_after bigint,
@@ -173,7 +178,8 @@ BEGIN
     PERFORM set_config('lock_timeout', p_wait_ms || 'ms', true);
     SELECT w.user_id, w.currency INTO owner, v_currency
       FROM wallets w
-     WHERE w.id = p_wallet AND w.lab_slot IS NULL AND w.clearing_source IS NULL
+     WHERE w.id = p_wallet AND w.clearing_source IS NULL
+       AND (w.lab_slot IS NULL) = (p_lab_clearing IS NULL)
        FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         outcome := 'unknown_wallet';
@@ -184,12 +190,26 @@ BEGIN
         outcome := 'currency_mismatch';
         RETURN;
     END IF;
-    SELECT w.id, w.user_id INTO v_clearing_wallet, v_clearing_owner
-      FROM wallets w
-     WHERE w.clearing_source = 'provider' AND w.currency = p_currency
-       FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'the provider has no clearing wallet in %', p_currency;
+    IF p_lab_clearing IS NULL THEN
+        SELECT w.id, w.user_id INTO v_clearing_wallet, v_clearing_owner
+          FROM wallets w
+         WHERE w.clearing_source = 'provider' AND w.currency = p_currency
+           FOR NO KEY UPDATE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'the provider has no clearing wallet in %', p_currency;
+        END IF;
+    ELSE
+        -- A race-lab deposit: the money comes from the visitor's other lab
+        -- wallet, never from anyone else's.
+        SELECT w.id, w.user_id INTO v_clearing_wallet, v_clearing_owner
+          FROM wallets w
+         WHERE w.id = p_lab_clearing AND w.user_id = owner AND w.lab_slot IS NOT NULL AND w.id <> p_wallet
+           FOR NO KEY UPDATE;
+        IF NOT FOUND THEN
+            outcome := 'unknown_wallet';
+            owner := NULL;
+            RETURN;
+        END IF;
     END IF;
 
     UPDATE wallets SET balance_minor = balance_minor + p_amount WHERE id = p_wallet
@@ -225,6 +245,8 @@ $$;
 -- refusals that depend on nothing but the event (over the limit, older
 -- than the inbox remembers), the credit, and the answer stored with the
 -- claim. Called as one statement, it commits or rolls back as a whole.
+-- p_source names the sender in the inbox ('provider', or 'race_lab' with
+-- p_lab_clearing for the race lab's deliveries).
 -- A refusal is stored like a success, so that every redelivery gets it.
 CREATE FUNCTION deposit(
     p_event_id text,
@@ -239,6 +261,8 @@ CREATE FUNCTION deposit(
     p_wallet_wait_ms int,
     p_transfer_id uuid,
     p_trace_id text,
+    p_source inbox_source,
+    p_lab_clearing uuid,
     OUT claim inbox_claim_verdict,
     OUT claim_ms double precision,
     OUT credit_ms double precision,
@@ -257,7 +281,7 @@ DECLARE
 BEGIN
     v_started := clock_timestamp();
     SELECT * INTO v_claim
-      FROM inbox_claim('provider', p_event_id, p_fingerprint, p_retention_hours, p_claim_wait_ms);
+      FROM inbox_claim(p_source, p_event_id, p_fingerprint, p_retention_hours, p_claim_wait_ms);
     claim := v_claim.outcome;
     claim_ms := extract(epoch FROM clock_timestamp() - v_started) * 1000;
     IF claim <> 'started' THEN
@@ -282,7 +306,7 @@ BEGIN
         verdict := 'event_too_old';
     ELSE
         SELECT * INTO v_credit
-          FROM deposit_credit(p_transfer_id, p_wallet, p_amount, p_currency, p_wallet_wait_ms);
+          FROM deposit_credit(p_transfer_id, p_wallet, p_amount, p_currency, p_wallet_wait_ms, p_lab_clearing);
         verdict := v_credit.outcome::text;
         owner := v_credit.owner;
     END IF;
@@ -296,7 +320,7 @@ BEGIN
         response_status := 422;
     END IF;
     response_trace_id := p_trace_id;
-    PERFORM inbox_complete('provider', p_event_id, verdict, response_status, response_body, p_trace_id,
+    PERFORM inbox_complete(p_source, p_event_id, verdict, response_status, response_body, p_trace_id,
                            CASE WHEN verdict = 'credited' THEN p_transfer_id END);
 END
 $$;

@@ -264,9 +264,12 @@ async fn sign_up_transfer_and_a_double_click_pays_once() {
 async fn the_race_lab_shows_each_layer_catch_what_it_catches() {
     let app = spawn_app(|settings| {
         settings.cooldown_ttl_ms = 1_000;
-        // Every preset with every switch: 40 runs by one visitor.
+        // Every preset with every switch: 56 runs by one visitor.
         settings.race_lab_run_spacing_ms = 0;
         settings.race_lab_runs_per_user_per_minute_max = 1_000;
+        // Every run's results kept, so that the pictured ones can be
+        // reopened at a phone's width.
+        settings.race_lab_results_per_user_max = 100;
     })
     .await;
     let browser = browser().await;
@@ -298,6 +301,8 @@ async fn the_race_lab_shows_each_layer_catch_what_it_catches() {
         "retry-after-window",
         "overdraw",
         "crossing",
+        "webhook-storm",
+        "redelivery",
     ] {
         for cooldown in ["on", "off"] {
             for key in ["atomic", "check_then_insert"] {
@@ -336,8 +341,10 @@ async fn the_race_lab_shows_each_layer_catch_what_it_catches() {
                         .fetch_one(&app.db)
                         .await
                         .expect("lab state");
-                    let charged_twice =
-                        matches!(preset, "same-key" | "double-click" | "retry-after-window") && transfers > 1;
+                    let charged_twice = matches!(
+                        preset,
+                        "same-key" | "double-click" | "retry-after-window" | "webhook-storm" | "redelivery"
+                    ) && transfers > 1;
                     let damaged = charged_twice || created != 0 || unexplained != 0 || negative != 0;
 
                     // The verdict agrees with it: never a ✗ beside evidence

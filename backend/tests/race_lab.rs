@@ -278,6 +278,74 @@ async fn each_layer_switched_off_shows_its_damage() {
     app.assert_invariants().await;
 }
 
+/// Money that arrives: one deposit event delivered many times at once, or
+/// again while its first delivery is being applied. With the inbox (or the
+/// edge lock) on, it is credited once, whatever arrives; with the edge lock
+/// off and the inbox naive, it is credited again and again, and the page
+/// counts it from the database. Real money never moves.
+#[tokio::test]
+async fn deliveries_of_one_event_are_credited_once_unless_the_inbox_is_naive() {
+    let app = spawn_app(|settings| settings.race_lab_run_spacing_ms = 0).await;
+    let mut alice = signed_up(&app, "alice").await;
+    let alice_wallet = app.wallet_of("alice").await;
+    let count = "30";
+    let amount = BALANCE / 60;
+
+    for preset in ["webhook-storm", "redelivery"] {
+        // Everything on: the edge lock answers the copies.
+        let (status, page) = run(
+            &mut alice,
+            &[("preset", preset), ("count", count), ("cooldown", "on")],
+        )
+        .await;
+        assert_eq!(status, "fired");
+        assert!(verdict(&page), "{preset}: {}", text_of(&page, "summary"));
+        let lab = lab_of(&app, "alice").await;
+        assert_eq!((lab.transfers, lab.moved_minor), (1, amount), "{preset}");
+        assert!(page.contains("Answered by the edge lock"), "{preset}");
+
+        // The inbox alone: still one credit, and it is the inbox that says so.
+        let (_, page) = run(&mut alice, &[("preset", preset), ("count", count)]).await;
+        assert!(verdict(&page), "{preset}: {}", text_of(&page, "summary"));
+        assert_eq!(lab_of(&app, "alice").await.transfers, 1, "{preset}");
+        assert!(page.contains("Answered by the inbox"), "{preset}");
+    }
+
+    // The edge lock off and the inbox naive: the storm credits the event
+    // more than once (the naive window makes the race all but certain).
+    let (_, page) = run(
+        &mut alice,
+        &[
+            ("preset", "webhook-storm"),
+            ("count", count),
+            ("idempotency", "check_then_insert"),
+        ],
+    )
+    .await;
+    let credits = lab_of(&app, "alice").await.transfers;
+    assert!(credits > 1, "the naive inbox credited once");
+    damage_as_expected(&page, &format!("One event was credited {credits} times"));
+    let lab = lab_of(&app, "alice").await;
+    assert_eq!(lab.moved_minor, credits * amount);
+    assert_eq!((lab.money_created_minor, lab.unexplained_balances), (0, 0));
+
+    // The lab's events stay in the sandbox: the next run's reset removes
+    // them, and the real wallet and real money never moved.
+    let (status, _) = run(
+        &mut alice,
+        &[("preset", "double-click"), ("count", "2"), ("keys", "none")],
+    )
+    .await;
+    assert_eq!(status, "fired");
+    assert_eq!(
+        app.count("SELECT count(*) FROM inbox WHERE source = 'race_lab'")
+            .await,
+        0
+    );
+    assert_eq!(app.balance(alice_wallet).await, 100_000);
+    app.assert_invariants().await;
+}
+
 /// The switches reach lab wallets only: from any client but the lab's own
 /// burst they are refused before anything is written, the wallet check
 /// admits only the caller's own two lab wallets, a naive statement does not

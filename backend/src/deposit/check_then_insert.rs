@@ -10,8 +10,8 @@
 use actix_web::http::StatusCode;
 use uuid::Uuid;
 
-use super::DepositEvent;
-use super::transaction::{DepositVerdict, Settled, database_refusal, execute_atomic};
+use super::transaction::{self, DepositVerdict, Settled, database_refusal};
+use super::{DepositEvent, DepositVariants};
 use crate::defense::Refusal;
 use crate::defense::idempotency::StoredResponse;
 use crate::domain::UserId;
@@ -30,14 +30,16 @@ pub(super) async fn execute(
     event: &DepositEvent,
     fingerprint: &[u8; 32],
     trace_id: &str,
+    variants: DepositVariants,
 ) -> Result<Settled, Refusal> {
     let config = &state.config;
     // Look: has the event been recorded? If so, or if the event is refused
     // before any credit, the production path answers (a read, or a refusal).
     let recorded: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM inbox WHERE source = 'provider' AND event_id = $1
+        "SELECT EXISTS (SELECT 1 FROM inbox WHERE source = $1::inbox_source AND event_id = $2
                           AND verdict IS NOT NULL AND expires_at > now())",
     )
+    .bind(variants.source)
     .bind(&event.event_id)
     .fetch_one(&state.db)
     .await
@@ -46,11 +48,11 @@ pub(super) async fn execute(
     let too_old = event.occurred_at
         < chrono::Utc::now() - chrono::Duration::hours(config.deposits.inbox_retention_hours.into());
     if recorded || over_limit || too_old {
-        return execute_atomic(state, event, fingerprint, trace_id).await;
+        return transaction::execute(state, event, fingerprint, trace_id, variants).await;
     }
     // The window between looking and recording, where a concurrent
     // delivery of the same event looks too and sees nothing either.
-    tokio::time::sleep(config.demo.naive_window).await;
+    tokio::time::sleep(variants.naive_window).await;
 
     // Credit, in a transaction of its own.
     let transfer_id = Uuid::now_v7();
@@ -60,13 +62,14 @@ pub(super) async fn execute(
         .await
         .map_err(|error| database_refusal(&error, false))?;
     let credit: Credit = sqlx::query_as(
-        "SELECT outcome::text AS outcome, owner, created_at FROM deposit_credit($1, $2, $3, $4, $5)",
+        "SELECT outcome::text AS outcome, owner, created_at FROM deposit_credit($1, $2, $3, $4, $5, $6)",
     )
     .bind(transfer_id)
     .bind(event.wallet.0)
     .bind(event.amount_minor)
     .bind(&event.currency)
     .bind(i32::from(config.database.wallet_lock_wait_ms_max))
+    .bind(variants.lab_clearing.map(|wallet| wallet.0))
     .fetch_one(&mut *tx)
     .await
     .map_err(|error| database_refusal(&error, false))?;
@@ -106,7 +109,7 @@ pub(super) async fn execute(
     let recorded = sqlx::query(
         "INSERT INTO inbox (source, event_id, fingerprint, expires_at, verdict, response_status, response_body,
                             response_trace_id, transfer_id)
-         VALUES ('provider', $1, $2, now() + make_interval(hours => $3), $4, $5, $6, $7, $8)
+         VALUES ($9::inbox_source, $1, $2, now() + make_interval(hours => $3), $4, $5, $6, $7, $8)
          ON CONFLICT (source, event_id) DO NOTHING",
     )
     .bind(&event.event_id)
@@ -117,6 +120,7 @@ pub(super) async fn execute(
     .bind(credited.then_some(response.body.as_str()))
     .bind(trace_id)
     .bind(credited.then_some(transfer_id))
+    .bind(variants.source)
     .execute(&state.db)
     .await;
     if let Err(error) = recorded {

@@ -24,6 +24,7 @@ use uuid::Uuid;
 
 use crate::domain::{WalletId, wallet_id_field};
 use crate::problem::{Fields, Problem};
+use crate::settings::{Config, InboxMode};
 
 mod check_then_insert;
 pub mod edge;
@@ -33,6 +34,39 @@ pub mod transaction;
 
 /// The inbox's name for deposits, and the edge lock's.
 pub const SOURCE: &str = "provider";
+/// Their name for the race lab's deposits between a visitor's lab wallets.
+pub const RACE_LAB_SOURCE: &str = "race_lab";
+
+/// Which variant of each layer a delivery goes through, and where its money
+/// comes from: the deployment's settings for a provider's delivery, a run's
+/// switches for the race lab's.
+#[derive(Debug, Clone, Copy)]
+pub struct DepositVariants {
+    /// The sender's name in the inbox and at the edge.
+    pub source: &'static str,
+    /// Layer 1, the edge lock on the event, on or off.
+    pub event_lock: bool,
+    /// Layer 2, the inbox: atomic, or the naive check-then-insert.
+    pub inbox: InboxMode,
+    /// The pause inside the naive inbox's race window.
+    pub naive_window: std::time::Duration,
+    /// A race-lab delivery: the visitor's lab wallet the money comes from,
+    /// instead of the provider's clearing wallet.
+    pub lab_clearing: Option<WalletId>,
+}
+
+impl DepositVariants {
+    /// A payment provider's delivery, as the deployment is set.
+    pub fn of(config: &Config) -> Self {
+        Self {
+            source: SOURCE,
+            event_lock: config.deposits.event_lock_enabled,
+            inbox: config.deposits.inbox_mode,
+            naive_window: config.demo.naive_window,
+            lab_clearing: None,
+        }
+    }
+}
 
 /// An event id: what a provider names its event by, and an issuer its
 /// command. The characters leave it safe in a Redis key and a log line.

@@ -4,7 +4,8 @@
 //! 1. the edge lock (`edge`), whose duplicates answer with the first
 //!    delivery's answer without touching PostgreSQL;
 //! 2. and 3. the inbox claim and the credit, in one PostgreSQL call
-//!    (`transaction`);
+//!    (`transaction`), or, in the naive demonstration variant only, one
+//!    statement after another (`check_then_insert`);
 //!
 //! then the decision is reported (span, log line, metrics, the wallet
 //! owner's feed) and sent: the same status and the same bytes for every
@@ -15,14 +16,16 @@ use std::time::Instant;
 use actix_web::HttpResponse;
 use chrono::Utc;
 
+use super::check_then_insert;
 use super::edge::{EdgeAnswer, EdgeVerdict, PassedOn};
 use super::transaction::{self, Settled};
-use super::{DepositEvent, SOURCE};
+use super::{DepositEvent, DepositVariants};
 use crate::decision::feed::{EntryPoint, FeedEntry};
 use crate::decision::{Decision, Layer, Outcome};
 use crate::defense::Refusal;
 use crate::defense::idempotency::StoredResponse;
 use crate::domain::UserId;
+use crate::settings::InboxMode;
 use crate::state::AppState;
 use crate::telemetry::RequestContext;
 use crate::transfer::pipeline::Answer;
@@ -57,18 +60,24 @@ impl DepositDecided {
     }
 }
 
-/// The three layers in order, for a signed event that parsed.
+/// The three layers in order, for a signed event that parsed (or one of
+/// the race lab's), each in the variant `variants` says.
 pub async fn through_the_layers(
     state: &AppState,
     context: &RequestContext,
     event: DepositEvent,
+    variants: DepositVariants,
 ) -> DepositDecided {
     let fingerprint = event.fingerprint();
 
     // Layer 1: the edge lock. A duplicate answered here touches no
     // database.
     let started = Instant::now();
-    let edge = state.event_lock.pass(SOURCE, &event.event_id).await;
+    let edge = if variants.event_lock {
+        state.event_lock.pass(variants.source, &event.event_id).await
+    } else {
+        EdgeVerdict::Disabled
+    };
     state
         .metrics
         .observe_layer(Layer::EdgeLock.as_str(), started.elapsed());
@@ -98,7 +107,14 @@ pub async fn through_the_layers(
     };
 
     // Layers 2 and 3: the inbox claim and the credit, in one transaction.
-    let settled = transaction::execute(state, &event, &fingerprint, &context.trace_id).await;
+    let settled = match variants.inbox {
+        InboxMode::Atomic => {
+            transaction::execute(state, &event, &fingerprint, &context.trace_id, variants).await
+        }
+        InboxMode::CheckThenInsert => {
+            check_then_insert::execute(state, &event, &fingerprint, &context.trace_id, variants).await
+        }
+    };
     if let Some(permit) = permit {
         match &settled {
             Ok(settled) => {

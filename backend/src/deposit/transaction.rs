@@ -12,13 +12,12 @@
 
 use uuid::Uuid;
 
-use super::DepositEvent;
+use super::{DepositEvent, DepositVariants};
 use crate::decision::{Decision, Layer, Outcome};
 use crate::defense::Refusal;
 use crate::defense::idempotency::StoredResponse;
 use crate::domain::UserId;
 use crate::problem::{self, DatabaseFailure, Problem, ProblemType, SqlState};
-use crate::settings::InboxMode;
 use crate::state::AppState;
 
 /// The inbox's answer to a claim: the PostgreSQL enum
@@ -122,28 +121,15 @@ struct DepositRow {
     response_trace_id: Option<String>,
 }
 
-/// Runs the deposit's transaction. Every way it can end is a decision: a
-/// stored answer (fresh or replayed), or a refusal that stored nothing.
+/// Runs the deposit's transaction, `deposit()`, one statement. Every way
+/// it can end is a decision: a stored answer (fresh or replayed), or a
+/// refusal that stored nothing.
 pub async fn execute(
     state: &AppState,
     event: &DepositEvent,
     fingerprint: &[u8; 32],
     trace_id: &str,
-) -> Result<Settled, Refusal> {
-    match state.config.deposits.inbox_mode {
-        InboxMode::Atomic => execute_atomic(state, event, fingerprint, trace_id).await,
-        InboxMode::CheckThenInsert => {
-            super::check_then_insert::execute(state, event, fingerprint, trace_id).await
-        }
-    }
-}
-
-/// The production transaction: `deposit()`, one statement.
-pub(super) async fn execute_atomic(
-    state: &AppState,
-    event: &DepositEvent,
-    fingerprint: &[u8; 32],
-    trace_id: &str,
+    variants: DepositVariants,
 ) -> Result<Settled, Refusal> {
     let config = &state.config;
     // Acquired apart from the statement, so that an error here is known to
@@ -155,7 +141,7 @@ pub(super) async fn execute_atomic(
         .map_err(|error| database_refusal(&error, false))?;
     let row: DepositRow = sqlx::query_as(
         "SELECT claim, claim_ms, credit_ms, verdict, owner, response_status, response_body, response_trace_id
-         FROM deposit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+         FROM deposit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13::inbox_source, $14)",
     )
     .bind(&event.event_id)
     .bind(&fingerprint[..])
@@ -169,6 +155,8 @@ pub(super) async fn execute_atomic(
     .bind(i32::from(config.database.wallet_lock_wait_ms_max))
     .bind(Uuid::now_v7())
     .bind(trace_id)
+    .bind(variants.source)
+    .bind(variants.lab_clearing.map(|wallet| wallet.0))
     .fetch_one(&mut *connection)
     .await
     .map_err(|error| database_refusal(&error, true))?;

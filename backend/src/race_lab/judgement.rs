@@ -28,7 +28,11 @@ impl Damage {
     pub fn of(preset: Preset, state: &LabState, balance_minor: i64) -> Self {
         let duplicates_expected_once = matches!(
             preset,
-            Preset::SameKey | Preset::DoubleClick | Preset::RetryAfterWindow
+            Preset::SameKey
+                | Preset::DoubleClick
+                | Preset::RetryAfterWindow
+                | Preset::WebhookStorm
+                | Preset::Redelivery
         );
         Self {
             duplicate_charges: if duplicates_expected_once {
@@ -78,6 +82,11 @@ fn defended(preset: Preset, switches: &Switches, keys: KeyStrategy) -> bool {
         // The retries come after the window: only the key can catch them.
         Preset::RetryAfterWindow => key_holds,
         Preset::Overdraw | Preset::Crossing => switches.row_guard == RowGuardMode::Guarded,
+        // For deliveries the first switch is the edge lock and the second
+        // the inbox; the event id is the key, on every copy.
+        Preset::WebhookStorm | Preset::Redelivery => {
+            switches.cooldown || switches.idempotency == IdempotencyMode::Atomic
+        }
     }
 }
 
@@ -90,8 +99,9 @@ impl Judgement {
         kept: bool,
         damage: &Damage,
     ) -> Self {
-        let weakened =
-            switches.idempotency != IdempotencyMode::Atomic || switches.row_guard != RowGuardMode::Guarded;
+        // A delivery's third layer, the credit, has no naive variant.
+        let weakened = switches.idempotency != IdempotencyMode::Atomic
+            || (switches.row_guard != RowGuardMode::Guarded && !preset.is_delivery());
         let cooldown_stopped_the_rest =
             switches.cooldown && funnel.cooldown > 0 && funnel.cooldown + 1 >= funnel.sent;
         if weakened && cooldown_stopped_the_rest && !damage.any() {
@@ -132,19 +142,21 @@ impl Judgement {
 /// What the damage was, in sentences, with lab money formatted by `money`.
 pub fn damage_sentences(
     damage: &Damage,
+    preset: Preset,
     keys: KeyStrategy,
     plan: &Plan,
     money: impl Fn(i64) -> String,
 ) -> Vec<String> {
     let mut said = Vec::new();
     if damage.duplicate_charges > 0 {
-        let what = match keys {
-            KeyStrategy::Same => "One key",
-            _ => "One transfer",
+        let (what, charged) = match keys {
+            _ if preset.is_delivery() => ("One event", "credited"),
+            KeyStrategy::Same => ("One key", "charged"),
+            _ => ("One transfer", "charged"),
         };
         let times = damage.duplicate_charges + 1;
         said.push(format!(
-            "{what} was charged {times} times ({} duplicates, {} in all)",
+            "{what} was {charged} {times} times ({} duplicates, {} in all)",
             damage.duplicate_charges,
             money(times * plan.amount_minor)
         ));
@@ -200,6 +212,15 @@ pub fn cause(preset: Preset, switches: &Switches, keys: KeyStrategy) -> (String,
             )
         }
         Preset::Overdraw | Preset::Crossing => ("the naive row guard".to_owned(), "the row guard"),
+        Preset::WebhookStorm | Preset::Redelivery => {
+            if !switches.cooldown {
+                causes.push("the edge lock off");
+            }
+            if switches.idempotency != IdempotencyMode::Atomic {
+                causes.push("the naive inbox");
+            }
+            (causes.join(" and "), "the inbox (and the edge lock before it)")
+        }
     }
 }
 
@@ -319,9 +340,13 @@ mod tests {
             pause: std::time::Duration::ZERO,
             amount_minor: 500,
         };
-        let said = damage_sentences(&DOUBLE_CHARGE, KeyStrategy::Same, &plan, |minor| {
-            format!("LAB {minor}")
-        });
+        let said = damage_sentences(
+            &DOUBLE_CHARGE,
+            Preset::SameKey,
+            KeyStrategy::Same,
+            &plan,
+            |minor| format!("LAB {minor}"),
+        );
         assert_eq!(
             said,
             vec!["One key was charged 20 times (19 duplicates, LAB 10000 in all)"]
@@ -332,9 +357,13 @@ mod tests {
             lost_updates: 1,
             duplicate_charges: 0,
         };
-        let said = damage_sentences(&created, KeyStrategy::NewPerRequest, &plan, |minor| {
-            format!("LAB {minor}")
-        });
+        let said = damage_sentences(
+            &created,
+            Preset::Overdraw,
+            KeyStrategy::NewPerRequest,
+            &plan,
+            |minor| format!("LAB {minor}"),
+        );
         assert_eq!(
             said,
             vec![

@@ -13,6 +13,7 @@
 //!   released together, the last byte of each written at once.
 
 pub mod burst;
+pub mod deliveries;
 pub mod judgement;
 pub mod pass;
 pub mod presets;

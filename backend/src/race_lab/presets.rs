@@ -12,6 +12,7 @@ use uuid::Uuid;
 use super::burst::{Answer, Shot};
 use super::{LabState, LabWallets, Switches};
 use crate::decision::{Layer, Outcome};
+use crate::settings::IdempotencyMode;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Preset {
@@ -26,7 +27,19 @@ pub enum Preset {
     Overdraw,
     /// Transfers both ways between the two lab wallets at once.
     Crossing,
+    /// Money that arrives: a payment provider delivering one deposit event
+    /// N times at once, to wallet A from wallet B (the lab's stand-in for
+    /// the provider's clearing account).
+    WebhookStorm,
+    /// One deposit event delivered, then, while that delivery is still
+    /// being applied, delivered again N − 1 times: a provider whose
+    /// time-out is shorter than the service's work.
+    Redelivery,
 }
+
+/// How long after the first delivery the redeliveries of the `Redelivery`
+/// preset start: shorter than a delivery takes, so that they overlap it.
+pub const REDELIVERY_AFTER: Duration = Duration::from_millis(5);
 
 /// Which idempotency keys the requests of a run carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,13 +58,47 @@ pub struct Plan {
 }
 
 impl Preset {
-    pub const ALL: [Preset; 5] = [
+    pub const ALL: [Preset; 7] = [
         Preset::SameKey,
         Preset::DoubleClick,
         Preset::RetryAfterWindow,
         Preset::Overdraw,
         Preset::Crossing,
+        Preset::WebhookStorm,
+        Preset::Redelivery,
     ];
+
+    /// The layers `switches` weaken for a run of this preset, in words for
+    /// the page: for deliveries, the first switch is the edge lock and the
+    /// second the inbox, and the credit cannot be weakened.
+    pub fn switched_off(self, switches: &Switches) -> Vec<&'static str> {
+        if !self.is_delivery() {
+            return switches.off();
+        }
+        let mut off = Vec::new();
+        if !switches.cooldown {
+            off.push("the edge lock on the event is off");
+        }
+        if switches.idempotency != IdempotencyMode::Atomic {
+            off.push("the inbox is checked, then written after the credit (naive)");
+        }
+        off
+    }
+
+    /// The first layer a run of this preset meets, for the page.
+    pub fn first_layer(self) -> &'static str {
+        if self.is_delivery() {
+            "the edge lock"
+        } else {
+            "the cooldown lock"
+        }
+    }
+
+    /// A preset of deliveries of one deposit event, rather than transfers:
+    /// its layers are the edge lock, the inbox and the credit.
+    pub fn is_delivery(self) -> bool {
+        matches!(self, Preset::WebhookStorm | Preset::Redelivery)
+    }
 
     pub fn slug(self) -> &'static str {
         match self {
@@ -60,6 +107,8 @@ impl Preset {
             Preset::RetryAfterWindow => "retry-after-window",
             Preset::Overdraw => "overdraw",
             Preset::Crossing => "crossing",
+            Preset::WebhookStorm => "webhook-storm",
+            Preset::Redelivery => "redelivery",
         }
     }
 
@@ -76,6 +125,12 @@ impl Preset {
             }
             Preset::Overdraw => "Overdraw: different transfers adding up to twice the balance, all at once",
             Preset::Crossing => "Crossing: transfers from A to B and from B to A, all at once",
+            Preset::WebhookStorm => {
+                "Webhook storm: a payment provider delivers one deposit event into A, all copies at once"
+            }
+            Preset::Redelivery => {
+                "Redelivery: one deposit event, delivered again while its first delivery is still being applied"
+            }
         }
     }
 
@@ -93,7 +148,10 @@ impl Preset {
 
     pub fn default_keys(self) -> KeyStrategy {
         match self {
-            Preset::SameKey | Preset::RetryAfterWindow => KeyStrategy::Same,
+            // A delivery's key is its event id, the same on every copy.
+            Preset::SameKey | Preset::RetryAfterWindow | Preset::WebhookStorm | Preset::Redelivery => {
+                KeyStrategy::Same
+            }
             Preset::DoubleClick => KeyStrategy::None,
             Preset::Overdraw | Preset::Crossing => KeyStrategy::NewPerRequest,
         }
@@ -116,6 +174,10 @@ impl Preset {
             Preset::Crossing => {
                 "Every transfer moves or is refused cleanly, without a deadlock, and no money is created or lost."
             }
+            Preset::WebhookStorm | Preset::Redelivery => {
+                "The event is credited exactly once, however many deliveries arrive together; every delivery gets \
+                 the same answer."
+            }
         }
     }
 
@@ -129,6 +191,13 @@ impl Preset {
         window: Duration,
     ) -> Plan {
         let shared_key = Uuid::new_v4();
+        // Every delivery carries the event's id: the keys strategy is a
+        // client's, not a provider's.
+        let keys = if self.is_delivery() {
+            KeyStrategy::Same
+        } else {
+            keys
+        };
         let key = |_: usize| match keys {
             KeyStrategy::Same => Some(shared_key),
             KeyStrategy::NewPerRequest => Some(Uuid::new_v4()),
@@ -138,6 +207,9 @@ impl Preset {
         let amount_minor = match self {
             // N × amount ≈ 2 × balance: about half must be refused.
             Preset::Overdraw => ((2 * balance_minor + count_i64 - 1) / count_i64.max(1)).max(1),
+            // Small enough that wallet B covers every delivery even if each
+            // one credits: the damage is counted, never refused.
+            Preset::WebhookStorm | Preset::Redelivery => (balance_minor / (2 * count_i64).max(1)).max(1),
             _ => (balance_minor / 20).max(1),
         };
         let shot = |index: usize, from: Uuid, to: Uuid| Shot {
@@ -165,6 +237,19 @@ impl Preset {
                     .collect();
                 (vec![both_ways], Duration::ZERO)
             }
+            // The money arrives in A from B, B standing in for the
+            // provider's clearing account.
+            Preset::WebhookStorm => (
+                vec![(0..count).map(|i| shot(i, wallets.b, wallets.a)).collect()],
+                Duration::ZERO,
+            ),
+            Preset::Redelivery => (
+                vec![
+                    vec![shot(0, wallets.b, wallets.a)],
+                    (1..count).map(|i| shot(i, wallets.b, wallets.a)).collect(),
+                ],
+                REDELIVERY_AFTER,
+            ),
             _ => (
                 vec![(0..count).map(|i| shot(i, wallets.a, wallets.b)).collect()],
                 Duration::ZERO,
@@ -183,7 +268,7 @@ impl Preset {
         let clean = state.invariants_hold();
         clean
             && match self {
-                Preset::SameKey | Preset::DoubleClick => {
+                Preset::SameKey | Preset::DoubleClick | Preset::WebhookStorm | Preset::Redelivery => {
                     state.transfers == 1 && state.moved_minor == plan.amount_minor
                 }
                 Preset::RetryAfterWindow => state.transfers == 1 && funnel.replayed >= 1,
@@ -269,6 +354,15 @@ impl Stage {
             }
             Some(decision) => match decision.layer {
                 Layer::Cooldown if decision.outcome == Outcome::Rejected => Stage::Cooldown,
+                Layer::EdgeLock if answer.status < 500 => Stage::Cooldown,
+                Layer::Inbox
+                    if matches!(
+                        decision.outcome,
+                        Outcome::Replayed | Outcome::InFlight | Outcome::PayloadChanged
+                    ) =>
+                {
+                    Stage::Key
+                }
                 Layer::Idempotency
                     if matches!(
                         decision.outcome,
@@ -284,13 +378,19 @@ impl Stage {
         }
     }
 
-    pub fn label(self) -> &'static str {
-        match self {
-            Stage::Cooldown => "Stopped by the cooldown lock",
-            Stage::Key => "Stopped by the idempotency key",
-            Stage::Guard => "Stopped by the row guard",
-            Stage::Moved => "Moved money",
-            Stage::Other => "Failed or refused for another reason",
+    /// What the stage is called for a run of `preset`: a transfer's layers,
+    /// or a delivery's.
+    pub fn label(self, preset: Preset) -> &'static str {
+        match (self, preset.is_delivery()) {
+            (Stage::Cooldown, false) => "Stopped by the cooldown lock",
+            (Stage::Key, false) => "Stopped by the idempotency key",
+            (Stage::Guard, false) => "Stopped by the row guard",
+            (Stage::Moved, false) => "Moved money",
+            (Stage::Cooldown, true) => "Answered by the edge lock",
+            (Stage::Key, true) => "Answered by the inbox",
+            (Stage::Guard, true) => "Refused by the credit",
+            (Stage::Moved, true) => "Credited",
+            (Stage::Other, _) => "Failed or refused for another reason",
         }
     }
 

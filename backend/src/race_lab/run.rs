@@ -91,6 +91,60 @@ pub async fn run(
         request.keys,
         state.config.cooldown.ttl,
     );
+    // What the run uses: a deployment with the switches off runs every
+    // layer whatever was asked.
+    let used = if lab.switches_enabled {
+        request.switches
+    } else {
+        Switches::ALL_ON
+    };
+    let (answers, overlap_max, wave_max) = if request.preset.is_delivery() {
+        let delivered = super::deliveries::deliver(state, user, wallets, used, &plan.waves, plan.pause).await;
+        let wave_max = plan.waves.iter().map(Vec::len).max().unwrap_or(0);
+        (delivered.answers, delivered.overlap_max, wave_max)
+    } else {
+        fire_transfers(state, user, bearer_token, &request, &plan).await
+    };
+    let funnel = Funnel::of(&answers);
+    let lab_state = LabState::read(&state.db, user).await?;
+    let kept = request.preset.kept(&funnel, &lab_state, &plan, lab.balance_minor);
+    let damage = Damage::of(request.preset, &lab_state, lab.balance_minor);
+    let judgement = Judgement::of(request.preset, &used, request.keys, &funnel, kept, &damage);
+    // The run's keys served their purpose inside it; left, a visitor firing
+    // run after run would pile up keys until their retention ends.
+    let keys: Vec<uuid::Uuid> = plan.waves.iter().flatten().filter_map(|shot| shot.key).collect();
+    sqlx::query("DELETE FROM idempotency_keys WHERE user_id = $1 AND key = ANY ($2)")
+        .bind(user.0)
+        .bind(&keys)
+        .execute(&state.db)
+        .await?;
+    lease.rollback().await?;
+    Ok(Run {
+        request,
+        balance_minor: lab.balance_minor,
+        plan,
+        answers,
+        overlap_max,
+        wave_max,
+        funnel,
+        state: lab_state,
+        kept,
+        judgement,
+        damage,
+    })
+}
+
+/// Fires the plan's waves of transfers through the public endpoint, one
+/// wave after another; returns every answer, and the overlap and size of
+/// the largest wave.
+async fn fire_transfers(
+    state: &AppState,
+    user: UserId,
+    bearer_token: &str,
+    request: &RunRequest,
+    plan: &Plan,
+) -> (Vec<Answer>, usize, usize) {
+    let lab = &state.config.race_lab;
     let switches = match request.switches.run {
         Some(run) if lab.switches_enabled => Some(SwitchesWithPasses {
             header: request.switches.header_value(),
@@ -129,40 +183,7 @@ pub async fn run(
             answer
         }));
     }
-    let funnel = Funnel::of(&answers);
-    let lab_state = LabState::read(&state.db, user).await?;
-    let kept = request.preset.kept(&funnel, &lab_state, &plan, lab.balance_minor);
-    let damage = Damage::of(request.preset, &lab_state, lab.balance_minor);
-    // What the run actually used: a deployment with the switches off runs
-    // every layer whatever was asked.
-    let used = if lab.switches_enabled {
-        request.switches
-    } else {
-        Switches::ALL_ON
-    };
-    let judgement = Judgement::of(request.preset, &used, request.keys, &funnel, kept, &damage);
-    // The run's keys served their purpose inside it; left, a visitor firing
-    // run after run would pile up keys until their retention ends.
-    let keys: Vec<uuid::Uuid> = plan.waves.iter().flatten().filter_map(|shot| shot.key).collect();
-    sqlx::query("DELETE FROM idempotency_keys WHERE user_id = $1 AND key = ANY ($2)")
-        .bind(user.0)
-        .bind(&keys)
-        .execute(&state.db)
-        .await?;
-    lease.rollback().await?;
-    Ok(Run {
-        request,
-        balance_minor: lab.balance_minor,
-        plan,
-        answers,
-        overlap_max,
-        wave_max,
-        funnel,
-        state: lab_state,
-        kept,
-        judgement,
-        damage,
-    })
+    (answers, overlap_max, wave_max)
 }
 
 /// Records the start of a run, or refuses it when the visitor's last run

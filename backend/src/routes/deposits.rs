@@ -13,7 +13,7 @@ use crate::decision::{Layer, Outcome};
 use crate::defense::Refusal;
 use crate::deposit::pipeline::{self, DepositDecided};
 use crate::deposit::signature;
-use crate::deposit::{DepositEvent, DepositReceipt};
+use crate::deposit::{DepositEvent, DepositReceipt, DepositVariants};
 use crate::problem::{Problem, ProblemType};
 use crate::routes::read_json_body;
 use crate::state::AppState;
@@ -71,7 +71,7 @@ async fn decide(
         Ok(event) => event,
         Err(problem) => return invalid(problem),
     };
-    pipeline::through_the_layers(state, context, event).await
+    pipeline::through_the_layers(state, context, event, DepositVariants::of(&state.config)).await
 }
 
 /// The provider's event, as it is sent (documentation only: the body is

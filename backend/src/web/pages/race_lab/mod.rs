@@ -335,7 +335,12 @@ fn parse_run(form: &RunFields, requests_max: usize) -> Result<RunRequest, NotFir
         .ok()
         .filter(|count| (2..=requests_max).contains(count))
         .ok_or(NotFired::BadCount)?;
-    let keys = KeyStrategy::from_slug(&form.keys).ok_or(NotFired::NoKeys)?;
+    // Deliveries carry their event's id, whatever the keys field says.
+    let keys = match KeyStrategy::from_slug(&form.keys) {
+        _ if preset.is_delivery() => preset.default_keys(),
+        Some(keys) => keys,
+        None => return Err(NotFired::NoKeys),
+    };
     let switches = Switches {
         cooldown: form.cooldown == "on",
         idempotency: if form.idempotency == "check_then_insert" {

@@ -142,23 +142,35 @@ impl RunView {
         let funnel = &run.funnel;
         let percent = |count: usize| (count * 100).checked_div(funnel.sent).unwrap_or(0);
         let row = |stage: Stage, count: usize| FunnelRow {
-            label: stage.label().to_owned(),
+            label: stage.label(run.request.preset).to_owned(),
             class: stage.class().to_owned(),
             count,
             percent: percent(count),
         };
         let (expected_moved, moved_as_expected) = expected_money(run);
-        let damage = damage_sentences(&run.damage, run.request.keys, &run.plan, lab);
+        let damage = damage_sentences(&run.damage, run.request.preset, run.request.keys, &run.plan, lab);
         let lab_state = &run.state;
-        let cooldown_window = switches.cooldown.then_some(state.config.cooldown.ttl);
+        // A delivery's first layer is the edge lock, which has no window.
+        let cooldown_window =
+            (switches.cooldown && !run.request.preset.is_delivery()).then_some(state.config.cooldown.ttl);
         Self {
             preset: run.request.preset.label().to_owned(),
             promise: run.request.preset.promise().to_owned(),
             headline: headline(run, &switches, &damage, funnel),
             headline_class: run.judgement.class().to_owned(),
             damage,
-            switches_off: switches.off().into_iter().map(str::to_owned).collect(),
-            keys: run.request.keys.described().to_owned(),
+            switches_off: run
+                .request
+                .preset
+                .switched_off(&switches)
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+            keys: if run.request.preset.is_delivery() {
+                "one event id, the same on every delivery".to_owned()
+            } else {
+                run.request.keys.described().to_owned()
+            },
             sent: funnel.sent,
             overlap_max: run.overlap_max,
             wave: run.wave_max,
@@ -190,8 +202,8 @@ impl RunView {
                     held,
                 })
                 .collect(),
-            timeline: Timeline::of(&run.answers, cooldown_window),
-            groups: groups(state, &run.answers),
+            timeline: Timeline::of(&run.answers, run.request.preset, cooldown_window),
+            groups: groups(state, run.request.preset, &run.answers),
             fired_at: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
         }
     }
@@ -213,16 +225,34 @@ fn headline(
             "{mark} As expected with {cause}: {}. This is what {layer} exists to stop.",
             damage.join("; ")
         ),
-        Judgement::HiddenByCooldown => format!(
-            "{mark} The cooldown lock stopped {} of the {} copies, so the naive layer was never reached and could not \
-             fail. Untick the cooldown and fire again to watch it fail.",
-            funnel.cooldown, funnel.sent
-        ),
+        Judgement::HiddenByCooldown => {
+            let first = run.request.preset.first_layer();
+            format!(
+                "{mark} {} {} {} of the {} copies, so the naive layer was never reached and could not fail. Switch \
+                 {first} off and fire again to watch it fail.",
+                capitalised(first),
+                if run.request.preset.is_delivery() {
+                    "answered"
+                } else {
+                    "stopped"
+                },
+                funnel.cooldown,
+                funnel.sent
+            )
+        }
         Judgement::NoDamageThisTime => format!(
             "{mark} With {cause}, nothing was charged twice and no money was created this time: the race did not \
              hit. Fire again; nothing but {layer} makes that certain."
         ),
     }
+}
+
+fn capitalised(text: &str) -> String {
+    let mut chars = text.chars();
+    chars
+        .next()
+        .map(|first| first.to_uppercase().chain(chars).collect())
+        .unwrap_or_default()
 }
 
 /// What should have moved, in words, and whether the database agrees.
@@ -245,6 +275,9 @@ fn expected_money(run: &Run) -> (String, bool) {
             "any amount, with every cent accounted for".to_owned(),
             run.state.invariants_hold(),
         ),
+        Preset::WebhookStorm | Preset::Redelivery => {
+            (format!("{} (one credit)", lab(amount)), moved == amount)
+        }
     }
 }
 
@@ -261,7 +294,7 @@ impl Timeline {
     /// One lane per stage that any answer reached; x is the moment the
     /// answer came, since the burst; one mark per request, stacked, so
     /// that every mark can be counted at any N.
-    fn of(answers: &[Answer], cooldown_window: Option<Duration>) -> Self {
+    fn of(answers: &[Answer], preset: Preset, cooldown_window: Option<Duration>) -> Self {
         let last = answers
             .iter()
             .map(|answer| answer.answered)
@@ -318,7 +351,7 @@ impl Timeline {
                     })
                     .collect::<Vec<_>>();
                 (!marks.is_empty()).then(|| Lane {
-                    label: stage.label().to_owned(),
+                    label: stage.label(preset).to_owned(),
                     class: stage.class().to_owned(),
                     count: marks.len(),
                     height,
@@ -408,13 +441,14 @@ fn how_it_ended(answer: &Answer) -> String {
     match ProblemType::of_body(&answer.body) {
         Some(kind) => format!("{} ({})", kind.title().to_lowercase(), answer.status),
         None if answer.status == 201 => "moved money (201)".to_owned(),
+        None if answer.status == 200 => "credited (200)".to_owned(),
         None => format!("answered {}", answer.status),
     }
 }
 
 /// The answers grouped by stage and how they ended, each group with a few
 /// examples.
-fn groups(state: &AppState, answers: &[Answer]) -> Vec<Group> {
+fn groups(state: &AppState, preset: Preset, answers: &[Answer]) -> Vec<Group> {
     let mut grouped: BTreeMap<(Stage, String), Vec<(usize, &Answer)>> = BTreeMap::new();
     for (index, answer) in answers.iter().enumerate() {
         grouped
@@ -426,7 +460,7 @@ fn groups(state: &AppState, answers: &[Answer]) -> Vec<Group> {
     grouped
         .into_iter()
         .map(|((stage, how), members)| Group {
-            label: stage.label().to_owned(),
+            label: stage.label(preset).to_owned(),
             class: stage.class().to_owned(),
             how,
             count: members.len(),
@@ -515,7 +549,7 @@ mod tests {
             (0..200).map(|_| answer(3)).collect::<Vec<_>>(),
             (0..200).map(answer).collect::<Vec<_>>(),
         ] {
-            let timeline = Timeline::of(&answers, None);
+            let timeline = Timeline::of(&answers, Preset::SameKey, None);
             let lane = &timeline.lanes[0];
             assert_eq!(lane.count, 200);
             let mut places: Vec<(u32, u32)> = lane.marks.iter().map(|mark| (mark.x, mark.y)).collect();
