@@ -4,10 +4,13 @@
 //! issuer that publishes transfer commands to Redis Streams while the
 //! consumers are killed and stalled. Each run ends with the database's
 //! verdict: every event and command applied exactly once, money conserved.
+//! And a bank gateway that money leaves through, deduplicating by
+//! idempotency key like a real payment API and misbehaving on purpose.
 
 pub mod accounts;
 pub mod broker_run;
 pub mod checks;
+pub mod gateway;
 pub mod instances;
 pub mod provider;
 pub mod provider_run;

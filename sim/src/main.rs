@@ -1,7 +1,7 @@
 //! `wallet-sim provider` and `wallet-sim broker`; see `--help`.
 
 use clap::{Parser, Subcommand};
-use wallet_sim::{broker_run, provider_run};
+use wallet_sim::{broker_run, gateway, provider_run};
 
 #[derive(Parser)]
 #[command(
@@ -24,6 +24,10 @@ enum Command {
     /// and stalled, then check every command was applied at most once, and
     /// exactly once when acknowledged.
     Broker(broker_run::BrokerArgs),
+    /// Serve as a bank gateway: payouts deduplicated by Idempotency-Key,
+    /// with latency, failures, lost answers, crashes and refusals on
+    /// purpose, and a ledger of every sending in its own database.
+    Gateway(gateway::GatewayArgs),
 }
 
 #[tokio::main]
@@ -37,6 +41,11 @@ async fn main() -> anyhow::Result<()> {
                 provider_run::print(&report);
             }
             report.checks.passed()
+        }
+        Command::Gateway(args) => {
+            // Serves until the process ends; the checks are its callers'.
+            gateway::serve(args).await?;
+            true
         }
         Command::Broker(args) => {
             let report = broker_run::run(&args).await?;

@@ -1,0 +1,295 @@
+//! The bank gateway simulator as its callers will meet it: a real process
+//! with its own database, deduplicating by `Idempotency-Key`, and each of
+//! its misbehaviours. Every test reads the gateway's own ledger of money
+//! sent, not only its answers.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use wallet_testkit::{closed_port, create_database, database_url_of, drop_database};
+
+/// A gateway process on a free port, over a database of its own; killed
+/// when dropped, and its database with it.
+struct Gateway {
+    child: Option<Child>,
+    url: String,
+    port: u16,
+    database: String,
+    database_url: String,
+    db: PgPool,
+    http: reqwest::Client,
+}
+
+impl Gateway {
+    async fn start(knobs: &[&str]) -> Self {
+        let (database, options) = create_database().await;
+        let database_url = database_url_of(&options);
+        let port = closed_port();
+        let mut gateway = Self {
+            child: None,
+            url: format!("http://127.0.0.1:{port}"),
+            port,
+            database,
+            db: PgPool::connect(&database_url)
+                .await
+                .expect("the gateway's database"),
+            database_url,
+            http: reqwest::Client::new(),
+        };
+        gateway.start_again(knobs).await;
+        gateway
+    }
+
+    /// Starts the process (again) on the same port and database.
+    async fn start_again(&mut self, knobs: &[&str]) {
+        let child = Command::new(env!("CARGO_BIN_EXE_wallet-sim"))
+            .args(["gateway", "--listen", &format!("127.0.0.1:{}", self.port)])
+            .args(["--database-url", &self.database_url])
+            .args(knobs)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start wallet-sim gateway");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self
+            .http
+            .get(format!("{}/healthz", self.url))
+            .send()
+            .await
+            .is_ok_and(|response| response.status() == 200)
+        {
+            assert!(Instant::now() < deadline, "the gateway did not start in 30 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn payout(&self, key: Option<&str>, body: &Value) -> reqwest::RequestBuilder {
+        let request = self.http.post(format!("{}/v1/payouts", self.url)).json(body);
+        match key {
+            Some(key) => request.header("Idempotency-Key", key),
+            None => request,
+        }
+    }
+
+    /// `GET /v1/payouts/{key}`: the stored answer, as reconciliation asks.
+    async fn look_up(&self, key: &str) -> (u16, Value) {
+        let response = self
+            .http
+            .get(format!("{}/v1/payouts/{key}", self.url))
+            .send()
+            .await
+            .expect("lookup");
+        let status = response.status().as_u16();
+        (status, response.json().await.expect("a JSON body"))
+    }
+
+    async fn send(&self, key: &str, body: &Value) -> (u16, Value, bool) {
+        let response = self.payout(Some(key), body).send().await.expect("an answer");
+        let status = response.status().as_u16();
+        let replayed = response.headers().contains_key("idempotent-replayed");
+        (status, response.json().await.expect("a JSON body"), replayed)
+    }
+
+    /// Sendings in the gateway's ledger for `key`.
+    async fn sent(&self, key: &str) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM gateway_sent WHERE idempotency_key = $1")
+            .bind(key)
+            .fetch_one(&self.db)
+            .await
+            .expect("count")
+    }
+
+    async fn sent_in_all(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM gateway_sent")
+            .fetch_one(&self.db)
+            .await
+            .expect("count")
+    }
+
+    fn has_exited(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| child.try_wait().is_ok_and(|status| status.is_some()))
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.kill();
+        let database = self.database.clone();
+        // Dropped from a runtime thread: the database goes on its own thread.
+        let _ = std::thread::spawn(move || {
+            if let Ok(runtime) = tokio::runtime::Runtime::new() {
+                runtime.block_on(drop_database(&database));
+            }
+        })
+        .join();
+    }
+}
+
+fn payout(amount_minor: i64, destination: &str) -> Value {
+    json!({ "amount_minor": amount_minor, "currency": "USD", "destination": destination })
+}
+
+#[tokio::test]
+async fn one_key_sends_once_however_often_and_however_concurrently_it_is_sent() {
+    let gateway = Gateway::start(&["--latency-ms", "20"]).await;
+    let body = payout(2_500, "acct-42");
+    let answers = futures::future::join_all((0..20).map(|_| gateway.send("po_1", &body))).await;
+    assert!(answers.iter().all(|(status, _, _)| *status == 201), "{answers:?}");
+    assert!(answers.iter().all(|(_, answer, _)| *answer == answers[0].1));
+    assert_eq!(answers.iter().filter(|(_, _, replayed)| !replayed).count(), 1);
+    assert_eq!(gateway.sent("po_1").await, 1);
+
+    // A retry long after gets the same answer, and sends nothing more.
+    let (status, again, replayed) = gateway.send("po_1", &body).await;
+    assert_eq!((status, replayed), (201, true));
+    assert_eq!(again, answers[0].1);
+    assert_eq!(gateway.sent_in_all().await, 1);
+}
+
+#[tokio::test]
+async fn a_key_reused_for_another_payout_is_refused_and_sends_nothing() {
+    let gateway = Gateway::start(&[]).await;
+    assert_eq!(gateway.send("po_1", &payout(100, "acct-1")).await.0, 201);
+    let (status, answer, _) = gateway.send("po_1", &payout(101, "acct-1")).await;
+    assert_eq!(status, 409);
+    assert_eq!(answer["error"], "idempotency_key_reused");
+    assert_eq!(gateway.sent_in_all().await, 1);
+}
+
+#[tokio::test]
+async fn a_closed_destination_is_refused_for_good_and_the_refusal_replays() {
+    let gateway = Gateway::start(&[]).await;
+    let body = payout(100, "closed-7");
+    let (status, first, _) = gateway.send("po_1", &body).await;
+    assert_eq!(
+        (status, first["error"].as_str()),
+        (422, Some("destination_refused"))
+    );
+    let (status, again, replayed) = gateway.send("po_1", &body).await;
+    assert_eq!((status, replayed), (422, true));
+    assert_eq!(again, first);
+    assert_eq!(gateway.look_up("po_1").await, (422, first));
+    assert_eq!(gateway.sent_in_all().await, 0);
+}
+
+/// The money leaves, the answer does not: the caller times out. The key
+/// then tells what happened, by lookup or by a retry.
+#[tokio::test]
+async fn an_answer_lost_after_sending_leaves_the_money_sent_and_the_key_tells() {
+    let gateway = Gateway::start(&["--lose-answer-rate", "1", "--lose-answer-ms", "5000"]).await;
+    let body = payout(700, "acct-3");
+    let timed_out = gateway
+        .payout(Some("po_1"), &body)
+        .timeout(Duration::from_millis(500))
+        .send()
+        .await;
+    assert!(timed_out.is_err_and(|error| error.is_timeout()));
+    assert_eq!(gateway.sent("po_1").await, 1, "sent, though nobody heard");
+
+    let (status, stored) = gateway.look_up("po_1").await;
+    assert_eq!(status, 201);
+    let (status, retried, replayed) = gateway.send("po_1", &body).await;
+    assert_eq!((status, replayed), (201, true));
+    assert_eq!(retried, stored);
+    assert_eq!(gateway.sent("po_1").await, 1);
+
+    let (status, unknown) = gateway.look_up("po_never").await;
+    assert_eq!(
+        (status, unknown["error"].as_str()),
+        (404, Some("unknown_idempotency_key"))
+    );
+}
+
+/// The process dies right after sending: the caller's connection breaks.
+/// Started again on its database, it still knows the key.
+#[tokio::test]
+async fn a_crash_after_sending_loses_the_answer_but_not_the_sending() {
+    let mut gateway = Gateway::start(&["--crash-after-send-rate", "1"]).await;
+    let body = payout(900, "acct-9");
+    assert!(gateway.payout(Some("po_1"), &body).send().await.is_err());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(gateway.has_exited(), "the gateway crashed");
+    assert_eq!(gateway.sent("po_1").await, 1);
+
+    gateway.kill();
+    gateway.start_again(&[]).await;
+    let (status, answer, replayed) = gateway.send("po_1", &body).await;
+    assert_eq!((status, replayed), (201, true));
+    assert_eq!(answer["status"], "sent");
+    assert_eq!(gateway.sent("po_1").await, 1);
+}
+
+#[tokio::test]
+async fn a_failure_before_applying_sends_nothing_and_says_when_to_retry() {
+    let gateway = Gateway::start(&["--failure-rate", "1"]).await;
+    let response = gateway
+        .payout(Some("po_1"), &payout(100, "acct-1"))
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(response.status(), 503);
+    assert_eq!(
+        response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    assert_eq!(gateway.sent_in_all().await, 0);
+}
+
+/// The demonstration mode: without deduplication, every retry of one
+/// payout sends the money again.
+#[tokio::test]
+async fn without_deduplication_every_retry_sends_again() {
+    let gateway = Gateway::start(&["--no-dedup"]).await;
+    for _ in 0..5 {
+        assert_eq!(gateway.send("po_1", &payout(100, "acct-1")).await.0, 201);
+    }
+    assert_eq!(gateway.sent("po_1").await, 5);
+}
+
+#[tokio::test]
+async fn bad_requests_are_refused_and_send_nothing() {
+    let gateway = Gateway::start(&[]).await;
+    let without_key = gateway
+        .payout(None, &payout(100, "acct-1"))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(without_key.status(), 400);
+    for (body, status) in [
+        (json!({"amount": 1}), 400),
+        (payout(0, "acct-1"), 422),
+        (payout(100, "acct 1"), 422),
+        (
+            json!({"amount_minor": 1, "currency": "usd", "destination": "a"}),
+            422,
+        ),
+    ] {
+        let response = gateway
+            .payout(Some("po_bad"), &body)
+            .send()
+            .await
+            .expect("answer");
+        assert_eq!(response.status().as_u16(), status, "{body}");
+    }
+    assert_eq!(gateway.sent_in_all().await, 0);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM gateway_requests")
+        .fetch_one(&gateway.db)
+        .await
+        .expect("count");
+    assert_eq!(rows, 0, "a refused request claims no key");
+}
