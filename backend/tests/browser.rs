@@ -292,6 +292,10 @@ async fn the_race_lab_shows_each_layer_catch_what_it_catches() {
             ("overdraw", "off", "atomic", "read_decide_write"),
             "race-lab-naive-guard",
         ),
+        (
+            ("webhook-storm", "off", "check_then_insert", "guarded"),
+            "race-lab-naive-inbox",
+        ),
     ];
     let mut addresses = Vec::new();
     const COUNT: i64 = 20;

@@ -34,6 +34,10 @@ pub(super) struct RunView {
     pub(super) switches_off: Vec<String>,
     pub(super) keys: String,
     pub(super) sent: usize,
+    /// What was fired: requests, or a provider's deliveries. Results kept
+    /// before deliveries existed were requests.
+    #[serde(default = "requests_word")]
+    pub(super) requests: String,
     pub(super) overlap_max: usize,
     pub(super) wave: usize,
     pub(super) overlap_target: usize,
@@ -172,6 +176,11 @@ impl RunView {
                 run.request.keys.described().to_owned()
             },
             sent: funnel.sent,
+            requests: if run.request.preset.is_delivery() {
+                "deliveries".to_owned()
+            } else {
+                requests_word()
+            },
             overlap_max: run.overlap_max,
             wave: run.wave_max,
             overlap_target: (run.wave_max * 9).div_ceil(10),
@@ -245,6 +254,10 @@ fn headline(
              hit. Fire again; nothing but {layer} makes that certain."
         ),
     }
+}
+
+fn requests_word() -> String {
+    "requests".to_owned()
 }
 
 fn capitalised(text: &str) -> String {
