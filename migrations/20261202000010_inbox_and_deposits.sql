@@ -190,26 +190,22 @@ BEGIN
         outcome := 'currency_mismatch';
         RETURN;
     END IF;
-    IF p_lab_clearing IS NULL THEN
-        SELECT w.id, w.user_id INTO v_clearing_wallet, v_clearing_owner
-          FROM wallets w
-         WHERE w.clearing_source = 'provider' AND w.currency = p_currency
-           FOR NO KEY UPDATE;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION 'the provider has no clearing wallet in %', p_currency;
-        END IF;
-    ELSE
-        -- A race-lab deposit: the money comes from the visitor's other lab
-        -- wallet, never from anyone else's.
-        SELECT w.id, w.user_id INTO v_clearing_wallet, v_clearing_owner
-          FROM wallets w
-         WHERE w.id = p_lab_clearing AND w.user_id = owner AND w.lab_slot IS NOT NULL AND w.id <> p_wallet
-           FOR NO KEY UPDATE;
-        IF NOT FOUND THEN
-            outcome := 'unknown_wallet';
-            owner := NULL;
-            RETURN;
-        END IF;
+    -- The provider's clearing wallet in the deposit's currency; for a
+    -- race-lab deposit, the visitor's other lab wallet, never anyone
+    -- else's.
+    SELECT w.id, w.user_id INTO v_clearing_wallet, v_clearing_owner
+      FROM wallets w
+     WHERE CASE WHEN p_lab_clearing IS NULL
+                THEN w.clearing_source = 'provider' AND w.currency = p_currency
+                ELSE w.id = p_lab_clearing AND w.user_id = owner AND w.lab_slot IS NOT NULL AND w.id <> p_wallet
+           END
+       FOR NO KEY UPDATE;
+    IF NOT FOUND AND p_lab_clearing IS NULL THEN
+        RAISE EXCEPTION 'the provider has no clearing wallet in %', p_currency;
+    ELSIF NOT FOUND THEN
+        outcome := 'unknown_wallet';
+        owner := NULL;
+        RETURN;
     END IF;
 
     UPDATE wallets SET balance_minor = balance_minor + p_amount WHERE id = p_wallet

@@ -208,12 +208,7 @@ async fn publish(
     let mut publications = 0;
     let mut unreadable = 0;
     for (n, command) in plan.iter().enumerate() {
-        let mut add = redis::cmd("XADD");
-        add.arg(streams.stream_for(command.from)).arg("*");
-        for (name, value) in command.fields() {
-            add.arg(name).arg(value);
-        }
-        let entry: String = add.query_async(redis).await?;
+        let entry: String = command.publication(streams).query_async(redis).await?;
         publications += 1;
         if !seen.contains_key(&command.command_id) {
             seen.insert(command.command_id.clone(), published.len());

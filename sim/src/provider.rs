@@ -15,6 +15,8 @@ use tokio::sync::Barrier;
 use uuid::Uuid;
 use wallet_client::RetryPolicy;
 
+use crate::checks::Checks;
+
 /// The path a provider delivers deposit events to.
 pub const DEPOSITS_PATH: &str = "/api/v1/webhooks/deposits";
 
@@ -94,6 +96,29 @@ impl Attempts {
     pub fn last(&self) -> Option<&Delivery> {
         self.deliveries.last().filter(|delivery| !delivery.is_retried())
     }
+}
+
+/// What a provider saw of its events, one `Attempts` each: every event
+/// ended with a final answer and was credited (a 200), and every 200 of
+/// one event carried the same bytes.
+pub fn check_answers<'a>(events: impl IntoIterator<Item = &'a Attempts>, checks: &mut Checks) {
+    let (mut without_credit, mut differing_bodies) = (0, 0);
+    for attempts in events {
+        let credits: Vec<&[u8]> = attempts
+            .deliveries
+            .iter()
+            .filter(|delivery| delivery.status == Some(200))
+            .map(|delivery| delivery.body.as_slice())
+            .collect();
+        if credits.is_empty() || attempts.last().is_none() {
+            without_credit += 1;
+        }
+        if credits.windows(2).any(|pair| pair[0] != pair[1]) {
+            differing_bodies += 1;
+        }
+    }
+    checks.add("events the provider got no credit for", without_credit);
+    checks.add("events whose 200 answers differ", differing_bodies);
 }
 
 /// The provider's side of the webhook contract.

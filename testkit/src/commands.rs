@@ -46,8 +46,11 @@ impl TestApp {
 
     /// Publishes `command` to its partition's stream; returns the entry id.
     pub async fn publish_command(&self, command: &Command) -> String {
-        self.publish_fields(self.command_streams().stream_for(command.from), &command.fields())
+        command
+            .publication(&self.command_streams())
+            .query_async(&mut redis().await)
             .await
+            .expect("XADD")
     }
 
     /// Publishes any fields to `stream`: a command, or something that is not.

@@ -198,6 +198,17 @@ impl Command {
         ]
     }
 
+    /// The `XADD` an issuer sends to publish this command to its partition
+    /// of `streams`; it answers the entry's id.
+    pub fn publication(&self, streams: &Streams) -> redis::Cmd {
+        let mut add = redis::cmd("XADD");
+        add.arg(streams.stream_for(self.from)).arg("*");
+        for (name, value) in self.fields() {
+            add.arg(name).arg(value);
+        }
+        add
+    }
+
     /// What makes two publications the same command.
     pub fn fingerprint(&self) -> [u8; 32] {
         let mut hasher = Sha256::new();

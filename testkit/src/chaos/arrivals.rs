@@ -27,7 +27,7 @@ use wallet_client::RetryPolicy;
 use wallet_sim::accounts::{self, Account};
 use wallet_sim::broker_run::{self, Published};
 use wallet_sim::checks::Checks;
-use wallet_sim::provider::{Attempts, DepositEvent, Provider};
+use wallet_sim::provider::{self, Attempts, DepositEvent, Provider};
 use wallet_sim::provider_run;
 
 use super::SETTLE_SECONDS_MAX;
@@ -423,12 +423,7 @@ async fn issue(
 async fn publish(redis: &mut redis::aio::ConnectionManager, streams: &Streams, command: &Command) -> String {
     let deadline = Instant::now() + Duration::from_secs(SETTLE_SECONDS_MAX);
     loop {
-        let mut add = redis::cmd("XADD");
-        add.arg(streams.stream_for(command.from)).arg("*");
-        for (name, value) in command.fields() {
-            add.arg(name).arg(value);
-        }
-        match add.query_async::<String>(redis).await {
+        match command.publication(streams).query_async::<String>(redis).await {
             Ok(entry) => return entry,
             Err(error) => {
                 assert!(
@@ -462,47 +457,28 @@ async fn republish_without_outcome(
         .iter()
         .filter(|p| !decided.contains(&p.command.command_id))
     {
-        let mut add = redis::cmd("XADD");
-        add.arg(streams.stream_for(one.command.from)).arg("*");
-        for (name, value) in one.command.fields() {
-            add.arg(name).arg(value);
-        }
-        add.query_async::<String>(redis).await.expect("XADD");
+        one.command
+            .publication(streams)
+            .query_async::<String>(redis)
+            .await
+            .expect("XADD");
         republished += 1;
     }
     republished
 }
 
 /// What the provider saw: a final 200 for every event, the same bytes each
-/// time.
+/// time, and no 5xx other than 503.
 fn check_answers(delivered: &[(DepositEvent, Attempts)], checks: &mut Checks) {
-    let mut without_credit = 0;
-    let mut differing = 0;
-    let mut server_errors = 0;
-    for (_, attempts) in delivered {
-        let credits: Vec<&[u8]> = attempts
-            .deliveries
-            .iter()
-            .filter(|delivery| delivery.status == Some(200))
-            .map(|delivery| delivery.body.as_slice())
-            .collect();
-        if credits.is_empty() {
-            without_credit += 1;
-        }
-        if credits.windows(2).any(|pair| pair[0] != pair[1]) {
-            differing += 1;
-        }
-        server_errors += attempts
-            .deliveries
-            .iter()
-            .filter(|delivery| {
-                delivery
-                    .status
-                    .is_some_and(|status| status >= 500 && status != 503)
-            })
-            .count() as i64;
-    }
-    checks.add("events the provider got no credit for", without_credit);
-    checks.add("events whose 200 answers differ", differing);
+    provider::check_answers(delivered.iter().map(|(_, attempts)| attempts), checks);
+    let server_errors = delivered
+        .iter()
+        .flat_map(|(_, attempts)| &attempts.deliveries)
+        .filter(|delivery| {
+            delivery
+                .status
+                .is_some_and(|status| status >= 500 && status != 503)
+        })
+        .count() as i64;
     checks.add("answers 500 or above other than 503", server_errors);
 }
