@@ -9,14 +9,17 @@
 -- wallet) and holds the currency LAB, which no deployment may use for real
 -- money. The row guard refuses to move minor units between currencies, on
 -- the guarded and on the naive path, so lab money and real money never
--- meet (20261202000007_race_lab.sql has the lab's functions).
+-- meet (20261202000008_race_lab.sql has the lab's functions).
 --
 -- A clearing wallet (clearing_source set) stands for money outside the
 -- service: a deposit moves money from its source's clearing wallet to a
 -- person's wallet, so that double entry holds for money that arrives too.
--- It is the one kind of wallet whose balance goes below zero (by what
--- its source has paid in), and no transfer may target it
--- (20261202000010_inbox_and_deposits.sql has the deposit's functions).
+-- The provider's is the one wallet whose balance goes below zero (by what
+-- the provider has paid in), and no transfer may target a clearing wallet
+-- (20261202000011_inbox_and_deposits.sql has the deposit's functions).
+-- Money that leaves has two: 'holds', where a payout's amount waits while
+-- the bank gateway is asked, and 'gateway', where it goes once the gateway
+-- has sent it (20261202000006_payouts.sql).
 CREATE TABLE wallets (
     id                    uuid        PRIMARY KEY,
     user_id               uuid        NOT NULL REFERENCES users (id),
@@ -29,7 +32,7 @@ CREATE TABLE wallets (
     lab_slot              smallint    CHECK (lab_slot IN (1, 2)),
     clearing_source       text        UNIQUE CHECK (clearing_source ~ '^[a-z]{1,32}$'),
     CONSTRAINT wallets_lab_money CHECK ((lab_slot IS NOT NULL) = (currency = 'LAB')),
-    CONSTRAINT wallets_never_below_zero CHECK (balance_minor >= 0 OR clearing_source IS NOT NULL),
+    CONSTRAINT wallets_never_below_zero CHECK (balance_minor >= 0 OR clearing_source IS NOT DISTINCT FROM 'provider'),
     CONSTRAINT wallets_clearing_is_real_money CHECK (clearing_source IS NULL OR lab_slot IS NULL)
 );
 CREATE INDEX wallets_user_id_idx ON wallets (user_id);

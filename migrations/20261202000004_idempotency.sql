@@ -113,22 +113,24 @@ BEGIN
 END
 $$;
 
--- The stored response, written by this function alone: transfer() and the
--- statement-by-statement path both call it, in the transaction that did
--- the work. Every business refusal is a 422 (the catalogue says so, and a
--- test checks it).
+-- The stored response, written by this function alone: transfer(), the
+-- statement-by-statement path and payout() call it, in the transaction
+-- that did the work. An accepted request is answered p_accepted_status (a
+-- transfer's 201, a payout's 202); every business refusal is a 422 (the
+-- catalogue says so, and a test checks it).
 CREATE FUNCTION idempotency_complete(
     p_user uuid,
     p_key uuid,
     p_outcome guard_verdict,
     p_receipt text,
     p_trace_id text,
-    p_transfer_id uuid
+    p_transfer_id uuid,
+    p_accepted_status smallint DEFAULT 201
 )
 RETURNS void
 LANGUAGE sql AS $$
     UPDATE idempotency_keys
-       SET response_status = CASE WHEN p_outcome = 'accepted' THEN 201 ELSE 422 END,
+       SET response_status = CASE WHEN p_outcome = 'accepted' THEN p_accepted_status ELSE 422 END,
            response_body = CASE WHEN p_outcome = 'accepted' THEN p_receipt END,
            response_refusal = CASE WHEN p_outcome <> 'accepted' THEN p_outcome END,
            response_trace_id = p_trace_id,

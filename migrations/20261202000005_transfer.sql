@@ -5,8 +5,22 @@
 -- it commits or rolls back as a whole. backend/src/transfer/transaction.rs
 -- calls it.
 
--- Why transfer() refused before the layers; nothing is written.
+-- Why transfer() (or payout()) refused before the layers; nothing is
+-- written.
 CREATE TYPE access_refusal AS ENUM ('token_not_live', 'not_owner');
+
+-- The access check before the layers: the token is live and the caller
+-- owns the wallet money leaves from. NULL when both hold. Read-only, so a
+-- refusal writes nothing.
+CREATE FUNCTION access_refused(p_user uuid, p_token_hash bytea, p_wallet uuid)
+RETURNS access_refusal
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN NOT token_is_live(p_token_hash, p_user) THEN 'token_not_live'::access_refusal
+        WHEN NOT EXISTS (SELECT 1 FROM wallets w WHERE w.id = p_wallet AND w.user_id = p_user)
+            THEN 'not_owner'::access_refusal
+    END
+$$;
 
 -- The body of a 201, in one format whichever path made the transfer
 -- (transfer(), or the statement-by-statement demonstration path).
@@ -64,12 +78,8 @@ DECLARE
     v_guard record;
     v_started timestamptz;
 BEGIN
-    IF NOT token_is_live(p_token_hash, p_user) THEN
-        refused := 'token_not_live';
-        RETURN;
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM wallets w WHERE w.id = p_from AND w.user_id = p_user) THEN
-        refused := 'not_owner';
+    refused := access_refused(p_user, p_token_hash, p_from);
+    IF refused IS NOT NULL THEN
         RETURN;
     END IF;
 

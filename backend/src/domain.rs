@@ -42,7 +42,7 @@ impl AmountMinor {
 
     /// The rule `value` breaks, said after the field's name; `None` when
     /// it keeps them all.
-    fn broken_rule(value: i64, max: i64) -> Option<String> {
+    pub(crate) fn broken_rule(value: i64, max: i64) -> Option<String> {
         if value <= 0 {
             Some("must be a positive integer".to_owned())
         } else if value > max {

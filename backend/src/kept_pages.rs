@@ -1,6 +1,6 @@
 //! Pages a browser form leads to, kept so that the form can redirect to
 //! them (post/redirect/get): reloading the address shows the same page and
-//! never does the form's work again (`migrations/…09_kept_pages.sql`).
+//! never does the form's work again (`migrations/…10_kept_pages.sql`).
 //!
 //! Each page is kept until it expires, and each person keeps at most
 //! `per_user_max` of a kind: a newer page pushes out their oldest.

@@ -3,7 +3,8 @@
 //! reads as the three layers in order, and at [`defense`], one file a layer.
 //! Deposits from a payment provider have three layers of their own:
 //! [`deposit::pipeline`]; a broker's transfer commands, and their
-//! consumer: [`command::consumer`].
+//! consumer: [`command::consumer`]. Money that leaves, through a bank
+//! gateway: [`payout`].
 
 pub mod account_limits;
 pub mod auth;
@@ -17,6 +18,7 @@ pub mod listener;
 pub mod metrics;
 pub mod names;
 pub mod openapi;
+pub mod payout;
 pub mod problem;
 pub mod race_lab;
 pub mod redis_store;

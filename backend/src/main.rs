@@ -1,7 +1,9 @@
-//! `wallet-server [serve|migrate] [--config FILE]`
+//! `wallet-server [serve|migrate|reconcile|healthcheck] [--config FILE]`
 //!
 //! `serve` (the default) runs the HTTP server; `migrate` applies pending
-//! migrations and exits; `healthcheck` asks the local server's `/readyz`
+//! migrations and exits; `reconcile` asks the bank gateway about every
+//! payout that needs a person, settles or releases each from the answer,
+//! prints what it did as JSON, and exits 1 if any is left; `healthcheck` asks the local server's `/readyz`
 //! and exits 0 when it is ready (for container health checks, which have no
 //! curl in the runtime image).
 
@@ -25,9 +27,9 @@ async fn main() -> anyhow::Result<()> {
                         .into(),
                 );
             }
-            "serve" | "migrate" | "healthcheck" => command = arg,
+            "serve" | "migrate" | "reconcile" | "healthcheck" => command = arg,
             "-h" | "--help" => {
-                println!("usage: wallet-server [serve|migrate|healthcheck] [--config FILE]");
+                println!("usage: wallet-server [serve|migrate|reconcile|healthcheck] [--config FILE]");
                 return Ok(());
             }
             other => anyhow::bail!("unknown argument {other:?}; try --help"),
@@ -46,8 +48,22 @@ async fn main() -> anyhow::Result<()> {
         startup::migrate(&owner).await?;
         layered_wallet::system_accounts::ensure(&owner, &config).await?;
         layered_wallet::system_accounts::ensure_provider_clearing(&owner, &config).await?;
+        layered_wallet::system_accounts::ensure_payout_accounts(&owner, &config).await?;
         tracing::info!("migrations applied");
         return Ok(());
+    }
+
+    if command == "reconcile" {
+        let db = startup::db_pool(&config.database)?;
+        let reconciled = layered_wallet::payout::reconcile::run(&db, &config).await?;
+        println!("{}", serde_json::to_string_pretty(&reconciled)?);
+        tracing::info!(
+            settled = reconciled.settled.len(),
+            released = reconciled.released.len(),
+            left = reconciled.left.len(),
+            "reconciled the payouts that needed a person"
+        );
+        std::process::exit(if reconciled.left.is_empty() { 0 } else { 1 });
     }
 
     let app = Application::build(settings).await?;

@@ -25,6 +25,20 @@ pub struct Metrics {
     deposit_decisions: IntCounterVec,
     /// Command decisions by layer and outcome.
     command_decisions: IntCounterVec,
+    /// Payout requests by layer and outcome.
+    payout_decisions: IntCounterVec,
+    /// Gateway calls by how they ended: `sent`, `refused`, `unknown` (a
+    /// time-out, a 5xx or a broken connection), `rejected` (an answer no
+    /// retry changes).
+    pub payout_attempts: IntCounterVec,
+    /// Payouts whose attempts ran out without a known outcome.
+    pub payouts_given_up: IntCounter,
+    /// Outbox rows, due or leased, as last counted.
+    pub payout_outbox_rows: IntGauge,
+    /// How long the oldest due outbox row has waited, as last counted.
+    pub payout_oldest_due_age: prometheus::Gauge,
+    /// Payouts waiting for `wallet-server reconcile`, as last counted.
+    pub payouts_needing_attention: IntGauge,
     /// Commands claimed from a consumer whose claim time ran out.
     pub commands_claimed: IntCounter,
     /// Command stream entries moved to the dead-letter stream.
@@ -79,6 +93,43 @@ impl Metrics {
                 "Broker commands handled, by the layer that decided and the outcome",
             ),
             &["layer", "outcome"],
+        )
+        .expect("static metric definition");
+        let payout_decisions = IntCounterVec::new(
+            Opts::new(
+                "payout_decisions_total",
+                "Payout requests by the layer that decided and the outcome",
+            ),
+            &["layer", "outcome"],
+        )
+        .expect("static metric definition");
+        let payout_attempts = IntCounterVec::new(
+            Opts::new(
+                "payout_attempts_total",
+                "Gateway calls by how they ended: sent, refused, unknown (time-out, 5xx, broken connection) or \
+                 rejected (an answer no retry changes)",
+            ),
+            &["answer"],
+        )
+        .expect("static metric definition");
+        let payouts_given_up = IntCounter::new(
+            "payouts_needs_attention_total",
+            "Payouts whose gateway calls ran out (payout_attempts_max) without a known outcome",
+        )
+        .expect("static metric definition");
+        let payout_outbox_rows = IntGauge::new(
+            "payout_outbox_rows",
+            "Payout outbox rows, due or leased (counted every payout_census_interval_ms)",
+        )
+        .expect("static metric definition");
+        let payout_oldest_due_age = prometheus::Gauge::new(
+            "payout_outbox_oldest_due_age_seconds",
+            "How long the oldest due payout outbox row has waited (counted every payout_census_interval_ms)",
+        )
+        .expect("static metric definition");
+        let payouts_needing_attention = IntGauge::new(
+            "payouts_needing_attention",
+            "Payouts waiting for wallet-server reconcile (counted every payout_census_interval_ms)",
         )
         .expect("static metric definition");
         let commands_claimed = IntCounter::new(
@@ -161,6 +212,12 @@ impl Metrics {
             Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(deposit_decisions.clone()),
             Box::new(command_decisions.clone()),
+            Box::new(payout_decisions.clone()),
+            Box::new(payout_attempts.clone()),
+            Box::new(payouts_given_up.clone()),
+            Box::new(payout_outbox_rows.clone()),
+            Box::new(payout_oldest_due_age.clone()),
+            Box::new(payouts_needing_attention.clone()),
             Box::new(commands_claimed.clone()),
             Box::new(commands_dead_lettered.clone()),
             Box::new(commands_pending.clone()),
@@ -184,6 +241,12 @@ impl Metrics {
             decisions,
             deposit_decisions,
             command_decisions,
+            payout_decisions,
+            payout_attempts,
+            payouts_given_up,
+            payout_outbox_rows,
+            payout_oldest_due_age,
+            payouts_needing_attention,
             commands_claimed,
             commands_dead_lettered,
             commands_pending,
@@ -213,6 +276,11 @@ impl Metrics {
     /// Counts a broker command's decision.
     pub fn count_command_decision(&self, decision: Decision) {
         count(&self.command_decisions, decision);
+    }
+
+    /// Counts a payout request's decision.
+    pub fn count_payout_decision(&self, decision: Decision) {
+        count(&self.payout_decisions, decision);
     }
 
     pub fn observe_layer(&self, layer: &str, elapsed: Duration) {

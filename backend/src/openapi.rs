@@ -14,7 +14,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use crate::problem::ProblemType::{self, *};
-use crate::routes::{decisions, deposits, health, transfers, users, wallets};
+use crate::routes::{decisions, deposits, health, payouts, transfers, users, wallets};
 use crate::settings::Config;
 use crate::state::AppState;
 
@@ -36,6 +36,9 @@ use crate::state::AppState;
         transfers::list_transfers,
         transfers::get_transfer,
         deposits::receive_deposit,
+        payouts::create_payout,
+        payouts::list_payouts,
+        payouts::get_payout,
         decisions::list_decisions,
         decisions::stream_decisions,
         health::healthz,
@@ -82,7 +85,26 @@ fn failures(method: &str, path: &str) -> Vec<ProblemType> {
             TooManyAttempts,
         ],
         ("delete", "/api/v1/tokens/current") => vec![Unauthorized, CsrfTokenInvalid],
-        ("get", "/api/v1/wallets/{id}") | ("get", "/api/v1/transfers/{id}") => vec![Unauthorized, NotFound],
+        ("get", "/api/v1/wallets/{id}")
+        | ("get", "/api/v1/transfers/{id}")
+        | ("get", "/api/v1/payouts/{id}") => {
+            vec![Unauthorized, NotFound]
+        }
+        ("post", "/api/v1/payouts") => [
+            &BODY[..],
+            &[
+                Unauthorized,
+                CsrfTokenInvalid,
+                NotYourWallet,
+                PayoutsNotOffered,
+                IdempotencyKeyInFlight,
+                IdempotencyKeyReused,
+                InsufficientFunds,
+                CooldownActive,
+                OutcomeUnknown,
+            ],
+        ]
+        .concat(),
         ("post", "/api/v1/transfers") => [
             &BODY[..],
             &[
@@ -116,7 +138,9 @@ fn failures(method: &str, path: &str) -> Vec<ProblemType> {
             ],
         ]
         .concat(),
-        ("get", "/api/v1/transfers") | ("get", "/api/v1/decisions") => vec![Unauthorized, ValidationFailed],
+        ("get", "/api/v1/transfers") | ("get", "/api/v1/payouts") | ("get", "/api/v1/decisions") => {
+            vec![Unauthorized, ValidationFailed]
+        }
         ("get", "/api/v1/decisions/stream") => vec![Unauthorized, ValidationFailed, TooManyStreams],
         _ => return Vec::new(),
     };
@@ -161,6 +185,10 @@ fn contract(document: &mut Value, config: &Config) {
     if let Some(amount) = document.pointer_mut("/components/schemas/TransferBody/properties/amount_minor") {
         amount["minimum"] = json!(1);
         amount["maximum"] = json!(config.money.transfer_amount_minor_max);
+    }
+    if let Some(amount) = document.pointer_mut("/components/schemas/PayoutBody/properties/amount_minor") {
+        amount["minimum"] = json!(1);
+        amount["maximum"] = json!(config.payouts.amount_minor_max);
     }
 }
 

@@ -7,7 +7,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 
 use crate::listener::Listener;
 use crate::problem::Problem;
-use crate::routes::{commands, decisions, deposits, health, transfers, users, wallets};
+use crate::routes::{commands, decisions, deposits, health, payouts, transfers, users, wallets};
 use crate::state::AppState;
 use crate::web::{self as site, pages};
 
@@ -44,6 +44,8 @@ route_table! {
     "/api/v1/transfers" => GET transfers::list_transfers, POST transfers::create_transfer;
     "/api/v1/transfers/{id}" => GET transfers::get_transfer;
     "/api/v1/webhooks/deposits" => POST deposits::receive_deposit;
+    "/api/v1/payouts" => GET payouts::list_payouts, POST payouts::create_payout;
+    "/api/v1/payouts/{id}" => GET payouts::get_payout;
     "/api/v1/decisions" => GET decisions::list_decisions;
     "/api/v1/decisions/stream" => GET decisions::stream_decisions;
     "/" => GET pages::home;
@@ -53,6 +55,8 @@ route_table! {
     "/wallet" => GET pages::wallet;
     "/wallet/review" => GET pages::review_shown, POST pages::review;
     "/wallet/transfer" => GET pages::to_wallet, POST pages::transfer;
+    "/wallet/payout/review" => GET pages::payout_review_shown, POST pages::review_payout;
+    "/wallet/payout" => GET pages::to_wallet, POST pages::pay_out;
     "/race-lab" => GET pages::race_lab;
     "/race-lab/runs" => GET pages::to_race_lab, POST pages::fire_race_lab_run;
     "/race-lab/runs/{id}" => GET pages::show_race_lab_run;

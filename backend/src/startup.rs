@@ -36,6 +36,8 @@ pub struct Application {
     sweeper: tokio::task::JoinHandle<()>,
     /// One task per command partition, when this instance consumes.
     consumers: Vec<tokio::task::JoinHandle<()>>,
+    /// The payout dispatcher, when this instance sends payouts.
+    dispatcher: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Application {
@@ -64,6 +66,9 @@ impl Application {
                 .map_err(|error| {
                     anyhow::anyhow!("failed to make the provider's clearing account: {error}")
                 })?;
+            crate::system_accounts::ensure_payout_accounts(&db, &config)
+                .await
+                .map_err(|error| anyhow::anyhow!("failed to make the payouts' clearing accounts: {error}"))?;
         }
         let listener = TcpListener::bind((config.http.host.as_str(), config.http.port)).map_err(|error| {
             anyhow::anyhow!(
@@ -158,6 +163,7 @@ impl Application {
             }
             _ => Vec::new(),
         };
+        let dispatcher = crate::payout::dispatcher::spawn(state.clone())?;
         let workers = state.config.http.workers;
         let grace_s = state.config.http.shutdown_grace.as_secs();
         let data = web::Data::new(state);
@@ -193,6 +199,7 @@ impl Application {
             server,
             sweeper,
             consumers,
+            dispatcher,
         })
     }
 
@@ -217,6 +224,9 @@ impl Application {
         self.sweeper.abort();
         for consumer in &self.consumers {
             consumer.abort();
+        }
+        if let Some(dispatcher) = &self.dispatcher {
+            dispatcher.abort();
         }
         result
     }

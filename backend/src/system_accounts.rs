@@ -43,21 +43,53 @@ pub async fn ensure_provider_clearing(db: &PgPool, config: &Config) -> anyhow::R
     if config.deposits.provider_webhook_secrets.is_empty() {
         return Ok(());
     }
+    ensure_clearing(db, config, crate::deposit::SOURCE, PROVIDER_CLEARING_NAME).await
+}
+
+/// The names the payouts' clearing accounts show under: a payout in a
+/// person's history goes to the first, and comes back from it if refused.
+pub const HOLDS_NAME: &str = "Payouts on hold";
+pub const GATEWAY_NAME: &str = "Bank gateway";
+
+/// Makes the payouts' two clearing accounts (the holds wallet and the
+/// gateway's wallet) if the deployment sends payouts
+/// (`payout_gateway_url`) and they are missing. Safe to run on every
+/// start, by several instances at once.
+pub async fn ensure_payout_accounts(db: &PgPool, config: &Config) -> anyhow::Result<()> {
+    if !config.payouts.offered() {
+        return Ok(());
+    }
+    for (source, name) in [
+        (crate::payout::HOLDS_SOURCE, HOLDS_NAME),
+        (crate::payout::GATEWAY_SOURCE, GATEWAY_NAME),
+    ] {
+        ensure_clearing(db, config, source, name).await?;
+    }
+    Ok(())
+}
+
+/// Makes `source`'s clearing account under `display_name` unless it exists.
+async fn ensure_clearing(
+    db: &PgPool,
+    config: &Config,
+    source: &str,
+    display_name: &str,
+) -> anyhow::Result<()> {
     let exists = || async {
         sqlx::query_scalar::<_, bool>("SELECT EXISTS (SELECT 1 FROM wallets WHERE clearing_source = $1)")
-            .bind(crate::deposit::SOURCE)
+            .bind(source)
             .fetch_one(db)
             .await
     };
     if exists().await? {
         return Ok(());
     }
-    let name = ComparableName::parse(PROVIDER_CLEARING_NAME, config.accounts.user_name_chars_max)
+    let name = ComparableName::parse(display_name, config.accounts.user_name_chars_max)
         .map_err(|problem| anyhow::anyhow!("the clearing account's name: {}", problem.detail))?;
-    make_account_nobody_signs_in_as(db, config, &name, Some(crate::deposit::SOURCE)).await?;
+    make_account_nobody_signs_in_as(db, config, &name, Some(source)).await?;
     anyhow::ensure!(
         exists().await?,
-        "an account named {PROVIDER_CLEARING_NAME:?} exists and is not the provider's clearing account; rename it"
+        "an account named {display_name:?} exists and is not the {source} clearing account; rename it"
     );
     Ok(())
 }

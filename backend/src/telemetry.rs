@@ -224,18 +224,47 @@ pub async fn trace_requests(
     if let Ok(value) = HeaderValue::from_str(&request_id) {
         headers.insert(HeaderName::from_static("x-request-id"), value);
     }
-    if span_context.is_valid() {
-        let traceparent = format!(
+    if let Some(traceparent) = traceparent_of_context(&span_context)
+        && let Ok(value) = HeaderValue::from_str(&traceparent)
+    {
+        headers.insert(HeaderName::from_static("traceparent"), value);
+    }
+    Ok(response)
+}
+
+/// A span's W3C `traceparent`, for work that continues its trace elsewhere
+/// (a payout's dispatcher, the gateway it calls); `None` when tracing is
+/// not set up.
+pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
+    traceparent_of_context(&span.context().span().span_context().clone())
+}
+
+fn traceparent_of_context(span_context: &opentelemetry::trace::SpanContext) -> Option<String> {
+    span_context.is_valid().then(|| {
+        format!(
             "00-{}-{}-{:02x}",
             span_context.trace_id(),
             span_context.span_id(),
             span_context.trace_flags().to_u8()
-        );
-        if let Ok(value) = HeaderValue::from_str(&traceparent) {
-            headers.insert(HeaderName::from_static("traceparent"), value);
+        )
+    })
+}
+
+/// Makes `span` a child of the span a stored `traceparent` names, so that
+/// work done later (a dispatcher's call) shows in the trace of the request
+/// that asked for it.
+pub fn continue_trace(span: &tracing::Span, traceparent: &str) {
+    struct One<'a>(&'a str);
+    impl Extractor for One<'_> {
+        fn get(&self, key: &str) -> Option<&str> {
+            (key == "traceparent").then_some(self.0)
+        }
+        fn keys(&self) -> Vec<&str> {
+            vec!["traceparent"]
         }
     }
-    Ok(response)
+    let parent = TraceContextPropagator::new().extract(&One(traceparent));
+    let _ = span.set_parent(parent);
 }
 
 /// The standard methods by name; anything else a client sends is `other`.

@@ -543,3 +543,68 @@ async fn a_form_without_its_csrf_token_is_refused() {
     assert_eq!(app.transfer_count().await, 0);
     browser.quit().await;
 }
+
+/// A payout from the wallet page: review, a double-clicked confirmation,
+/// the money set aside at once and shown as such, then paid out once.
+#[tokio::test]
+async fn a_payout_from_the_wallet_page_is_reviewed_set_aside_and_paid_out_once() {
+    let gateway = wallet_testkit::gateway::Gateway::start(
+        &wallet_testkit::gateway::wallet_sim_binary(),
+        &["--latency-ms", "1500"],
+    )
+    .await;
+    let app = spawn_app(|settings| {
+        with_payouts(&gateway.url)(settings);
+        // The slow gateway must answer within the call's time-out.
+        settings.payout_call_timeout_ms = 5_000;
+        settings.payout_lease_ms = 10_000;
+    })
+    .await;
+    let browser = browser().await;
+    let client = &browser.client;
+    sign_up_in_browser(&app, client, "alice").await;
+
+    fill(client, "#destination", "acct-42").await;
+    fill(client, "#payout-amount", "25.00").await;
+    click(client, "#review-payout").await;
+    assert_eq!(
+        text_of(client, "#review-heading").await,
+        "Pay out $25.00 to acct-42?"
+    );
+    client
+        .execute(
+            "const b = document.getElementById('pay-out'); b.click(); b.click(); return true;",
+            vec![],
+        )
+        .await
+        .expect("double click");
+    let notice = text_of(client, "#notice").await;
+    assert!(
+        notice.contains("$25.00 is set aside for acct-42"),
+        "unexpected notice: {notice}"
+    );
+    assert_eq!(text_of(client, "#balance").await, "$975.00");
+    let held = text_of(client, "#held").await;
+    assert!(
+        held.contains("$25.00 is set aside") && held.contains("$1,000.00"),
+        "{held}"
+    );
+
+    let payout: uuid::Uuid = sqlx::query_scalar("SELECT id FROM payouts")
+        .fetch_one(&app.db)
+        .await
+        .expect("exactly one payout");
+    app.wait_for_payout(payout, &["settled"]).await;
+    client.goto(&app.url("/wallet")).await.expect("reload");
+    let payouts = text_of(client, "#payouts").await;
+    assert!(
+        payouts.contains("acct-42") && payouts.contains("paid out"),
+        "{payouts}"
+    );
+    assert!(
+        client.find(Locator::Css("#held")).await.is_err(),
+        "nothing is set aside once paid out"
+    );
+    assert_eq!(app.balance(app.wallet_of("alice").await).await, 97_500);
+    browser.quit().await;
+}

@@ -38,11 +38,13 @@ pub async fn check(db: &PgPool, run_users: &[Uuid], samples: &[Sample]) -> anyho
     let mut findings = Findings::default();
     // The server's own definition of the money invariants, scoped to the
     // run's users (the database may hold others').
-    let (created, negative, unexplained, unbalanced): (i64, i64, i64, i64) =
-        sqlx::query_as("SELECT * FROM money_invariants($1)")
-            .bind(run_users)
-            .fetch_one(db)
-            .await?;
+    let (created, negative, unexplained, unbalanced): (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT money_created_minor, negative_balances, unexplained_balances, unbalanced_transfers
+               FROM money_invariants($1)",
+    )
+    .bind(run_users)
+    .fetch_one(db)
+    .await?;
     findings.money_created_minor = created;
     findings.negative_balances = negative;
     findings.unexplained_balances = unexplained;

@@ -38,17 +38,29 @@ impl Checks {
 
     /// The service's own money invariants over the run's accounts: no money
     /// created or destroyed, no negative balance, every balance equal to its
-    /// opening plus its ledger, every transfer two entries summing to zero.
+    /// opening plus its ledger, every transfer two entries summing to zero,
+    /// every payout's hold, settlement or release where its state says.
     pub async fn money_invariants(&mut self, db: &PgPool, users: &[Uuid]) -> anyhow::Result<()> {
-        let (created, negative, unexplained, unbalanced): (i64, i64, i64, i64) =
-            sqlx::query_as("SELECT * FROM money_invariants($1)")
-                .bind(users)
-                .fetch_one(db)
-                .await?;
+        let (created, negative, unexplained, unbalanced, payouts, payout_accounts): (
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+        ) = sqlx::query_as("SELECT * FROM money_invariants($1)")
+            .bind(users)
+            .fetch_one(db)
+            .await?;
         self.add("money created or destroyed (minor units)", created);
         self.add("negative balances", negative);
         self.add("balances not equal to opening plus ledger", unexplained);
         self.add("transfers whose ledger entries do not sum to zero", unbalanced);
+        self.add("payouts whose transfers do not match their state", payouts);
+        self.add(
+            "holds or gateway wallets not holding what the payouts say",
+            payout_accounts,
+        );
         Ok(())
     }
 }

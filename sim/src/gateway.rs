@@ -44,6 +44,7 @@ CREATE TABLE IF NOT EXISTS gateway_requests (
 CREATE TABLE IF NOT EXISTS gateway_sent (
     id              uuid PRIMARY KEY,
     idempotency_key text NOT NULL,
+    reference       text,
     destination     text NOT NULL,
     amount_minor    bigint NOT NULL CHECK (amount_minor > 0),
     currency        text NOT NULL,
@@ -92,6 +93,10 @@ struct PayoutBody {
     amount_minor: i64,
     currency: String,
     destination: String,
+    /// The caller's own name for the payout, kept with each sending: what
+    /// the checks group sendings by, whatever key each attempt carried.
+    #[serde(default)]
+    reference: Option<String>,
 }
 
 impl PayoutBody {
@@ -111,12 +116,25 @@ impl PayoutBody {
         {
             return Some("destination must be 1 to 64 letters, digits and - _ . :");
         }
+        if self
+            .reference
+            .as_ref()
+            .is_some_and(|reference| reference.len() > 64)
+        {
+            return Some("reference must be at most 64 characters");
+        }
         None
     }
 
     /// What makes two requests with one key the same request.
     fn fingerprint(&self) -> String {
-        format!("{}|{}|{}", self.amount_minor, self.currency, self.destination)
+        format!(
+            "{}|{}|{}|{}",
+            self.amount_minor,
+            self.currency,
+            self.destination,
+            self.reference.as_deref().unwrap_or_default()
+        )
     }
 }
 
@@ -311,11 +329,12 @@ async fn apply(gateway: &Gateway, key: &str, payout: &PayoutBody) -> Result<Appl
     }
     if !refused {
         sqlx::query(
-            "INSERT INTO gateway_sent (id, idempotency_key, destination, amount_minor, currency)
-             VALUES ($1, $2, $3, $4, $5)",
+            "INSERT INTO gateway_sent (id, idempotency_key, reference, destination, amount_minor, currency)
+             VALUES ($1, $2, $3, $4, $5, $6)",
         )
         .bind(sending)
         .bind(key)
+        .bind(&payout.reference)
         .bind(&payout.destination)
         .bind(payout.amount_minor)
         .bind(&payout.currency)
@@ -364,4 +383,16 @@ pub async fn sendings_by_key(db: &PgPool) -> Result<Vec<(String, i64)>, sqlx::Er
     sqlx::query_as("SELECT idempotency_key, count(*) FROM gateway_sent GROUP BY idempotency_key ORDER BY 1")
         .fetch_all(db)
         .await
+}
+
+/// Sendings and the money sent per payout (the `reference` the caller
+/// gave), whatever key each attempt carried: a payout sent more than once
+/// is money sent twice.
+pub async fn sendings_by_reference(db: &PgPool) -> Result<Vec<(String, i64, i64)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT reference, count(*), sum(amount_minor)::bigint FROM gateway_sent
+          WHERE reference IS NOT NULL GROUP BY reference ORDER BY 1",
+    )
+    .fetch_all(db)
+    .await
 }

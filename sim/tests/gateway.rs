@@ -3,137 +3,17 @@
 //! its misbehaviours. Every test reads the gateway's own ledger of money
 //! sent, not only its answers.
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
-use sqlx::PgPool;
-use wallet_testkit::{closed_port, create_database, database_url_of, drop_database};
+use wallet_testkit::gateway::Gateway as GatewayProcess;
 
-/// A gateway process on a free port, over a database of its own; killed
-/// when dropped, and its database with it.
-struct Gateway {
-    child: Option<Child>,
-    url: String,
-    port: u16,
-    database: String,
-    database_url: String,
-    db: PgPool,
-    http: reqwest::Client,
-}
+/// This crate's own gateway binary.
+struct Gateway;
 
 impl Gateway {
-    async fn start(knobs: &[&str]) -> Self {
-        let (database, options) = create_database().await;
-        let database_url = database_url_of(&options);
-        let port = closed_port();
-        let mut gateway = Self {
-            child: None,
-            url: format!("http://127.0.0.1:{port}"),
-            port,
-            database,
-            db: PgPool::connect(&database_url)
-                .await
-                .expect("the gateway's database"),
-            database_url,
-            http: reqwest::Client::new(),
-        };
-        gateway.start_again(knobs).await;
-        gateway
-    }
-
-    /// Starts the process (again) on the same port and database.
-    async fn start_again(&mut self, knobs: &[&str]) {
-        let child = Command::new(env!("CARGO_BIN_EXE_wallet-sim"))
-            .args(["gateway", "--listen", &format!("127.0.0.1:{}", self.port)])
-            .args(["--database-url", &self.database_url])
-            .args(knobs)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start wallet-sim gateway");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !self
-            .http
-            .get(format!("{}/healthz", self.url))
-            .send()
-            .await
-            .is_ok_and(|response| response.status() == 200)
-        {
-            assert!(Instant::now() < deadline, "the gateway did not start in 30 s");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    fn payout(&self, key: Option<&str>, body: &Value) -> reqwest::RequestBuilder {
-        let request = self.http.post(format!("{}/v1/payouts", self.url)).json(body);
-        match key {
-            Some(key) => request.header("Idempotency-Key", key),
-            None => request,
-        }
-    }
-
-    /// `GET /v1/payouts/{key}`: the stored answer, as reconciliation asks.
-    async fn look_up(&self, key: &str) -> (u16, Value) {
-        let response = self
-            .http
-            .get(format!("{}/v1/payouts/{key}", self.url))
-            .send()
-            .await
-            .expect("lookup");
-        let status = response.status().as_u16();
-        (status, response.json().await.expect("a JSON body"))
-    }
-
-    async fn send(&self, key: &str, body: &Value) -> (u16, Value, bool) {
-        let response = self.payout(Some(key), body).send().await.expect("an answer");
-        let status = response.status().as_u16();
-        let replayed = response.headers().contains_key("idempotent-replayed");
-        (status, response.json().await.expect("a JSON body"), replayed)
-    }
-
-    /// Sendings in the gateway's ledger for `key`.
-    async fn sent(&self, key: &str) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM gateway_sent WHERE idempotency_key = $1")
-            .bind(key)
-            .fetch_one(&self.db)
-            .await
-            .expect("count")
-    }
-
-    async fn sent_in_all(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM gateway_sent")
-            .fetch_one(&self.db)
-            .await
-            .expect("count")
-    }
-
-    fn has_exited(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|child| child.try_wait().is_ok_and(|status| status.is_some()))
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        self.kill();
-        let database = self.database.clone();
-        // Dropped from a runtime thread: the database goes on its own thread.
-        let _ = std::thread::spawn(move || {
-            if let Ok(runtime) = tokio::runtime::Runtime::new() {
-                runtime.block_on(drop_database(&database));
-            }
-        })
-        .join();
+    async fn start(knobs: &[&str]) -> GatewayProcess {
+        GatewayProcess::start(std::path::Path::new(env!("CARGO_BIN_EXE_wallet-sim")), knobs).await
     }
 }
 

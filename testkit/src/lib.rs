@@ -12,6 +12,7 @@
 
 pub mod answer_cutter;
 pub mod chaos;
+pub mod gateway;
 pub mod nginx;
 pub mod private_stores;
 pub mod proxy;
@@ -22,6 +23,7 @@ mod app;
 mod commands;
 mod deposits;
 mod http;
+mod payouts;
 mod settings;
 mod state;
 mod stores;
@@ -31,7 +33,10 @@ pub use app::{TestApp, spawn_app, spawn_app_behind_proxy, spawn_second_instance,
 pub use commands::{transfer_command, with_commands};
 pub use deposits::{PROVIDER_SECRET, deposit_event, new_event_id};
 pub use http::{TestUser, fire_together, fresh_transfers, new_key, problem, sign_up_at};
-pub use settings::{SIGNING_KEY, expose, test_settings, verified_token_for, with_deposits, without_cooldown};
+pub use payouts::{PAYOUT_WAIT_SECONDS_MAX, payout_body};
+pub use settings::{
+    SIGNING_KEY, expose, test_settings, verified_token_for, with_deposits, with_payouts, without_cooldown,
+};
 pub use state::{StateSnapshot, money_invariant_violations};
 pub use stores::{
     assert_redis_cluster_reachable, assert_redis_reachable, closed_port, create_database, database_url_as,

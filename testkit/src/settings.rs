@@ -74,3 +74,22 @@ pub fn verified_token_for(user: layered_wallet::domain::UserId) -> layered_walle
         .verify(issued.token.expose_secret())
         .expect("a fresh token verifies")
 }
+
+/// Sends payouts through the gateway at `gateway_url`, with waits short
+/// enough for a test: a call times out after 1 s, a lease lasts 3 s, an
+/// unknown outcome is retried within 50 to 200 ms, 4 times at most, and
+/// `reconcile` does not wait for a quiet period.
+pub fn with_payouts(gateway_url: &str) -> impl FnOnce(&mut Settings) + use<> {
+    let gateway_url = gateway_url.to_owned();
+    move |settings| {
+        settings.payout_gateway_url = gateway_url;
+        settings.payout_call_timeout_ms = 1_000;
+        settings.payout_lease_ms = 3_000;
+        settings.payout_retry_base_ms = 50;
+        settings.payout_retry_cap_ms = 200;
+        settings.payout_attempts_max = 4;
+        settings.payout_dispatch_idle_ms = 20;
+        settings.payout_census_interval_ms = 100;
+        settings.payout_reconcile_quiet_ms = 0;
+    }
+}

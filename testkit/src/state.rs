@@ -90,13 +90,20 @@ impl TestApp {
 /// The money invariants (the SQL function `money_invariants()`, the one
 /// definition the load test uses too): no money created or destroyed, no
 /// negative balance, every balance explained by its ledger, every transfer
-/// recorded as exactly two entries that sum to zero. Returns what broke.
+/// recorded as exactly two entries that sum to zero, every payout's hold,
+/// settlement or release where its state says. Returns what broke.
 pub async fn money_invariant_violations(db: &PgPool) -> Vec<String> {
-    let (created, negative, unexplained, unbalanced): (i64, i64, i64, i64) =
-        sqlx::query_as("SELECT * FROM money_invariants()")
-            .fetch_one(db)
-            .await
-            .expect("money_invariants()");
+    let (created, negative, unexplained, unbalanced, payouts, payout_accounts): (
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+    ) = sqlx::query_as("SELECT * FROM money_invariants()")
+        .fetch_one(db)
+        .await
+        .expect("money_invariants()");
     let mut violations = Vec::new();
     if created != 0 {
         violations.push(format!("money was created or destroyed: {created} minor units"));
@@ -110,6 +117,14 @@ pub async fn money_invariant_violations(db: &PgPool) -> Vec<String> {
     if unbalanced > 0 {
         violations.push(format!(
             "{unbalanced} transfers are not recorded as two entries summing to zero"
+        ));
+    }
+    if payouts > 0 {
+        violations.push(format!("{payouts} payouts' transfers do not match their state"));
+    }
+    if payout_accounts > 0 {
+        violations.push(format!(
+            "{payout_accounts} holds or gateway wallets do not hold what the payouts say"
         ));
     }
     violations

@@ -115,7 +115,7 @@ pub struct FeedEntry {
     #[serde(default)]
     pub lab: bool,
     /// How the money moved: a client's transfer (left out when so), a
-    /// provider's deposit, or a broker's command.
+    /// provider's deposit, a broker's command, or a payout.
     #[serde(default, skip_serializing_if = "EntryPoint::is_transfer")]
     pub entry_point: EntryPoint,
 }
@@ -129,6 +129,9 @@ pub enum EntryPoint {
     Deposit,
     /// A broker's transfer command.
     Command,
+    /// A payout: the request that held the money, then the gateway's
+    /// answer the dispatcher recorded.
+    Payout,
 }
 
 impl EntryPoint {

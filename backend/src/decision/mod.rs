@@ -27,6 +27,8 @@ pub enum Layer {
     EdgeLock,
     /// A deposit's or a command's claim of its event id, in PostgreSQL.
     Inbox,
+    /// The bank gateway's answer to a payout, recorded by the dispatcher.
+    Gateway,
     #[serde(rename = "none")]
     NoLayer,
 }
@@ -66,6 +68,7 @@ impl Layer {
             Layer::RowGuard => "row_guard",
             Layer::EdgeLock => "edge_lock",
             Layer::Inbox => "inbox",
+            Layer::Gateway => "gateway",
             Layer::NoLayer => "none",
         }
     }
@@ -79,6 +82,7 @@ impl Layer {
             Layer::RowGuard => Some("Row guard"),
             Layer::EdgeLock => Some("Edge lock"),
             Layer::Inbox => Some("Inbox"),
+            Layer::Gateway => Some("Bank gateway"),
             Layer::NoLayer => None,
         }
     }

@@ -13,7 +13,7 @@
 //!    claimed insert-first in the same transaction as the credit, so an
 //!    event is applied once whatever reaches it;
 //! 3. the **credit** itself, under the wallet's row lock, with the currency
-//!    guard (`deposit_credit()` in migrations/20261202000010_inbox_and_deposits.sql).
+//!    guard (`deposit_credit()` in migrations/20261202000011_inbox_and_deposits.sql).
 //!
 //! Before them, the signature (`signature`): nothing unsigned is read.
 //! `pipeline` runs the layers in order.

@@ -17,7 +17,7 @@ use crate::decision::{Decision, Layer, Outcome};
 use crate::defense::Refusal;
 use crate::defense::idempotency::StoredResponse;
 use crate::domain::UserId;
-use crate::problem::{self, DatabaseFailure, Problem, ProblemType, SqlState};
+use crate::problem::{self, Problem, ProblemType, SqlState};
 use crate::state::AppState;
 
 /// The inbox's answer to a claim: the PostgreSQL enum
@@ -268,25 +268,11 @@ fn claim_outcome(claim: InboxClaim) -> Outcome {
     }
 }
 
-/// A database failure, said as what is known: nothing committed, or (the
+/// A database failure, said as what is known: nothing credited, or (the
 /// connection broke after the statement was sent) unknown, with how to
 /// retry safely.
 pub(super) fn database_refusal(error: &sqlx::Error, may_have_committed: bool) -> Refusal {
-    if SqlState::of(error) == Some(SqlState::LockNotAvailable) {
-        return Refusal::new(
-            Problem::unavailable(
-                "The wallet is busy with other transfers. Nothing was credited; deliver the event again shortly.",
-            ),
-            Layer::RowGuard,
-            Outcome::Error,
-        );
-    }
-    let failure = match DatabaseFailure::of(error) {
-        DatabaseFailure::Unknown if !may_have_committed => DatabaseFailure::NothingCommitted,
-        failure => failure,
-    };
-    let problem = if failure == DatabaseFailure::Unknown {
-        tracing::error!(error = %error, "lost the database connection after sending a deposit");
+    let problem = problem::of_the_work(error, may_have_committed, "crediting a deposit", || {
         Problem::new(
             ProblemType::OutcomeUnknown,
             "The connection to the database broke after this deposit was sent to it, so we cannot tell whether it \
@@ -294,10 +280,15 @@ pub(super) fn database_refusal(error: &sqlx::Error, may_have_committed: bool) ->
              makes it exactly once.",
         )
         .with_retry_after_s(1)
+    });
+    let layer = if problem.kind == ProblemType::ServiceUnavailable
+        && SqlState::of(error) == Some(SqlState::LockNotAvailable)
+    {
+        Layer::RowGuard
     } else {
-        problem::from_database_failure(failure, error, "crediting a deposit")
+        Layer::NoLayer
     };
-    Refusal::new(problem, Layer::NoLayer, Outcome::Error)
+    Refusal::new(problem, layer, Outcome::Error)
 }
 
 fn layer_span(state: &AppState, layer: Layer, outcome: Outcome, db_ms: Option<f64>) {

@@ -37,6 +37,9 @@ pub enum ProblemType {
     DepositCurrencyMismatch,
     DepositAmountOverLimit,
     DepositEventTooOld,
+    PayoutsNotOffered,
+    PayoutRefused,
+    PayoutNeedsAttention,
     ServiceUnavailable,
     OutcomeUnknown,
     InternalError,
@@ -54,7 +57,7 @@ struct Entry {
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 31] = [
+    pub const ALL: [ProblemType; 34] = [
         ProblemType::MalformedRequest,
         ProblemType::ValidationFailed,
         ProblemType::Unauthorized,
@@ -83,6 +86,9 @@ impl ProblemType {
         ProblemType::DepositCurrencyMismatch,
         ProblemType::DepositAmountOverLimit,
         ProblemType::DepositEventTooOld,
+        ProblemType::PayoutsNotOffered,
+        ProblemType::PayoutRefused,
+        ProblemType::PayoutNeedsAttention,
         ProblemType::ServiceUnavailable,
         ProblemType::OutcomeUnknown,
         ProblemType::InternalError,
@@ -286,6 +292,27 @@ impl ProblemType {
                 "Deposit event too old",
                 "This deposit is too old to be told apart from one already credited, so it needs a person to check it. Nothing was credited.",
                 "occurred_at is further back than inbox_retention_hours: the inbox may have forgotten an earlier delivery of it, so it is never applied. Nothing was credited; reconcile it by hand.",
+            ),
+            PayoutsNotOffered => (
+                "payouts-not-offered",
+                StatusCode::NOT_FOUND,
+                "This deployment sends no payouts",
+                "Payouts to a bank account are not offered here. Nothing was changed.",
+                "No bank gateway is configured (payout_gateway_url is empty), so no payout can be made. Nothing was changed.",
+            ),
+            PayoutRefused => (
+                "payout-refused",
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "The bank refused the payout",
+                "The bank refused this payout for good, for example because the account is closed. No money left your wallet: the amount that was set aside is available again.",
+                "The bank gateway answered with a definitive refusal (its reason is in the payout's reason). No money was sent; the hold was released, so the amount is back in the available balance. Sending it again to the same destination will be refused again.",
+            ),
+            PayoutNeedsAttention => (
+                "payout-needs-attention",
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Payout outcome not known yet",
+                "We could not get an answer from the bank about this payout, so we cannot tell yet whether the money was sent. The amount stays set aside until we find out; do not send it again.",
+                "Every gateway call (payout_attempts_max) ended in a time-out, a 5xx or a broken connection, so the money may or may not have left. The hold stays: nothing is released on an unknown outcome. An operator runs wallet-server reconcile, which asks the gateway by the payout's key and settles or releases it from the answer. Do not make a new payout for the same money meanwhile.",
             ),
             ServiceUnavailable => (
                 "service-unavailable",

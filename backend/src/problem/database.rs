@@ -101,6 +101,32 @@ pub fn from_database_error(error: &sqlx::Error, doing: &str) -> Problem {
     from_database_failure(DatabaseFailure::of(error), error, doing)
 }
 
+/// A failure of the one statement that does a request's work (a deposit's,
+/// a payout's), said as what is known: a row lock waited out or nothing
+/// committed ("nothing was changed"), or, when the connection broke after
+/// the statement was sent (`may_have_committed`), `unknown`: a problem that
+/// says the outcome is unknown and how to retry safely.
+pub fn of_the_work(
+    error: &sqlx::Error,
+    may_have_committed: bool,
+    doing: &str,
+    unknown: impl FnOnce() -> Problem,
+) -> Problem {
+    if SqlState::of(error) == Some(SqlState::LockNotAvailable) {
+        return Problem::unavailable(
+            "The wallet is busy with other requests. Nothing was changed; retry shortly.",
+        );
+    }
+    match DatabaseFailure::of(error) {
+        DatabaseFailure::Unknown if may_have_committed => {
+            tracing::error!(error = %error, "lost the database connection after sending the work of {doing}");
+            unknown()
+        }
+        DatabaseFailure::Unknown => from_database_failure(DatabaseFailure::NothingCommitted, error, doing),
+        failure => from_database_failure(failure, error, doing),
+    }
+}
+
 pub fn from_database_failure(failure: DatabaseFailure, error: &sqlx::Error, doing: &str) -> Problem {
     match failure {
         DatabaseFailure::NothingCommitted | DatabaseFailure::RolledBackTransient => {

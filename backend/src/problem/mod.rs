@@ -22,6 +22,6 @@ mod fields;
 mod response;
 
 pub use catalogue::ProblemType;
-pub use database::{DatabaseFailure, SqlState, from_database_error, from_database_failure};
+pub use database::{DatabaseFailure, SqlState, from_database_error, from_database_failure, of_the_work};
 pub use fields::{FieldError, Fields};
 pub use response::{PROBLEM_CONTENT_TYPE, Problem};

@@ -1,7 +1,7 @@
 //! The race lab: a visitor fires N transfers at once through the real
 //! public endpoint and watches which defense decides each one.
 //!
-//! - **Lab wallets** (`migrations/20261202000007_race_lab.sql`): two per
+//! - **Lab wallets** (`migrations/20261202000008_race_lab.sql`): two per
 //!   visitor, holding lab money (the currency `LAB`), emptied and refilled
 //!   at the start of each run. The currency guard keeps lab money and real
 //!   money apart on every path that moves money.

@@ -15,6 +15,7 @@ pub mod commands;
 pub mod decisions;
 pub mod deposits;
 pub mod health;
+pub mod payouts;
 pub mod transfers;
 pub mod users;
 pub mod wallets;

@@ -54,6 +54,23 @@ pub enum InboxMode {
     CheckThenInsert,
 }
 
+/// How a payout reaches the bank gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PayoutMode {
+    /// The request holds the money and writes an outbox row in one
+    /// transaction; a dispatcher calls the gateway afterwards, with the
+    /// payout's id as the key of every attempt. The only safe mode.
+    Outbox,
+    /// DEMO ONLY: the request calls the gateway inside its transaction and
+    /// rolls back when the call fails: a sending whose answer was lost
+    /// leaves money gone without a debit, and a retry sends it again.
+    CallInTransaction,
+    /// DEMO ONLY: the dispatcher sends each attempt under a new key: an
+    /// answer lost after the sending makes the retry a second payment.
+    NewKeyPerAttempt,
+}
+
 /// How the debit checks the balance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -95,6 +112,7 @@ choice_values! {
     StoreErrorPolicy => ["fail_open", "fail_closed"],
     IdempotencyMode => ["atomic", "check_then_insert", "off"],
     InboxMode => ["atomic", "check_then_insert"],
+    PayoutMode => ["outbox", "call_in_transaction", "new_key_per_attempt"],
     RowGuardMode => ["guarded", "read_decide_write"],
     LogFormat => ["text", "json"],
 }
@@ -128,6 +146,7 @@ mod tests {
         values_parse::<StoreErrorPolicy>();
         values_parse::<IdempotencyMode>();
         values_parse::<InboxMode>();
+        values_parse::<PayoutMode>();
         values_parse::<RowGuardMode>();
         values_parse::<LogFormat>();
     }

@@ -11,7 +11,9 @@
 use secrecy::SecretString;
 
 use super::declare::declare_settings;
-use super::{CooldownScope, IdempotencyMode, InboxMode, LogFormat, RowGuardMode, StoreErrorPolicy};
+use super::{
+    CooldownScope, IdempotencyMode, InboxMode, LogFormat, PayoutMode, RowGuardMode, StoreErrorPolicy,
+};
 
 declare_settings! {
     section "HTTP" {
@@ -210,6 +212,50 @@ declare_settings! {
         commands_results_entries_max: u64 = 100_000, within 100..=100_000_000 "entries";
         /// Length cap of the dead-letter stream (approximate, `MAXLEN ~`).
         commands_dead_letters_entries_max: u64 = 100_000, within 100..=100_000_000 "entries";
+    }
+
+    section "Payouts through a bank gateway" {
+        /// The bank gateway's base URL (`POST {url}/v1/payouts`,
+        /// `GET {url}/v1/payouts/{key}`). Empty: this deployment sends no
+        /// payouts, and `POST /api/v1/payouts` says so.
+        payout_gateway_url: String = String::new(), empty "no payouts";
+        /// Run the payout dispatcher on this instance: it takes due outbox
+        /// rows and asks the gateway. Every instance may run one.
+        payout_dispatcher_enabled: bool = true;
+        /// How a payout reaches the gateway. Anything but `outbox` is a
+        /// demonstration of a way to send money twice, or without a debit.
+        payout_mode: PayoutMode = PayoutMode::Outbox;
+        /// How long a dispatcher holds an outbox row it took: another instance
+        /// takes the row over after it, so it must be longer than one
+        /// gateway call (`payout_call_timeout_ms`).
+        payout_lease_ms: u64 = 30_000, within 1_000..=3_600_000 "ms";
+        /// How long one gateway call may take before its outcome counts as
+        /// unknown and it is retried with the same key.
+        payout_call_timeout_ms: u64 = 5_000, within 50..=600_000 "ms";
+        /// The first backoff ceiling after an unknown outcome; each attempt
+        /// doubles it, up to `payout_retry_cap_ms`, and waits a random time
+        /// below it (full jitter), never less than the gateway's
+        /// `Retry-After`.
+        payout_retry_base_ms: u64 = 500, within 10..=600_000 "ms";
+        /// The largest backoff ceiling.
+        payout_retry_cap_ms: u64 = 60_000, within 10..=3_600_000 "ms";
+        /// Gateway calls one payout gets, the first included; after the last
+        /// without a known outcome it needs a person (`wallet-server
+        /// reconcile`).
+        payout_attempts_max: u32 = 8, within 1..=1_000 "attempts";
+        /// Outbox rows one dispatcher takes, and calls the gateway for, at once.
+        payout_dispatch_batch_rows_max: u32 = 16, within 1..=1_000 "rows";
+        /// How long a dispatcher that found nothing due waits before looking
+        /// again.
+        payout_dispatch_idle_ms: u64 = 200, within 10..=60_000 "ms";
+        /// How often a dispatcher counts the outbox for the metrics.
+        payout_census_interval_ms: u64 = 5_000, within 100..=600_000 "ms";
+        /// `wallet-server reconcile` leaves a payout alone until this long
+        /// after its last attempt, so that a gateway still working on a call
+        /// given up on has finished it before it is asked.
+        payout_reconcile_quiet_ms: u64 = 60_000, within 0..=86_400_000 "ms";
+        /// Largest single payout.
+        payout_amount_minor_max: i64 = 1_000_000, within 1..=1_000_000_000_000_000 "minor units";
     }
 
     section "Unsafe demonstration modes" {

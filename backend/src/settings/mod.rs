@@ -24,7 +24,9 @@ mod sections;
 
 use std::path::Path;
 
-pub use choices::{CooldownScope, IdempotencyMode, InboxMode, LogFormat, RowGuardMode, StoreErrorPolicy};
+pub use choices::{
+    CooldownScope, IdempotencyMode, InboxMode, LogFormat, PayoutMode, RowGuardMode, StoreErrorPolicy,
+};
 pub use declare::{Bounds, SettingDoc, Shown};
 pub use declared::{SETTINGS_DOC, Settings};
 pub use doc::render_settings_doc;

@@ -19,8 +19,8 @@ use secrecy::{ExposeSecret, SecretString};
 
 use super::checks::Checks;
 use super::{
-    CooldownScope, IdempotencyMode, InboxMode, LogFormat, RowGuardMode, STATEMENT_TIMEOUT_MARGIN_MS,
-    Settings, SettingsError, StoreErrorPolicy,
+    CooldownScope, IdempotencyMode, InboxMode, LogFormat, PayoutMode, RowGuardMode,
+    STATEMENT_TIMEOUT_MARGIN_MS, Settings, SettingsError, StoreErrorPolicy,
 };
 
 /// Everything the server reads, validated.
@@ -34,6 +34,7 @@ pub struct Config {
     pub row_guard: RowGuard,
     pub deposits: Deposits,
     pub commands: Commands,
+    pub payouts: Payouts,
     pub demo: Demo,
     pub race_lab: RaceLab,
     pub feed: Feed,
@@ -145,6 +146,28 @@ pub struct Commands {
 }
 
 #[derive(Debug, Clone)]
+pub struct Payouts {
+    /// Without a trailing slash; empty: no payouts.
+    pub gateway_url: String,
+    pub dispatcher_enabled: bool,
+    pub mode: PayoutMode,
+    pub lease: Duration,
+    pub retry: wallet_client::RetryPolicy,
+    pub batch_rows_max: u32,
+    pub idle: Duration,
+    pub census_interval: Duration,
+    pub reconcile_quiet: Duration,
+    pub amount_minor_max: i64,
+}
+
+impl Payouts {
+    /// Whether this deployment sends payouts at all.
+    pub fn offered(&self) -> bool {
+        !self.gateway_url.is_empty()
+    }
+}
+
+#[derive(Debug, Clone)]
 pub struct Demo {
     pub allow_unsafe_modes: bool,
     /// The pause inside the naive variants' race windows.
@@ -246,6 +269,7 @@ impl Config {
             },
             deposits: Deposits::checked(settings, &mut check),
             commands: Commands::from(settings),
+            payouts: Payouts::checked(settings, &mut check),
             demo: Demo::from(settings),
             race_lab: RaceLab::from(settings),
             feed: Feed::from(settings),
@@ -309,6 +333,11 @@ impl Config {
         }
         if self.deposits.inbox_mode == InboxMode::CheckThenInsert {
             modes.push("inbox check-then-insert");
+        }
+        match self.payouts.mode {
+            PayoutMode::Outbox => {}
+            PayoutMode::CallInTransaction => modes.push("payouts call the gateway inside the transaction"),
+            PayoutMode::NewKeyPerAttempt => modes.push("payouts send a new key per attempt"),
         }
         modes
     }
@@ -456,6 +485,45 @@ impl From<&Settings> for Commands {
             retry_backoff: Duration::from_millis(s.commands_retry_backoff_ms),
             results_entries_max: s.commands_results_entries_max,
             dead_letters_entries_max: s.commands_dead_letters_entries_max,
+        }
+    }
+}
+
+impl Payouts {
+    fn checked(s: &Settings, check: &mut Checks) -> Self {
+        let gateway_url = s.payout_gateway_url.trim().trim_end_matches('/').to_owned();
+        check.require(
+            gateway_url.is_empty() || reqwest::Url::parse(&gateway_url).is_ok_and(|url| url.has_host()),
+            "payout_gateway_url must be empty or an http(s) URL, e.g. http://127.0.0.1:8090",
+        );
+        check.require(
+            s.payout_lease_ms > s.payout_call_timeout_ms,
+            "payout_lease_ms must be longer than payout_call_timeout_ms, or another instance would take a row \
+             over while its call may still be sending",
+        );
+        check.require(
+            s.payout_retry_cap_ms >= s.payout_retry_base_ms,
+            "payout_retry_cap_ms must be at least payout_retry_base_ms",
+        );
+        Self {
+            gateway_url,
+            dispatcher_enabled: s.payout_dispatcher_enabled,
+            mode: s.payout_mode,
+            lease: Duration::from_millis(s.payout_lease_ms),
+            retry: wallet_client::RetryPolicy {
+                base: Duration::from_millis(s.payout_retry_base_ms),
+                cap: Duration::from_millis(s.payout_retry_cap_ms),
+                attempts_max: s.payout_attempts_max,
+                request_timeout: Duration::from_millis(s.payout_call_timeout_ms),
+                // A payout's attempts are spread over dispatcher passes and
+                // bounded by their count, not by one call's time.
+                call_time_max: Duration::MAX,
+            },
+            batch_rows_max: s.payout_dispatch_batch_rows_max,
+            idle: Duration::from_millis(s.payout_dispatch_idle_ms),
+            census_interval: Duration::from_millis(s.payout_census_interval_ms),
+            reconcile_quiet: Duration::from_millis(s.payout_reconcile_quiet_ms),
+            amount_minor_max: s.payout_amount_minor_max,
         }
     }
 }

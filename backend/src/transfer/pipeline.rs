@@ -104,7 +104,7 @@ impl Decided {
 
     /// Refused, unstored, with a problem of this type.
     pub fn is_refusal(&self, kind: ProblemType) -> bool {
-        matches!(&self.answer, Answer::Refused(problem) if problem.kind == kind)
+        self.answer.is_refusal(kind)
     }
 
     pub fn status(&self) -> u16 {
@@ -123,6 +123,11 @@ impl Answer {
             Answer::Stored { response, .. } => response.status,
             Answer::Refused(problem) => problem.status,
         }
+    }
+
+    /// Refused, unstored, with a problem of this type.
+    pub fn is_refusal(&self, kind: ProblemType) -> bool {
+        matches!(self, Answer::Refused(problem) if problem.kind == kind)
     }
 
     /// The problem type of a refusal, stored or not; `None` for a success.
@@ -220,7 +225,7 @@ async fn decide(
         Ok(settled) => Decided::of_settled(settled, user, key),
         Err(refusal) => Decided::of_refusal(refusal, user, key),
     };
-    give_the_window_back_if_unused(state, cooldown, &decided).await;
+    give_the_window_back_if_unused(state, cooldown, &decided.answer).await;
     decided.for_a_live_token()
 }
 
@@ -244,13 +249,18 @@ fn cooldown_action(lab: Option<Switches>) -> Option<Cow<'static, str>> {
 /// could pay twice. A refusal keeps its window too (a burst of the same
 /// refused request must still meet the edge), marked so that the next 429
 /// says the last attempt was refused.
-async fn give_the_window_back_if_unused(state: &AppState, cooldown: CooldownPass, decided: &Decided) {
+/// The rule is a payout's too.
+pub(crate) async fn give_the_window_back_if_unused(
+    state: &AppState,
+    cooldown: CooldownPass,
+    answer: &Answer,
+) {
     let Some(permit) = cooldown.permit else {
         return;
     };
-    let status = decided.status();
-    let changed_nothing = status >= 500 && !decided.is_refusal(ProblemType::OutcomeUnknown);
-    if changed_nothing || decided.is_refusal(ProblemType::Unauthorized) {
+    let status = answer.status();
+    let changed_nothing = status >= 500 && !answer.is_refusal(ProblemType::OutcomeUnknown);
+    if changed_nothing || answer.is_refusal(ProblemType::Unauthorized) {
         state.cooldown.release(&permit).await;
     } else if (400..500).contains(&status) {
         state.cooldown.mark_refused(&permit).await;

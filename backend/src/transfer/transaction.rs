@@ -274,7 +274,9 @@ async fn in_one_call(call: &Call<'_>) -> Result<Settled, TransactionError> {
     })
 }
 
-fn layer_span(
+/// A layer that ran inside the database, reported as a span of its own
+/// with the time it took there (for a transfer's and a payout's layers).
+pub(crate) fn layer_span(
     state: &AppState,
     layer: Layer,
     outcome: Outcome,

@@ -1,6 +1,7 @@
 //! The wallet page, the review of a typed transfer (`review`), and Send
 //! (`send`): the browser's way through the transfer pipeline.
 
+mod payout;
 mod review;
 mod send;
 mod shown;
@@ -21,6 +22,7 @@ use crate::web::{Session, money};
 use super::*;
 use shown::Shown;
 
+pub use payout::{pay_out, payout_review_shown, review_payout};
 pub use review::{review, review_shown};
 pub use send::transfer;
 
@@ -36,6 +38,46 @@ struct WalletPage {
     recipient: String,
     amount: String,
     currency_name: String,
+    /// Set aside for payouts still on their way, when there are any.
+    held: Option<String>,
+    /// The available balance plus what is held.
+    posted: String,
+    payouts_offered: bool,
+    payouts: Vec<PayoutRow>,
+}
+
+struct PayoutRow {
+    when: String,
+    destination: String,
+    amount: String,
+    state: &'static str,
+}
+
+/// How many payouts the wallet page lists.
+const WALLET_PAGE_PAYOUT_ROWS: i64 = 10;
+
+async fn payouts(state: &AppState, session: &Session) -> Result<(i64, Vec<PayoutRow>), sqlx::Error> {
+    if !state.config.payouts.offered() {
+        return Ok((0, Vec::new()));
+    }
+    let held = crate::payout::held_minor(&state.db, crate::domain::WalletId(session.wallet_id)).await?;
+    let rows = crate::routes::payouts::list_for_user(
+        &state.db,
+        session.token.user_id.0,
+        None,
+        WALLET_PAGE_PAYOUT_ROWS,
+    )
+    .await?;
+    let rows = rows
+        .into_iter()
+        .map(|payout| PayoutRow {
+            when: payout.created_at.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
+            destination: payout.destination,
+            amount: money::format(payout.amount_minor, &payout.currency),
+            state: payout.state.for_people(),
+        })
+        .collect();
+    Ok((held, rows))
 }
 
 struct HistoryRow {
@@ -81,10 +123,11 @@ pub(super) async fn wallet_page(
     recipient: String,
     amount: String,
 ) -> HttpResponse {
-    let history = match history(state, session).await {
-        Ok(history) => history,
-        Err(error) => return unavailable(state, Some(session), &error),
-    };
+    let (history, (held_minor, payouts)) =
+        match (history(state, session).await, payouts(state, session).await) {
+            (Ok(history), Ok(payouts)) => (history, payouts),
+            (Err(error), _) | (_, Err(error)) => return unavailable(state, Some(session), &error),
+        };
     with_page(
         StatusCode::OK,
         WalletPage {
@@ -101,6 +144,10 @@ pub(super) async fn wallet_page(
             recipient,
             amount,
             currency_name: money::currency_name(&session.currency),
+            held: (held_minor > 0).then(|| money::format(held_minor, &session.currency)),
+            posted: money::format(session.balance_minor + held_minor, &session.currency),
+            payouts_offered: state.config.payouts.offered(),
+            payouts,
         },
     )
 }
@@ -140,7 +187,7 @@ pub async fn wallet(
                 recipient,
                 amount,
             })) => wallet_page(&state, &session, Some(notice), recipient, amount).await,
-            Ok(Some(review @ Shown::Review { .. })) => redirect(&review.address(&shown)),
+            Ok(Some(review)) => redirect(&review.address(&shown)),
             Ok(None) => {
                 let notice = Notice {
                     kind: "info".into(),

@@ -86,7 +86,11 @@ pub async fn review(
                             amount_minor,
                             typed_recipient: typed_recipient.to_owned(),
                             typed_amount: form.amount.trim().to_owned(),
-                            idempotency_key: confirmation_key(form_key, to_wallet_id, amount_minor),
+                            idempotency_key: confirmation_key(
+                                b"wallet-form",
+                                form_key,
+                                &[to_wallet_id.as_bytes(), &amount_minor.to_be_bytes()],
+                            ),
                         },
                         notice: None,
                         send_again_at_ms: None,
@@ -139,17 +143,28 @@ pub struct ShownQuery {
     shown: String,
 }
 
-/// The idempotency key of one confirmation: the same wallet form asking the
-/// same thing gives the same key (a double submit is one transfer), and any
-/// change gives another (never "key reused").
-fn confirmation_key(form_key: Uuid, to_wallet_id: Uuid, amount_minor: i64) -> Uuid {
+impl ShownQuery {
+    /// The kept page's id, as given.
+    pub(super) fn id(&self) -> &str {
+        &self.shown
+    }
+}
+
+/// The idempotency key of one confirmation: the same form (`form`, a
+/// transfer's or a payout's) asking the same thing (`asked`) gives the same
+/// key (a double submit is one transfer or payout), and any change gives
+/// another (never "key reused").
+pub(super) fn confirmation_key(form: &[u8], form_key: Uuid, asked: &[&[u8]]) -> Uuid {
     use sha2::{Digest, Sha256};
-    let digest = Sha256::new()
-        .chain_update(b"wallet-form\n")
-        .chain_update(form_key.as_bytes())
-        .chain_update(to_wallet_id.as_bytes())
-        .chain_update(amount_minor.to_be_bytes())
-        .finalize();
+    let mut hasher = Sha256::new()
+        .chain_update(form)
+        .chain_update(b"\n")
+        .chain_update(form_key.as_bytes());
+    for part in asked {
+        hasher.update((part.len() as u64).to_be_bytes());
+        hasher.update(part);
+    }
+    let digest = hasher.finalize();
     let mut bytes = [0u8; 16];
     bytes.copy_from_slice(&digest[..16]);
     uuid::Builder::from_random_bytes(bytes).into_uuid()

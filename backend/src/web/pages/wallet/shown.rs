@@ -22,6 +22,15 @@ pub(super) struct Draft {
     pub(super) idempotency_key: Uuid,
 }
 
+/// A payout read back to the person before any money is set aside.
+#[derive(Serialize, Deserialize)]
+pub(super) struct PayoutDraft {
+    pub(super) destination: String,
+    pub(super) amount_minor: i64,
+    pub(super) typed_amount: String,
+    pub(super) idempotency_key: Uuid,
+}
+
 /// What a wallet form leads to.
 #[derive(Serialize, Deserialize)]
 pub(super) enum Shown {
@@ -40,6 +49,12 @@ pub(super) enum Shown {
         notice: Option<Notice>,
         send_again_at_ms: Option<i64>,
     },
+    /// A payout's confirmation, as a transfer's.
+    PayoutReview {
+        draft: PayoutDraft,
+        notice: Option<Notice>,
+        send_again_at_ms: Option<i64>,
+    },
 }
 
 impl Shown {
@@ -48,6 +63,7 @@ impl Shown {
         match self {
             Shown::Wallet { .. } => format!("/wallet?shown={id}"),
             Shown::Review { .. } => format!("/wallet/review?shown={id}"),
+            Shown::PayoutReview { .. } => format!("/wallet/payout/review?shown={id}"),
         }
     }
 }

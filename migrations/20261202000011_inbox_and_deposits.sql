@@ -10,7 +10,7 @@
 -- first and then reads its answer.
 
 -- 'race_lab': the race lab's deliveries of lab deposits, between a
--- visitor's two lab wallets (20261202000007_race_lab.sql).
+-- visitor's two lab wallets (20261202000008_race_lab.sql).
 CREATE TYPE inbox_source AS ENUM ('provider', 'broker', 'race_lab');
 CREATE TYPE inbox_claim_verdict AS ENUM ('started', 'replayed', 'payload_changed', 'in_flight');
 

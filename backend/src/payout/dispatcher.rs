@@ -1,0 +1,340 @@
+//! The dispatcher: every instance runs one. It takes due outbox rows under
+//! a lease, calls the gateway for each, and records the answer.
+//!
+//! - **The take** (`payout_take()`) locks due rows with `FOR UPDATE SKIP
+//!   LOCKED`, so two instances never take one row at once, and leases each
+//!   for `payout_lease_ms` by moving its due time past the lease: a crashed
+//!   instance's row is due again, and taken over, when its lease runs out.
+//! - **The call** is made outside any transaction, with the payout's id as
+//!   the `Idempotency-Key` of every attempt: a row taken over after a crash
+//!   between the gateway's sending and our settlement asks again with the
+//!   same key, the gateway replays its answer, and the payout settles once.
+//! - **The record** of the answer is one transaction each: settle, release
+//!   (a definitive refusal only), or postpone with exponential backoff and
+//!   full jitter (`payout_retry_base_ms`, `payout_retry_cap_ms`, the
+//!   gateway's `Retry-After`), until `payout_attempts_max`, after which the
+//!   payout needs a person. An unknown outcome never releases the hold.
+//!
+//! The dispatcher's span continues the trace of the request that made the
+//! payout, and the gateway call is a client span under it that passes the
+//! trace on in `traceparent`.
+
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use futures::future::join_all;
+use sqlx::PgPool;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use super::gateway::{GatewayAnswer, GatewayClient, GatewayPayout};
+use crate::decision::feed::{EntryPoint, FeedEntry};
+use crate::decision::{Layer, Outcome};
+use crate::domain::UserId;
+use crate::problem::ProblemType;
+use crate::settings::PayoutMode;
+use crate::state::AppState;
+use crate::telemetry;
+
+/// A taken outbox row: `payout_take()`'s columns.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Taken {
+    pub payout_id: Uuid,
+    pub lease_token: Uuid,
+    pub user_id: Uuid,
+    pub wallet_id: Uuid,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub destination: String,
+    /// This attempt's number, from 1.
+    pub attempts: i32,
+    pub traceparent: Option<String>,
+}
+
+/// How recording an answer ended: the PostgreSQL enum `payout_record`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "payout_record", rename_all = "snake_case")]
+pub enum Recorded {
+    Done,
+    Already,
+    Contradicted,
+    LeaseLost,
+}
+
+/// Starts the dispatcher when this deployment sends payouts and this
+/// instance is to dispatch them. It runs until aborted (at shutdown).
+pub fn spawn(state: AppState) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    let payouts = &state.config.payouts;
+    if !payouts.offered() || !payouts.dispatcher_enabled || payouts.mode == PayoutMode::CallInTransaction {
+        return Ok(None);
+    }
+    let gateway = GatewayClient::new(&payouts.gateway_url, payouts.retry.request_timeout)?;
+    Ok(Some(tokio::spawn(
+        Dispatcher {
+            state,
+            gateway,
+            last_census: None,
+        }
+        .run(),
+    )))
+}
+
+struct Dispatcher {
+    state: AppState,
+    gateway: GatewayClient,
+    last_census: Option<Instant>,
+}
+
+impl Dispatcher {
+    async fn run(mut self) {
+        let payouts = self.state.config.payouts.clone();
+        loop {
+            self.census_if_due().await;
+            match take(&self.state.db, payouts.batch_rows_max, payouts.lease).await {
+                Ok(taken) if taken.is_empty() => tokio::time::sleep(payouts.idle).await,
+                Ok(taken) => {
+                    join_all(taken.into_iter().map(|row| self.dispatch(row))).await;
+                }
+                Err(error) => {
+                    tracing::warn!(error = %error, "could not take due payouts; trying again");
+                    tokio::time::sleep(payouts.idle).await;
+                }
+            }
+        }
+    }
+
+    /// One attempt: the call, then the record of its answer.
+    async fn dispatch(&self, row: Taken) {
+        let span = tracing::info_span!(
+            "payout.dispatch",
+            otel.kind = "consumer",
+            payout.id = %row.payout_id,
+            payout.attempt = row.attempts,
+            payout.answer = tracing::field::Empty,
+            instance.id = %self.state.instance_id,
+        );
+        if let Some(traceparent) = &row.traceparent {
+            telemetry::continue_trace(&span, traceparent);
+        }
+        async {
+            let started = Instant::now();
+            let answer = self.call(&row).await;
+            tracing::Span::current().record("payout.answer", answer.label());
+            self.state
+                .metrics
+                .payout_attempts
+                .with_label_values(&[answer.label()])
+                .inc();
+            self.record(&row, answer, started.elapsed()).await;
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn call(&self, row: &Taken) -> GatewayAnswer {
+        let key = match self.state.config.payouts.mode {
+            // DEMO ONLY: a retry after a lost answer is a new payment.
+            PayoutMode::NewKeyPerAttempt => format!("{}.{}", row.payout_id, row.attempts),
+            PayoutMode::Outbox | PayoutMode::CallInTransaction => row.payout_id.to_string(),
+        };
+        let payout = GatewayPayout {
+            amount_minor: row.amount_minor,
+            currency: &row.currency,
+            destination: &row.destination,
+            reference: row.payout_id,
+        };
+        let call_span = tracing::info_span!(
+            "payout.gateway_call",
+            otel.kind = "client",
+            http.request.method = "POST",
+            payout.id = %row.payout_id,
+        );
+        let traceparent = telemetry::traceparent_of(&call_span);
+        self.gateway
+            .send(&key, &payout, traceparent.as_deref())
+            .instrument(call_span)
+            .await
+    }
+
+    async fn record(&self, row: &Taken, answer: GatewayAnswer, took: Duration) {
+        let db = &self.state.db;
+        let payouts = &self.state.config.payouts;
+        let ended = |recorded: Result<Recorded, sqlx::Error>| recorded.map(|recorded| (recorded, false));
+        let recorded = match &answer {
+            GatewayAnswer::Sent { reference } => ended(settle(db, row.payout_id, reference).await),
+            GatewayAnswer::Refused { reason } => ended(
+                release(
+                    db,
+                    row.payout_id,
+                    reason,
+                    self.state.config.database.wallet_lock_wait_ms_max,
+                )
+                .await,
+            ),
+            GatewayAnswer::Unknown { why, retry_after } => {
+                let attempt = u32::try_from(row.attempts.max(1) - 1).unwrap_or_default();
+                let delay = payouts.retry.delay(attempt, *retry_after);
+                postpone(db, row, delay, why, payouts.retry.attempts_max, false).await
+            }
+            GatewayAnswer::Rejected { why } => {
+                postpone(db, row, Duration::ZERO, why, payouts.retry.attempts_max, true).await
+            }
+            GatewayAnswer::NeverReceived => {
+                postpone(
+                    db,
+                    row,
+                    Duration::ZERO,
+                    "no answer",
+                    payouts.retry.attempts_max,
+                    false,
+                )
+                .await
+            }
+        };
+        match recorded {
+            Ok((Recorded::Done, true)) => {
+                self.state.metrics.payouts_given_up.inc();
+                tracing::warn!(
+                    payout.id = %row.payout_id,
+                    attempts = row.attempts,
+                    "a payout's gateway calls ran out without a known outcome; it keeps its hold until \
+                     wallet-server reconcile asks the gateway"
+                );
+                self.tell_the_owner(row, &answer, took, true);
+            }
+            Ok((Recorded::Done, false)) => self.tell_the_owner(row, &answer, took, false),
+            Ok((Recorded::Already | Recorded::LeaseLost, _)) => {}
+            Ok((Recorded::Contradicted, _)) => tracing::error!(
+                payout.id = %row.payout_id,
+                gateway.answer = answer.label(),
+                "the gateway's answer contradicts how the payout ended; a person must look"
+            ),
+            Err(error) => tracing::warn!(
+                payout.id = %row.payout_id,
+                error = %error,
+                "could not record the gateway's answer; when the lease runs out the next attempt asks again \
+                 with the same key"
+            ),
+        }
+    }
+
+    /// The owner's feed gets each ending: paid out, refused (the money is
+    /// back), or needing a person.
+    fn tell_the_owner(&self, row: &Taken, answer: &GatewayAnswer, took: Duration, needs_attention: bool) {
+        let (outcome, status, problem) = match answer {
+            _ if needs_attention => (Outcome::Error, 503, Some(ProblemType::PayoutNeedsAttention)),
+            GatewayAnswer::Sent { .. } => (Outcome::Accepted, 201, None),
+            GatewayAnswer::Refused { .. } => (Outcome::Rejected, 422, Some(ProblemType::PayoutRefused)),
+            // A postponed attempt is not an ending.
+            _ => return,
+        };
+        let span = tracing::Span::current();
+        let trace_id = telemetry::traceparent_of(&span)
+            .and_then(|traceparent| traceparent.get(3..35).map(str::to_owned))
+            .unwrap_or_default();
+        self.state.feed.publish(
+            UserId(row.user_id),
+            FeedEntry {
+                time: Utc::now(),
+                instance_id: self.state.instance_id.to_string(),
+                request_id: row.payout_id.to_string(),
+                trace_id,
+                idempotency_key: None,
+                layer: Layer::Gateway,
+                outcome,
+                status,
+                latency_ms: took.as_secs_f64() * 1000.0,
+                amount_minor: Some(row.amount_minor),
+                to_wallet_id: None,
+                problem_type: problem.map(|kind| kind.slug().to_owned()),
+                lab: false,
+                entry_point: EntryPoint::Payout,
+            },
+        );
+    }
+
+    /// The outbox's gauges, at most once per `payout_census_interval_ms`.
+    async fn census_if_due(&mut self) {
+        let interval = self.state.config.payouts.census_interval;
+        if self.last_census.is_some_and(|last| last.elapsed() < interval) {
+            return;
+        }
+        self.last_census = Some(Instant::now());
+        let census: Result<(i64, f64, i64), sqlx::Error> =
+            sqlx::query_as("SELECT outbox_rows, oldest_due_age_s, needing_attention FROM payout_census()")
+                .fetch_one(&self.state.db)
+                .await;
+        if let Ok((rows, oldest_due_age_s, needing_attention)) = census {
+            let metrics = &self.state.metrics;
+            metrics.payout_outbox_rows.set(rows);
+            metrics.payout_oldest_due_age.set(oldest_due_age_s);
+            metrics.payouts_needing_attention.set(needing_attention);
+        }
+    }
+}
+
+/// Takes up to `rows` due outbox rows, each under a fresh lease.
+pub async fn take(db: &PgPool, rows: u32, lease: Duration) -> Result<Vec<Taken>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT payout_id, lease_token, user_id, wallet_id, amount_minor, currency, destination, attempts,
+                traceparent
+           FROM payout_take($1, $2)",
+    )
+    .bind(i32::try_from(rows).unwrap_or(i32::MAX))
+    .bind(millis(lease))
+    .fetch_all(db)
+    .await
+}
+
+/// The gateway sent it: settle the hold, once.
+pub async fn settle(db: &PgPool, payout_id: Uuid, reference: &str) -> Result<Recorded, sqlx::Error> {
+    sqlx::query_scalar("SELECT recorded FROM payout_settle($1, $2, $3)")
+        .bind(payout_id)
+        .bind(Uuid::now_v7())
+        .bind(reference)
+        .fetch_one(db)
+        .await
+}
+
+/// The gateway refused it for good: release the hold, once.
+pub async fn release(
+    db: &PgPool,
+    payout_id: Uuid,
+    reason: &str,
+    wait_ms: u16,
+) -> Result<Recorded, sqlx::Error> {
+    sqlx::query_scalar("SELECT recorded FROM payout_release($1, $2, $3, $4)")
+        .bind(payout_id)
+        .bind(Uuid::now_v7())
+        .bind(reason)
+        .bind(i32::from(wait_ms))
+        .fetch_one(db)
+        .await
+}
+
+/// The outcome is unknown: due again after `delay`, or, with `give_up` or
+/// the attempts spent, needing a person (`true`).
+async fn postpone(
+    db: &PgPool,
+    row: &Taken,
+    delay: Duration,
+    why: &str,
+    attempts_max: u32,
+    give_up: bool,
+) -> Result<(Recorded, bool), sqlx::Error> {
+    sqlx::query_as("SELECT recorded, needs_attention FROM payout_postpone($1, $2, $3, $4, $5, $6)")
+        .bind(row.payout_id)
+        .bind(row.lease_token)
+        .bind(millis(delay))
+        .bind(why)
+        .bind(i32::try_from(attempts_max).unwrap_or(i32::MAX))
+        .bind(give_up)
+        .fetch_one(db)
+        .await
+}
+
+/// A duration as PostgreSQL's `int` milliseconds; the settings' bounds
+/// keep every one in range.
+fn millis(duration: Duration) -> i32 {
+    i32::try_from(duration.as_millis()).unwrap_or(i32::MAX)
+}

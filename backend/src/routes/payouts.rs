@@ -1,0 +1,190 @@
+//! `POST /api/v1/payouts`, and the caller's payouts.
+//!
+//! The create handler is parse → pipeline → answer, as a transfer's is:
+//! the cheap checks that need no I/O (caller, CSRF, body, key), then
+//! `payout::pipeline`, which runs the three layers in order and answers
+//! `202 Accepted`: the gateway is asked afterwards, by the dispatcher.
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::decision::{Layer, Outcome};
+use crate::defense::Refusal;
+use crate::defense::idempotency::IdempotencyKey;
+use crate::payout::pipeline::{self, PayoutDecided};
+use crate::payout::{Payout, PayoutRequest};
+use crate::payout_columns;
+use crate::problem::{self, Problem};
+use crate::routes::{authenticate, read_json_body};
+use crate::state::AppState;
+use crate::telemetry::RequestContext;
+
+/// The body of `POST /api/v1/payouts` (documentation only).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+pub struct PayoutBody {
+    pub from_wallet_id: Uuid,
+    /// Minor units, at most `payout_amount_minor_max`.
+    pub amount_minor: i64,
+    /// The bank account's reference at the gateway: 1 to 64 letters,
+    /// digits and `_ . : -`.
+    pub destination: String,
+}
+
+/// Pay money out of one of your wallets to a bank account.
+#[utoipa::path(
+    post, path = "/api/v1/payouts", tag = "payouts",
+    request_body = PayoutBody,
+    params(("Idempotency-Key" = Option<Uuid>, Header,
+        description = "A UUID naming this payout; retries with the same key replay the first response")),
+    responses(
+        (status = 202, description = "Held and queued for the bank gateway (or replayed, with Idempotent-Replayed: true); Location names the payout", body = crate::payout::PayoutReceipt),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn create_payout(
+    request: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> HttpResponse {
+    let context = RequestContext::of(&request);
+    let decided = decide(&request, payload, &state, &context).await;
+    pipeline::report(&state, &context, &decided);
+    decided.into_response(&context)
+}
+
+/// The API's path: cheap checks, then the layers.
+async fn decide(
+    request: &HttpRequest,
+    payload: web::Payload,
+    state: &AppState,
+    context: &RequestContext,
+) -> PayoutDecided {
+    let refused = |problem: Problem, layer: Layer, outcome: Outcome, user, key| {
+        PayoutDecided::refused(Refusal::new(problem, layer, outcome), user, key)
+    };
+    // Cheap checks, no I/O: who is calling (a MAC), what they ask, which key.
+    let caller = match state.tokens.verify_request(request) {
+        Ok(caller) => caller,
+        Err(problem) => return refused(problem, Layer::NoLayer, Outcome::Unauthorized, None, None),
+    };
+    let user = Some(caller.user_id);
+    if let Err(problem) = state.tokens.require_csrf_header(request, &caller) {
+        return refused(problem, Layer::NoLayer, Outcome::Unauthorized, user, None);
+    }
+    if !state.config.payouts.offered() {
+        return PayoutDecided::refused(pipeline::not_offered(), user, None);
+    }
+    let body = match read_json_body(request, payload, &state.config).await {
+        Ok(body) => body,
+        Err(problem) => return refused(problem, Layer::NoLayer, Outcome::Invalid, user, None),
+    };
+    let payout_request = match PayoutRequest::parse(&body, state.config.payouts.amount_minor_max) {
+        Ok(parsed) => parsed,
+        Err(problem) => return refused(problem, Layer::NoLayer, Outcome::Invalid, user, None),
+    };
+    let key = match IdempotencyKey::from_request(request, state.config.idempotency.key_required) {
+        Ok(key) => key,
+        Err(problem) => return refused(problem, Layer::Idempotency, Outcome::Invalid, user, None),
+    };
+    pipeline::through_the_layers(state, context, &caller, payout_request, key).await
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PayoutsQuery {
+    /// At most `transfers_page_rows_max` (default 100); default 20.
+    pub limit: Option<i64>,
+    /// A payout id: return only payouts older than it.
+    pub before: Option<Uuid>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct PayoutPage {
+    pub items: Vec<Payout>,
+    /// Pass as `before` to get the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_before: Option<Uuid>,
+}
+
+/// Your payouts, newest first, each in its current state.
+#[utoipa::path(
+    get, path = "/api/v1/payouts", tag = "payouts",
+    params(PayoutsQuery),
+    responses((status = 200, body = PayoutPage)),
+    security(("bearer" = []))
+)]
+pub async fn list_payouts(request: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
+    let caller = authenticate(&request, &state).await?;
+    let query = web::Query::<PayoutsQuery>::from_query(request.query_string())
+        .map_err(|error| Problem::validation(format!("Invalid query: {error}.")))?;
+    let max = state.config.money.transfers_page_rows_max;
+    let limit = query.limit.unwrap_or(20.min(max));
+    if !(1..=max).contains(&limit) {
+        return Err(Problem::validation(format!("limit must be between 1 and {max}.")));
+    }
+    let items = list_for_user(&state.db, caller.user_id.0, query.before, limit + 1)
+        .await
+        .map_err(|error| problem::from_database_error(&error, "listing payouts"))?;
+    let has_more = items.len() as i64 > limit;
+    let items: Vec<Payout> = items.into_iter().take(limit as usize).collect();
+    let next_before = if has_more {
+        items.last().map(|item| item.id)
+    } else {
+        None
+    };
+    Ok(HttpResponse::Ok().json(PayoutPage { items, next_before }))
+}
+
+/// A person's payouts, newest first, before the one named, if any.
+pub async fn list_for_user(
+    db: &sqlx::PgPool,
+    user: Uuid,
+    before: Option<Uuid>,
+    limit: i64,
+) -> Result<Vec<Payout>, sqlx::Error> {
+    sqlx::query_as(concat!(
+        "SELECT ",
+        payout_columns!(),
+        " FROM payouts
+          WHERE user_id = $1
+            AND ($2::uuid IS NULL OR (created_at, id) < (SELECT created_at, id FROM payouts WHERE id = $2))
+          ORDER BY created_at DESC, id DESC
+          LIMIT $3"
+    ))
+    .bind(user)
+    .bind(before)
+    .bind(limit)
+    .fetch_all(db)
+    .await
+}
+
+/// One of your payouts, in its current state. Anyone else's is a 404.
+#[utoipa::path(
+    get, path = "/api/v1/payouts/{id}", tag = "payouts",
+    params(("id" = Uuid, Path)),
+    responses((status = 200, body = Payout)),
+    security(("bearer" = []))
+)]
+pub async fn get_payout(
+    request: HttpRequest,
+    path: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, Problem> {
+    let caller = authenticate(&request, &state).await?;
+    let not_found = || Problem::not_found("You have no payout with this id.");
+    let id = crate::domain::parse_uuid(&path.into_inner()).ok_or_else(not_found)?;
+    let payout: Payout = sqlx::query_as(concat!(
+        "SELECT ",
+        payout_columns!(),
+        " FROM payouts WHERE id = $1 AND user_id = $2"
+    ))
+    .bind(id)
+    .bind(caller.user_id.0)
+    .fetch_optional(&state.db)
+    .await
+    .map_err(|error| problem::from_database_error(&error, "reading a payout"))?
+    .ok_or_else(not_found)?;
+    Ok(HttpResponse::Ok().json(payout))
+}
