@@ -12,6 +12,11 @@
 //! append-only file, or PostgreSQL restarted, and `wallet-sim`'s database
 //! checks afterwards.
 //!
+//! Money that leaves gets one too (`departures_*`): payouts through the
+//! bank gateway simulator, with an instance killed mid-call, the gateway
+//! killed, PostgreSQL restarted, or the hold's replies lost, then
+//! `wallet-server reconcile` and both ledgers' checks.
+//!
 //! The faults run one at a time, so that each one's timings are its own.
 //! `CHAOS_FULL=1` runs the bigger storm behind `docs/reliability.md`
 //! (`./scripts/chaos`); without it, the subset CI runs.
@@ -19,7 +24,7 @@
 use std::path::PathBuf;
 
 use layered_wallet::settings::StoreErrorPolicy;
-use wallet_testkit::chaos::{self, ArrivalFault, Fault, Scale};
+use wallet_testkit::chaos::{self, ArrivalFault, DepartureFault, Fault, Scale};
 
 /// One fault at a time in this process.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -39,6 +44,35 @@ async fn arrive_through(fault: ArrivalFault) {
     let report = chaos::run_arrivals(binary, fault, Scale::from_env()).await;
     report.publish();
     report.assert_held();
+}
+
+/// Money that leaves, with `fault` in the middle of its storm.
+async fn depart_through(fault: DepartureFault) {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_wallet-server"));
+    let report = chaos::run_departures(binary, fault, Scale::from_env()).await;
+    report.publish();
+    report.assert_held();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn departures_with_an_instance_killed_mid_call() {
+    depart_through(DepartureFault::InstanceKilled).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn departures_with_the_gateway_killed() {
+    depart_through(DepartureFault::GatewayKilled).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn departures_with_postgres_restarted() {
+    depart_through(DepartureFault::PostgresRestarted).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn departures_with_the_holds_replies_lost() {
+    depart_through(DepartureFault::HoldRepliesLost).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

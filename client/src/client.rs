@@ -13,8 +13,8 @@ use uuid::Uuid;
 use crate::error::{Error, Problem};
 use crate::retry::{IdempotencyKey, RetryPolicy, may_succeed_later};
 use crate::types::{
-    Decision, DecisionPage, DecisionSource, Paid, SignedIn, SignedUp, TransferItem, TransferOrder,
-    TransferPage, TransferReceipt, Wallet,
+    Decision, DecisionPage, DecisionSource, Paid, Payout, PayoutAccepted, PayoutOrder, SignedIn, SignedUp,
+    TransferItem, TransferOrder, TransferPage, TransferReceipt, Wallet,
 };
 
 #[derive(Clone)]
@@ -216,6 +216,38 @@ impl Client {
             })
             .await?;
         paid(response, attempts)
+    }
+
+    /// `POST /api/v1/payouts`, retried with the same key until a final
+    /// answer: the money is held once, and the bank is asked once, however
+    /// often the answer is lost.
+    pub async fn pay_out(&self, order: &PayoutOrder, key: IdempotencyKey) -> Result<PayoutAccepted, Error> {
+        let (response, attempts) = self
+            .send(Method::POST, "/api/v1/payouts", Retries::Safe, |request, _| {
+                request
+                    .header("Idempotency-Key", key.as_uuid().to_string())
+                    .json(order)
+            })
+            .await?;
+        let replayed = response.replayed;
+        Ok(PayoutAccepted {
+            receipt: read(response)?,
+            replayed,
+            attempts,
+        })
+    }
+
+    /// `GET /api/v1/payouts/{id}`: where the payout stands now.
+    pub async fn payout(&self, id: Uuid) -> Result<Payout, Error> {
+        let (response, _) = self
+            .send(
+                Method::GET,
+                &format!("/api/v1/payouts/{id}"),
+                Retries::Safe,
+                |request, _| request,
+            )
+            .await?;
+        read(response)
     }
 
     /// `GET /api/v1/transfers`: the caller's transfers, newest first.

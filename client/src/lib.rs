@@ -54,6 +54,6 @@ pub use client::{AttemptSeen, Client, DecisionStream, Observer};
 pub use error::{Error, FieldError, Problem};
 pub use retry::{IdempotencyKey, RetryPolicy, may_succeed_later};
 pub use types::{
-    Decision, DecisionPage, DecisionSource, Paid, SignedIn, SignedUp, TransferItem, TransferOrder,
-    TransferPage, TransferReceipt, Wallet,
+    Decision, DecisionPage, DecisionSource, Paid, Payout, PayoutAccepted, PayoutOrder, PayoutReceipt,
+    SignedIn, SignedUp, TransferItem, TransferOrder, TransferPage, TransferReceipt, Wallet,
 };

@@ -62,6 +62,58 @@ pub struct Paid {
     pub attempts: u32,
 }
 
+/// What to pay out: the body of `POST /api/v1/payouts`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PayoutOrder {
+    pub from_wallet_id: Uuid,
+    /// Minor units (cents); positive.
+    pub amount_minor: i64,
+    /// The bank account's reference at the gateway.
+    pub destination: String,
+}
+
+/// A payout the service accepted: `202` to `POST /api/v1/payouts`, and its
+/// replays, byte for byte. The money is held; the bank is asked later.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PayoutReceipt {
+    pub id: Uuid,
+    pub from_wallet_id: Uuid,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub destination: String,
+    /// `pending` when accepted.
+    pub state: String,
+    pub created_at: DateTime<Utc>,
+    pub available_balance_minor_after: i64,
+}
+
+/// A payout accepted exactly once, however many attempts it took.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PayoutAccepted {
+    pub receipt: PayoutReceipt,
+    pub replayed: bool,
+    pub attempts: u32,
+}
+
+/// `GET /api/v1/payouts/{id}`: where a payout stands now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Payout {
+    pub id: Uuid,
+    pub from_wallet_id: Uuid,
+    pub amount_minor: i64,
+    pub currency: String,
+    pub destination: String,
+    /// `pending`, `sent`, `settled`, `failed` or `needs_attention`.
+    pub state: String,
+    pub attempts: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_reference: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
 /// One transfer in `GET /api/v1/transfers`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TransferItem {
@@ -126,8 +178,8 @@ pub struct Decision {
     pub problem_type: Option<String>,
     #[serde(default)]
     pub lab: bool,
-    /// How the money moved: `transfer` (sent as absent), `deposit` or
-    /// `command`.
+    /// How the money moved: `transfer` (sent as absent), `deposit`,
+    /// `command` or `payout`.
     #[serde(default = "transfer_entry_point")]
     pub entry_point: String,
 }

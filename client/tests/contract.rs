@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 use serde_json::Value;
 use uuid::Uuid;
 use wallet_client::{
-    Decision, DecisionPage, SignedIn, SignedUp, TransferItem, TransferOrder, TransferPage, TransferReceipt,
-    Wallet,
+    Decision, DecisionPage, Payout, PayoutOrder, PayoutReceipt, SignedIn, SignedUp, TransferItem,
+    TransferOrder, TransferPage, TransferReceipt, Wallet,
 };
 use wallet_testkit::*;
 
@@ -134,6 +134,43 @@ async fn the_client_types_match_the_served_document() {
             }),
         ),
         ("TransferItem", keys(&item)),
+        (
+            "PayoutBody",
+            keys(&PayoutOrder {
+                from_wallet_id: Uuid::nil(),
+                amount_minor: 1,
+                destination: "acct-1".into(),
+            }),
+        ),
+        (
+            "PayoutReceipt",
+            keys(&PayoutReceipt {
+                id: Uuid::nil(),
+                from_wallet_id: Uuid::nil(),
+                amount_minor: 1,
+                currency: "USD".into(),
+                destination: "acct-1".into(),
+                state: "pending".into(),
+                created_at: now,
+                available_balance_minor_after: 0,
+            }),
+        ),
+        (
+            "Payout",
+            keys(&Payout {
+                id: Uuid::nil(),
+                from_wallet_id: Uuid::nil(),
+                amount_minor: 1,
+                currency: "USD".into(),
+                destination: "acct-1".into(),
+                state: "settled".into(),
+                attempts: 1,
+                reason: Some(String::new()),
+                gateway_reference: Some(String::new()),
+                created_at: now,
+                updated_at: now,
+            }),
+        ),
         (
             "TransferPage",
             keys(&TransferPage {

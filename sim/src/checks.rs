@@ -28,6 +28,12 @@ impl Checks {
         self.0.iter().all(|check| check.found == 0)
     }
 
+    /// "N of M": the checks that found nothing, of all.
+    pub fn at_zero(&self) -> String {
+        let held = self.0.iter().filter(|check| check.found == 0).count();
+        format!("{held} of {}", self.0.len())
+    }
+
     pub fn print(&self) {
         println!("| check (each must be 0) | found |");
         println!("|---|---|");

@@ -1,7 +1,7 @@
 //! `wallet-sim provider` and `wallet-sim broker`; see `--help`.
 
 use clap::{Parser, Subcommand};
-use wallet_sim::{broker_run, gateway, provider_run};
+use wallet_sim::{broker_run, gateway, payout_run, provider_run};
 
 #[derive(Parser)]
 #[command(
@@ -28,6 +28,11 @@ enum Command {
     /// with latency, failures, lost answers, crashes and refusals on
     /// purpose, and a ledger of every sending in its own database.
     Gateway(gateway::GatewayArgs),
+    /// Pay money out through instances and a gateway that lose answers,
+    /// fail, crash and are killed, then reconcile, then check that every
+    /// payout was sent at most once, every settled one exactly once, and
+    /// money conserved.
+    Payouts(payout_run::PayoutArgs),
 }
 
 #[tokio::main]
@@ -46,6 +51,15 @@ async fn main() -> anyhow::Result<()> {
             // Serves until the process ends; the checks are its callers'.
             gateway::serve(args).await?;
             true
+        }
+        Command::Payouts(args) => {
+            let report = payout_run::run(&args).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                payout_run::print(&report);
+            }
+            report.checks.passed()
         }
         Command::Broker(args) => {
             let report = broker_run::run(&args).await?;

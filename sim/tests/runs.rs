@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use wallet_sim::broker_run::{self, BrokerArgs};
 use wallet_sim::instances::Stores;
+use wallet_sim::payout_run::{self, PayoutArgs};
 use wallet_sim::provider_run::{self, ProviderArgs};
 use wallet_testkit::{create_database, database_url_of, drop_database, redis_url};
 
@@ -112,4 +113,61 @@ async fn commands_survive_killed_and_stalled_consumers_applied_at_most_once() {
     let decided: i64 = report.outcomes.iter().map(|(_, count)| count).sum();
     assert_eq!(decided, 300, "{:?}", report.outcomes);
     drop_database(&name).await;
+}
+
+async fn payout_run(mode: &str) -> (wallet_sim::payout_run::Report, String, String) {
+    let (name, options) = create_database().await;
+    let (gateway_name, gateway_options) = create_database().await;
+    let args = PayoutArgs {
+        stores: stores(&options),
+        gateway_bin: Some(env!("CARGO_BIN_EXE_wallet-sim").into()),
+        gateway_database_url: database_url_of(&gateway_options),
+        instances: 2,
+        accounts: 6,
+        payouts: 60,
+        refused_every: 10,
+        lose_answer_rate: 0.3,
+        failure_rate: 0.3,
+        crash_after_send_rate: 0.02,
+        kills: 1,
+        call_timeout_ms: 300,
+        lease_ms: 1_000,
+        attempts_max: 3,
+        payout_mode: mode.to_owned(),
+        settle_s: 60,
+        json: false,
+    };
+    (payout_run::run(&args).await.expect("the run"), name, gateway_name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn payouts_through_a_misbehaving_gateway_are_each_sent_at_most_once_and_settled_ones_exactly_once() {
+    let (report, name, gateway_name) = payout_run("outbox").await;
+    payout_run::print(&report);
+    assert!(report.checks.passed(), "{:?}", report.checks);
+    assert_eq!(report.payouts, 60);
+    let finished: i64 = report.states.iter().map(|(_, count)| count).sum();
+    assert_eq!(finished, 60);
+    assert!(
+        report.unknown_outcomes > 0.0,
+        "the gateway lost answers and failed, on purpose"
+    );
+    drop_database(&name).await;
+    drop_database(&gateway_name).await;
+}
+
+/// The checks see a double sending when there is one: with a new key per
+/// attempt, a lost answer's retry is a second payment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_payout_checks_find_the_double_sendings_of_a_new_key_per_attempt() {
+    let (report, name, gateway_name) = payout_run("new_key_per_attempt").await;
+    let sent_twice = report
+        .checks
+        .0
+        .iter()
+        .find(|check| check.what == "payouts the gateway sent more than once")
+        .expect("the check");
+    assert!(sent_twice.found > 0, "{:?}", report.checks);
+    drop_database(&name).await;
+    drop_database(&gateway_name).await;
 }

@@ -32,6 +32,7 @@ use wallet_sim::provider_run;
 
 use super::SETTLE_SECONDS_MAX;
 use super::deployment::{Deployment, Extras};
+use super::report::{assert_checks_held, counted, publish_row};
 use super::scale::Scale;
 use crate::private_stores::PgStopMode;
 
@@ -113,34 +114,18 @@ pub struct ArrivalsReport {
 impl ArrivalsReport {
     /// Panics with every check that found something.
     pub fn assert_held(&self) {
-        let failed: Vec<String> = self
-            .checks
-            .0
-            .iter()
-            .filter(|check| check.found != 0)
-            .map(|check| format!("{}: {}", check.what, check.found))
-            .collect();
-        assert!(
-            failed.is_empty(),
-            "under {}:\n- {}\n{}\ninstance logs: {}",
+        assert_checks_held(
+            &self.checks,
             self.fault.describe(),
-            failed.join("\n- "),
-            self.markdown_row(),
-            self.logs.display()
+            &self.markdown_row(),
+            &self.logs,
         );
     }
 
     /// One row of the arrivals table in `docs/reliability.md`.
     pub fn markdown_row(&self) -> String {
-        let outcomes = self
-            .outcomes
-            .iter()
-            .map(|(verdict, count)| format!("{count} {verdict}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let failed = self.checks.0.iter().filter(|check| check.found != 0).count();
         format!(
-            "| {} | {} ({} deliveries, {} unanswered in time) | {} ({} publications, {} republished): {} | {} of {} |",
+            "| {} | {} ({} deliveries, {} unanswered in time) | {} ({} publications, {} republished): {} | {} |",
             self.fault.describe(),
             self.events,
             self.deliveries,
@@ -148,34 +133,18 @@ impl ArrivalsReport {
             self.commands,
             self.publications,
             self.republished,
-            outcomes,
-            self.checks.0.len() - failed,
-            self.checks.0.len(),
+            counted(&self.outcomes),
+            self.checks.at_zero(),
         )
     }
 
-    /// Prints the row, and when `CHAOS_REPORT_DIR` is set writes it there
-    /// as `arrivals-row-<N>.md` beside `arrivals-header.md`.
+    /// Prints the row, and writes it for `scripts/chaos` (`publish_row`).
     pub fn publish(&self) {
-        println!("{}", self.markdown_row());
-        if let Some(dir) = std::env::var_os("CHAOS_REPORT_DIR") {
-            let dir = PathBuf::from(dir);
-            let place = ArrivalFault::ALL
-                .iter()
-                .position(|f| *f == self.fault)
-                .unwrap_or(ArrivalFault::ALL.len());
-            std::fs::create_dir_all(&dir).expect("create CHAOS_REPORT_DIR");
-            std::fs::write(
-                dir.join("arrivals-header.md"),
-                format!("{ARRIVALS_REPORT_HEADER}\n"),
-            )
-            .expect("write the header");
-            std::fs::write(
-                dir.join(format!("arrivals-row-{place}.md")),
-                self.markdown_row() + "\n",
-            )
-            .expect("write the report row");
-        }
+        let place = ArrivalFault::ALL
+            .iter()
+            .position(|f| *f == self.fault)
+            .unwrap_or(ArrivalFault::ALL.len());
+        publish_row("arrivals-", ARRIVALS_REPORT_HEADER, place, &self.markdown_row());
     }
 }
 

@@ -11,6 +11,7 @@
 
 mod arrivals;
 mod checks;
+mod departures;
 mod deployment;
 mod fault;
 mod report;
@@ -21,6 +22,7 @@ mod timeline;
 use std::path::PathBuf;
 
 pub use arrivals::{ARRIVALS_REPORT_HEADER, ArrivalFault, ArrivalsReport, run_arrivals};
+pub use departures::{DEPARTURES_REPORT_HEADER, DepartureFault, DeparturesReport, run_departures};
 pub use fault::Fault;
 pub use report::{ChaosReport, REPORT_HEADER};
 pub use scale::Scale;

@@ -67,19 +67,57 @@ impl ChaosReport {
     /// as `row-<N>.md` (N: the fault's place in `Fault::ALL`) beside
     /// `header.md`, for `scripts/chaos` to gather into a table.
     pub fn publish(&self) {
-        println!("{}", self.markdown_row());
-        if let Some(dir) = std::env::var_os("CHAOS_REPORT_DIR") {
-            let dir = PathBuf::from(dir);
-            let place = Fault::ALL
-                .iter()
-                .position(|f| *f == self.fault)
-                .unwrap_or(Fault::ALL.len());
-            std::fs::create_dir_all(&dir).expect("create CHAOS_REPORT_DIR");
-            std::fs::write(dir.join("header.md"), format!("{REPORT_HEADER}\n")).expect("write the header");
-            std::fs::write(dir.join(format!("row-{place}.md")), self.markdown_row() + "\n")
-                .expect("write the report row");
-        }
+        let place = Fault::ALL
+            .iter()
+            .position(|f| *f == self.fault)
+            .unwrap_or(Fault::ALL.len());
+        publish_row("", REPORT_HEADER, place, &self.markdown_row());
     }
+}
+
+/// Counts by name, as a cell: "3 failed, 23 settled".
+pub(super) fn counted(rows: &[(String, i64)]) -> String {
+    rows.iter()
+        .map(|(name, count)| format!("{count} {name}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Prints a report's row, and when `CHAOS_REPORT_DIR` is set writes it
+/// there as `<table>row-<place>.md` beside `<table>header.md`, for
+/// `scripts/chaos` to gather into a table.
+pub(super) fn publish_row(table: &str, header: &str, place: usize, row: &str) {
+    println!("{row}");
+    if let Some(dir) = std::env::var_os("CHAOS_REPORT_DIR") {
+        let dir = PathBuf::from(dir);
+        std::fs::create_dir_all(&dir).expect("create CHAOS_REPORT_DIR");
+        std::fs::write(dir.join(format!("{table}header.md")), format!("{header}\n"))
+            .expect("write the header");
+        std::fs::write(dir.join(format!("{table}row-{place}.md")), format!("{row}\n"))
+            .expect("write the report row");
+    }
+}
+
+/// Panics, under `fault`, with every check of a `wallet-sim` kind that
+/// found something, the report's row, and where the instances' logs are.
+pub(super) fn assert_checks_held(
+    checks: &wallet_sim::checks::Checks,
+    fault: &str,
+    row: &str,
+    logs: &std::path::Path,
+) {
+    let failed: Vec<String> = checks
+        .0
+        .iter()
+        .filter(|check| check.found != 0)
+        .map(|check| format!("{}: {}", check.what, check.found))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "under {fault}:\n- {}\n{row}\ninstance logs: {}",
+        failed.join("\n- "),
+        logs.display()
+    );
 }
 
 /// What `/readyz` answered during the fault, as the report's column shows
