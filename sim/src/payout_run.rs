@@ -98,8 +98,9 @@ pub struct Report {
     pub checks: Checks,
 }
 
-/// The gateway process: started again by the run whenever it crashes.
-struct GatewayProcess {
+/// A gateway process (`<binary> gateway <args>`), killed when dropped; a
+/// run starts it again whenever it crashes.
+pub struct GatewayProcess {
     binary: PathBuf,
     args: Vec<String>,
     child: Child,
@@ -107,7 +108,7 @@ struct GatewayProcess {
 }
 
 impl GatewayProcess {
-    fn start(binary: PathBuf, args: Vec<String>) -> anyhow::Result<Self> {
+    pub fn start(binary: PathBuf, args: Vec<String>) -> anyhow::Result<Self> {
         let child = spawn_gateway(&binary, &args)?;
         Ok(Self {
             binary,
@@ -118,7 +119,7 @@ impl GatewayProcess {
     }
 
     /// Starts it again if it exited; true when it had.
-    fn revive(&mut self) -> anyhow::Result<bool> {
+    pub fn revive(&mut self) -> anyhow::Result<bool> {
         if self.child.try_wait()?.is_none() {
             return Ok(false);
         }
@@ -145,7 +146,8 @@ fn spawn_gateway(binary: &PathBuf, args: &[String]) -> anyhow::Result<Child> {
         .with_context(|| format!("failed to start {} gateway", binary.display()))
 }
 
-async fn wait_for(url: &str) -> anyhow::Result<()> {
+/// Waits until `url` answers 200, at most 30 s.
+pub async fn wait_for(url: &str) -> anyhow::Result<()> {
     let http = reqwest::Client::new();
     let deadline = Instant::now() + Duration::from_secs(30);
     while !http.get(url).send().await.is_ok_and(|r| r.status() == 200) {

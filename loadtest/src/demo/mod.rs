@@ -12,6 +12,8 @@ use wallet_sim::instances::{Instances, Spec};
 use wallet_sim::provider::{DepositEvent, Provider};
 
 use crate::scenarios::Scenario;
+
+mod payouts;
 use crate::{RunArgs, RunReport};
 
 #[derive(clap::Args)]
@@ -32,6 +34,11 @@ pub struct DemoArgs {
     rounds: usize,
     #[arg(long, default_value_t = 20)]
     copies: usize,
+    /// The bank gateway simulator's own database, for the payout ladder.
+    /// Default: the database of `--database-url` with `_gateway` after its
+    /// name, made if missing.
+    #[arg(long, env = "LOADTEST_GATEWAY_DATABASE_URL")]
+    gateway_database_url: Option<String>,
     /// Print the table as JSON.
     #[arg(long)]
     json: bool,
@@ -143,16 +150,18 @@ pub async fn run(args: &DemoArgs) -> anyhow::Result<bool> {
         rows.push(row);
     }
     let deliveries = run_deliveries(&server, args).await?;
+    let payouts = payouts::run(&server, args).await?;
     if args.json {
         println!(
             "{}",
             serde_json::to_string_pretty(
-                &serde_json::json!({ "transfers": rows, "deliveries": deliveries })
+                &serde_json::json!({ "transfers": rows, "deliveries": deliveries, "payouts": payouts })
             )?
         );
     } else {
         print_rows(&rows, args);
         print_delivery_rows(&deliveries, args);
+        payouts::print(&payouts, args);
     }
     // Each ladder succeeds when its naive bottom shows damage and its top
     // shows none.
@@ -165,7 +174,8 @@ pub async fn run(args: &DemoArgs) -> anyhow::Result<bool> {
         && shows(
             credit_damage(&deliveries[0]),
             credit_damage(&deliveries[deliveries.len() - 1]),
-        ))
+        )
+        && payouts::shows_the_ladder(&payouts))
 }
 
 /// The ladder for money that arrives: a provider's storm of one deposit
