@@ -14,7 +14,8 @@
 # rejections/s (with the PostgreSQL transactions they caused), replays/s,
 # the server's peak RSS, and what one accepted transfer costs outside
 # PostgreSQL: server CPU, Redis commands and round trips, PostgreSQL
-# statements.
+# statements. Payouts: accepted/s against transfers/s, and the outbox's
+# sustained sending rate against the bank gateway simulator's own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -121,6 +122,22 @@ say "service: cooldown rejections"
 run cooldown throughput --concurrency 32 --users 2
 sleep 11; after=$(xacts)
 stop_server
+
+# Payouts, through the bank gateway simulator on a database of its own.
+gateway_port=$((port + 2))
+psql "$PG_SERVER_URL" -qc "DROP DATABASE IF EXISTS ${db_name}_gateway WITH (FORCE)" >/dev/null
+psql "$PG_SERVER_URL" -qc "CREATE DATABASE ${db_name}_gateway" >/dev/null
+target/release/wallet-sim gateway --listen "127.0.0.1:$gateway_port" \
+    --database-url "$(database_url "${db_name}_gateway")" > "$work/gateway.log" 2>&1 &
+gateway_pid=$!
+trap 'stop_server; kill "$gateway_pid" 2>/dev/null || true' EXIT
+wait_for_port "$gateway_port" "the gateway simulator"
+start_server WALLET_COOLDOWN_TTL_MS=1 WALLET_PAYOUT_GATEWAY_URL="http://127.0.0.1:$gateway_port"
+say "service: payouts, then the gateway alone"
+"$loadtest" payouts --target "$target" --database-url "$db_url" --gateway-url "http://127.0.0.1:$gateway_port" \
+    --concurrency 32 --users 64 --duration-s "$duration" --json > "$work/payouts.json"
+stop_server
+kill "$gateway_pid" 2>/dev/null || true
 trap - EXIT
 
 # --- Report -------------------------------------------------------------------
@@ -178,6 +195,8 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "| replays/s, 32 clients, against accepted transfers/s | $replay_rps | $(accepted throughput-32) | $(ratio "$replay_rps" "$(accepted throughput-32)") | ≥ 2.0 |"
   echo "| replays/s, 32 clients, against the database alone | $replay_rps | $pg_replay (\`transfer()\`) | $(ratio "$replay_rps" "$pg_replay") | ≥ 0.5 |"
   echo "| server peak RSS under load | $((rss_kib / 1024)) MiB | | | ≤ 64 MiB |"
+  echo "| accepted payouts/s, 32 clients (p50 $(f payouts "round(d['p50_ms'], 1)") ms, p99 $(f payouts "round(d['p99_ms'], 1)") ms), against accepted transfers/s | $(f payouts "round(d['accepted_per_s'])") | $(accepted throughput-32) | $(ratio "$(f payouts "d['accepted_per_s']")" "$(accepted throughput-32)") | — |"
+  echo "| payouts the outbox sent per second, sustained over $(f payouts "round(d['dispatch_seconds'], 1)") s, against the gateway alone | $(f payouts "round(d['dispatched_per_s'])") | $(f payouts "round(d['gateway_per_s'])") (gateway) | $(ratio "$(f payouts "d['dispatched_per_s']")" "$(f payouts "d['gateway_per_s']")") | — |"
   echo
   echo "## What one accepted transfer costs outside PostgreSQL"
   echo
@@ -212,6 +231,9 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "wallet-loadtest run replay --concurrency 32 --users 32 --duration-s $duration"
   echo "WALLET_COOLDOWN_TTL_MS=600000 wallet-server serve"
   echo "wallet-loadtest run throughput --concurrency 32 --users 2 --duration-s $duration"
+  echo "wallet-sim gateway --listen 127.0.0.1:PORT --database-url GATEWAY_DB"
+  echo "WALLET_COOLDOWN_TTL_MS=1 WALLET_PAYOUT_GATEWAY_URL=http://127.0.0.1:PORT wallet-server serve"
+  echo "wallet-loadtest payouts --gateway-url http://127.0.0.1:PORT --concurrency 32 --users 64 --duration-s $duration"
   echo '```'
 } > "$out.new"
 if [ -f docs/benchmarks-analysis.md ]; then

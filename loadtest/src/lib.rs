@@ -12,6 +12,7 @@ pub mod client;
 pub mod costs;
 pub mod demo;
 pub mod invariants;
+pub mod payouts;
 pub mod report;
 pub mod scenarios;
 

@@ -2,7 +2,7 @@
 //! library's documentation and `--help`.
 
 use clap::{Parser, Subcommand};
-use wallet_loadtest::{RunArgs, demo, print_findings, report, run, verdict};
+use wallet_loadtest::{RunArgs, demo, payouts, print_findings, report, run, verdict};
 
 #[derive(Parser)]
 #[command(
@@ -22,6 +22,10 @@ enum Command {
     /// Start instances in each configuration of the defense ladder, run the
     /// duplicate and race scenarios against each, and print what went wrong.
     Demo(demo::DemoArgs),
+    /// Measure payouts against running instances and their gateway: how
+    /// fast they are accepted, how fast the outbox sends them, and how
+    /// fast the gateway alone takes them.
+    Payouts(payouts::PayoutArgs),
 }
 
 #[tokio::main]
@@ -39,6 +43,15 @@ async fn main() -> anyhow::Result<()> {
             verdict(report.invariants.as_ref(), args.expect_violations)
         }
         Command::Demo(args) => demo::run(&args).await?,
+        Command::Payouts(args) => {
+            let report = payouts::run(&args).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                payouts::print(&report);
+            }
+            report.left_in_outbox == 0
+        }
     };
     if !ok {
         std::process::exit(1);
