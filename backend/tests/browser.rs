@@ -546,6 +546,8 @@ async fn a_form_without_its_csrf_token_is_refused() {
 
 /// A payout from the wallet page: review, a double-clicked confirmation,
 /// the money set aside at once and shown as such, then paid out once.
+/// Saves a screenshot of each step for the documentation
+/// (`scripts/screenshots`).
 #[tokio::test]
 async fn a_payout_from_the_wallet_page_is_reviewed_set_aside_and_paid_out_once() {
     let gateway = wallet_testkit::gateway::Gateway::start(
@@ -571,6 +573,17 @@ async fn a_payout_from_the_wallet_page_is_reviewed_set_aside_and_paid_out_once()
         text_of(client, "#review-heading").await,
         "Pay out $25.00 to acct-42?"
     );
+    let directory = std::env::var("SCREENSHOT_DIR")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../target/screenshots").to_owned());
+    std::fs::create_dir_all(&directory).expect("screenshot directory");
+    let picture = |name: &'static str| {
+        let directory = directory.clone();
+        async move {
+            let png = client.screenshot().await.expect("screenshot");
+            std::fs::write(format!("{directory}/{name}.png"), png).expect("write screenshot");
+        }
+    };
+    picture("payout-review").await;
     client
         .execute(
             "const b = document.getElementById('pay-out'); b.click(); b.click(); return true;",
@@ -589,6 +602,7 @@ async fn a_payout_from_the_wallet_page_is_reviewed_set_aside_and_paid_out_once()
         held.contains("$25.00 is set aside") && held.contains("$1,000.00"),
         "{held}"
     );
+    picture("payout-set-aside").await;
 
     let payout: uuid::Uuid = sqlx::query_scalar("SELECT id FROM payouts")
         .fetch_one(&app.db)
@@ -601,6 +615,11 @@ async fn a_payout_from_the_wallet_page_is_reviewed_set_aside_and_paid_out_once()
         payouts.contains("acct-42") && payouts.contains("paid out"),
         "{payouts}"
     );
+    client
+        .execute("document.getElementById('payouts').scrollIntoView();", vec![])
+        .await
+        .expect("scroll");
+    picture("payout-paid-out").await;
     assert!(
         client.find(Locator::Css("#held")).await.is_err(),
         "nothing is set aside once paid out"

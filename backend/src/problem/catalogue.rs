@@ -325,7 +325,7 @@ impl ProblemType {
                 "outcome-unknown",
                 StatusCode::SERVICE_UNAVAILABLE,
                 "Outcome unknown",
-                "We lost contact with the database while your transfer was being made, so we cannot tell yet whether it went through. Send this same form again in a moment: it is safe, the transfer either completes once or shows as already done.",
+                "We lost contact with the database while your request was being handled, so we cannot tell yet whether it went through. Send this same form again in a moment: it is safe, the transfer or payout either happens once or shows as already done.",
                 "The connection to PostgreSQL broke after the transfer was sent to it, so the service cannot tell whether it committed. Retry with the same Idempotency-Key after Retry-After: the retry replays the committed transfer, or makes it exactly once. Without a key, look for the transfer in GET /api/v1/transfers before retrying, or you may pay twice.",
             ),
             InternalError => (
