@@ -48,7 +48,7 @@ pub async fn ensure_provider_clearing(db: &PgPool, config: &Config) -> anyhow::R
 
 /// The names the payouts' clearing accounts show under: a payout in a
 /// person's history goes to the first, and comes back from it if refused.
-pub const HOLDS_NAME: &str = "Payouts on hold";
+pub const HOLDS_NAME: &str = "Bank payouts";
 pub const GATEWAY_NAME: &str = "Bank gateway";
 
 /// Makes the payouts' two clearing accounts (the holds wallet and the

@@ -625,5 +625,38 @@ async fn a_payout_from_the_wallet_page_is_reviewed_set_aside_and_paid_out_once()
         "nothing is set aside once paid out"
     );
     assert_eq!(app.balance(app.wallet_of("alice").await).await, 97_500);
+
+    // The live feed has the request's decision and the bank's answer, each
+    // saying the money went to a bank account.
+    client.goto(&app.url("/feed")).await.expect("open the feed");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let rows = loop {
+        let rows: Vec<String> = serde_json::from_value(
+            client
+                .execute(
+                    "return Array.from(document.querySelectorAll('#feed tbody tr')).map((tr) => tr.textContent);",
+                    vec![],
+                )
+                .await
+                .expect("rows"),
+        )
+        .expect("texts");
+        if rows.iter().any(|row| row.contains("Bank gateway")) || std::time::Instant::now() > deadline {
+            break rows;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        rows.iter()
+            .any(|row| row.contains("Bank gateway: accepted")
+                && row.contains("25.00 paid out to a bank account")),
+        "{rows:?}"
+    );
+    assert!(
+        rows.iter()
+            .any(|row| row.contains("Row guard: accepted")
+                && row.contains("25.00 paid out to a bank account")),
+        "{rows:?}"
+    );
     browser.quit().await;
 }

@@ -14,7 +14,7 @@
   const labWallets = new Set((table.dataset.labWallets || "").split(",").filter(Boolean));
   const currency = table.dataset.currency || "";
   const LAYERS = { cooldown: "Cooldown lock", idempotency: "Idempotency key", row_guard: "Row guard",
-    edge_lock: "Edge lock", inbox: "Inbox", none: "Before the layers" };
+    edge_lock: "Edge lock", inbox: "Inbox", gateway: "Bank gateway", none: "Before the layers" };
 
   // One zone for every entry, whatever the visitor's clock says.
   function utc(time) {
@@ -80,8 +80,11 @@
       decision.appendChild(document.createTextNode(" "));
       decision.appendChild(link);
     }
-    const moved = entry.entry_point === "deposit" ? " deposited into " : entry.entry_point === "command" ? " by command to " : " to ";
-    cell(tr, entry.amount_minor ? money(entry.amount_minor, lab ? "LAB" : currency) + moved + shortId(entry.to_wallet_id) : "");
+    // A payout leaves for a bank account, not for a wallet.
+    const where = entry.entry_point === "payout" ? " paid out to a bank account"
+      : (entry.entry_point === "deposit" ? " deposited into " : entry.entry_point === "command" ? " by command to " : " to ")
+        + shortId(entry.to_wallet_id);
+    cell(tr, entry.amount_minor ? money(entry.amount_minor, lab ? "LAB" : currency) + where : "");
     cell(tr, entry.idempotency_key ? shortId(entry.idempotency_key) : "none");
     cell(tr, shortId(entry.request_id) + " on " + entry.instance_id);
     cell(tr, entry.latency_ms.toFixed(1) + " ms", "num");
