@@ -61,6 +61,23 @@ CREATE TABLE payouts (
     CONSTRAINT payouts_failed_has_its_transfer CHECK ((state = 'failed') = (release_transfer_id IS NOT NULL))
 );
 CREATE INDEX payouts_user_idx ON payouts (user_id, created_at DESC, id DESC);
+CREATE INDEX payouts_wallet_idx ON payouts (wallet_id);
+
+-- Whether a payout in this state still holds its amount: it has neither
+-- settled nor been released.
+CREATE FUNCTION payout_holds(p_state payout_state)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_state IN ('pending', 'sent', 'needs_attention')
+$$;
+
+-- What a wallet's payouts hold now. Its balance_minor is what it can spend
+-- (its available balance); its posted balance is that plus this.
+CREATE FUNCTION payouts_held_minor(p_wallet uuid)
+RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(sum(amount_minor), 0)::bigint FROM payouts WHERE wallet_id = p_wallet AND payout_holds(state)
+$$;
 CREATE INDEX payouts_needing_attention_idx ON payouts (created_at) WHERE state = 'needs_attention';
 
 -- The outbox: one row per payout whose gateway call is still to be made

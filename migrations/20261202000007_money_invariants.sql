@@ -80,7 +80,7 @@ LANGUAGE sql STABLE AS $$
         (SELECT count(*) FROM wallets c
          WHERE (c.clearing_source = 'holds' AND c.balance_minor <> coalesce(
                    (SELECT sum(amount_minor) FROM payouts
-                     WHERE currency = c.currency AND state IN ('pending', 'sent', 'needs_attention')), 0))
+                     WHERE currency = c.currency AND payout_holds(state)), 0))
             OR (c.clearing_source = 'gateway' AND c.balance_minor <> coalesce(
                    (SELECT sum(amount_minor) FROM payouts WHERE currency = c.currency AND state = 'settled'), 0)))
 $$;

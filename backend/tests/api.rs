@@ -38,7 +38,10 @@ async fn sign_up_gives_a_wallet_with_the_grant_and_a_working_token() {
         .expect("json");
     assert_eq!(
         wallet,
-        json!({ "id": wallet_id, "balance_minor": 12_345, "currency": "USD" })
+        json!({
+            "id": wallet_id, "balance_minor": 12_345, "held_minor": 0, "posted_balance_minor": 12_345,
+            "currency": "USD"
+        })
     );
 
     // The password is stored as an argon2 hash, the token as a SHA-256.

@@ -653,9 +653,9 @@ async fn a_payout_from_the_wallet_page_is_reviewed_set_aside_and_paid_out_once()
         "{rows:?}"
     );
     assert!(
-        rows.iter()
-            .any(|row| row.contains("Row guard: accepted")
-                && row.contains("25.00 paid out to a bank account")),
+        rows.iter().any(
+            |row| row.contains("Row guard: accepted") && row.contains("25.00 paid out to a bank account")
+        ),
         "{rows:?}"
     );
     browser.quit().await;

@@ -110,7 +110,29 @@ async fn a_payout_is_held_then_sent_once_and_settled_and_its_retry_replays_the_2
     assert_eq!(receipt["state"], "pending");
     assert_eq!(receipt["available_balance_minor_after"], 97_500);
 
+    // Until it settles, the wallet shows the amount held; after, posted.
+    let wallet = app
+        .get_json(&format!("/api/v1/wallets/{}", alice.wallet_id), Some(&alice))
+        .await;
+    assert_eq!(wallet["balance_minor"], 97_500, "{wallet}");
+    assert_eq!(
+        wallet["posted_balance_minor"].as_i64().expect("posted")
+            - wallet["held_minor"].as_i64().expect("held"),
+        97_500,
+        "{wallet}"
+    );
     assert_eq!(app.wait_for_payout(payout, &["settled"]).await, "settled");
+    let settled = app
+        .get_json(&format!("/api/v1/wallets/{}", alice.wallet_id), Some(&alice))
+        .await;
+    assert_eq!(
+        (
+            settled["held_minor"].as_i64(),
+            settled["posted_balance_minor"].as_i64()
+        ),
+        (Some(0), Some(97_500)),
+        "{settled}"
+    );
     let shown = app.get_json(&location, Some(&alice)).await;
     assert_eq!(
         (shown["state"].as_str(), shown["attempts"].as_i64()),

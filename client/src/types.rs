@@ -26,7 +26,12 @@ pub struct SignedIn {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Wallet {
     pub id: Uuid,
+    /// The available balance: what the wallet can spend.
     pub balance_minor: i64,
+    /// Set aside for payouts on their way to the bank.
+    pub held_minor: i64,
+    /// The available balance plus what is held.
+    pub posted_balance_minor: i64,
     pub currency: String,
 }
 

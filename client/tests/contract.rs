@@ -111,6 +111,8 @@ async fn the_client_types_match_the_served_document() {
             keys(&Wallet {
                 id: Uuid::nil(),
                 balance_minor: 0,
+                held_minor: 0,
+                posted_balance_minor: 0,
                 currency: "USD".into(),
             }),
         ),

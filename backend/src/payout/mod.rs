@@ -199,13 +199,10 @@ macro_rules! payout_columns {
 /// not yet settled or released. The posted balance is the available
 /// balance plus this.
 pub async fn held_minor(db: &sqlx::PgPool, wallet: WalletId) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT coalesce(sum(amount_minor), 0)::bigint FROM payouts
-          WHERE wallet_id = $1 AND state IN ('pending', 'sent', 'needs_attention')",
-    )
-    .bind(wallet.0)
-    .fetch_one(db)
-    .await
+    sqlx::query_scalar("SELECT payouts_held_minor($1)")
+        .bind(wallet.0)
+        .fetch_one(db)
+        .await
 }
 
 /// The body of a `202 Accepted`, as `payout_receipt()` writes it (this

@@ -1,4 +1,4 @@
-//! `GET /api/v1/wallets/{id}`: a wallet's balance, for its owner only.
+//! `GET /api/v1/wallets/{id}`: a wallet's balances, for its owner only.
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Serialize;
@@ -11,7 +11,12 @@ use crate::state::AppState;
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Wallet {
     pub id: Uuid,
+    /// The available balance: what the wallet can spend.
     pub balance_minor: i64,
+    /// Set aside for payouts on their way to the bank.
+    pub held_minor: i64,
+    /// The available balance plus what is held.
+    pub posted_balance_minor: i64,
     pub currency: String,
 }
 
@@ -33,8 +38,8 @@ pub async fn get_wallet(
     let caller = authenticate(&request, &state).await?;
     let not_found = || Problem::not_found("You have no wallet with this id.");
     let id = crate::domain::parse_uuid(&path.into_inner()).ok_or_else(not_found)?;
-    let wallet = sqlx::query_as::<_, (i64, String)>(
-        "SELECT balance_minor, currency FROM wallets WHERE id = $1 AND user_id = $2",
+    let wallet = sqlx::query_as::<_, (i64, String, i64)>(
+        "SELECT balance_minor, currency, payouts_held_minor(id) FROM wallets WHERE id = $1 AND user_id = $2",
     )
     .bind(id)
     .bind(caller.user_id.0)
@@ -42,9 +47,12 @@ pub async fn get_wallet(
     .await
     .map_err(|error| problem::from_database_error(&error, "reading a wallet"))?
     .ok_or_else(not_found)?;
+    let (balance_minor, currency, held_minor) = wallet;
     Ok(HttpResponse::Ok().json(Wallet {
         id,
-        balance_minor: wallet.0,
-        currency: wallet.1,
+        balance_minor,
+        held_minor,
+        posted_balance_minor: balance_minor + held_minor,
+        currency,
     }))
 }
