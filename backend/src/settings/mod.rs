@@ -119,6 +119,41 @@ mod tests {
     }
 
     #[test]
+    fn payouts_need_a_gateway_url_a_lease_longer_than_a_call_and_the_switch_for_unsafe_modes() {
+        let payouts = |url: &str| Settings {
+            payout_gateway_url: url.into(),
+            ..Settings::default()
+        };
+        assert!(payouts("").validate().is_ok_and(|config| !config.payouts.offered()));
+        let offered = payouts("http://127.0.0.1:8090/").validate().expect("a gateway");
+        assert_eq!(offered.payouts.gateway_url, "http://127.0.0.1:8090");
+        for wrong in ["127.0.0.1:8090", "ftp://bank", "http://"] {
+            let error = payouts(wrong).validate().expect_err(wrong);
+            assert!(error.to_string().contains("payout_gateway_url"), "{error}");
+        }
+        let lease_too_short = Settings {
+            payout_lease_ms: 5_000,
+            payout_call_timeout_ms: 5_000,
+            ..payouts("http://bank")
+        };
+        let error = lease_too_short.validate().expect_err("a lease no longer than a call");
+        assert!(error.to_string().contains("payout_lease_ms"), "{error}");
+        let unsafe_mode = Settings {
+            payout_mode: PayoutMode::NewKeyPerAttempt,
+            ..payouts("http://bank")
+        };
+        assert!(unsafe_mode.validate().is_err());
+        let allowed = Settings {
+            allow_unsafe_demo_modes: true,
+            ..unsafe_mode
+        };
+        assert_eq!(
+            allowed.validate().expect("allowed").unsafe_modes(),
+            vec!["payouts send a new key per attempt"]
+        );
+    }
+
+    #[test]
     fn the_statement_timeout_must_outlast_the_waits_it_encloses() {
         let settings = Settings {
             idempotency_wait_ms_max: 2_000,

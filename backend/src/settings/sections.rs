@@ -493,7 +493,9 @@ impl Payouts {
     fn checked(s: &Settings, check: &mut Checks) -> Self {
         let gateway_url = s.payout_gateway_url.trim().trim_end_matches('/').to_owned();
         check.require(
-            gateway_url.is_empty() || reqwest::Url::parse(&gateway_url).is_ok_and(|url| url.has_host()),
+            gateway_url.is_empty()
+                || reqwest::Url::parse(&gateway_url)
+                    .is_ok_and(|url| url.has_host() && matches!(url.scheme(), "http" | "https")),
             "payout_gateway_url must be empty or an http(s) URL, e.g. http://127.0.0.1:8090",
         );
         check.require(
