@@ -124,7 +124,11 @@ mod tests {
             payout_gateway_url: url.into(),
             ..Settings::default()
         };
-        assert!(payouts("").validate().is_ok_and(|config| !config.payouts.offered()));
+        assert!(
+            payouts("")
+                .validate()
+                .is_ok_and(|config| !config.payouts.offered())
+        );
         let offered = payouts("http://127.0.0.1:8090/").validate().expect("a gateway");
         assert_eq!(offered.payouts.gateway_url, "http://127.0.0.1:8090");
         for wrong in ["127.0.0.1:8090", "ftp://bank", "http://"] {
@@ -136,7 +140,9 @@ mod tests {
             payout_call_timeout_ms: 5_000,
             ..payouts("http://bank")
         };
-        let error = lease_too_short.validate().expect_err("a lease no longer than a call");
+        let error = lease_too_short
+            .validate()
+            .expect_err("a lease no longer than a call");
         assert!(error.to_string().contains("payout_lease_ms"), "{error}");
         let unsafe_mode = Settings {
             payout_mode: PayoutMode::NewKeyPerAttempt,
