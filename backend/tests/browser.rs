@@ -620,6 +620,8 @@ async fn a_payout_from_the_wallet_page_is_reviewed_set_aside_and_paid_out_once()
         .await
         .expect("scroll");
     picture("payout-paid-out").await;
+    let history = text_of(client, "table.history:not(#payouts)").await;
+    assert!(history.contains("Sent to bank account acct-42"), "{history}");
     assert!(
         client.find(Locator::Css("#held")).await.is_err(),
         "nothing is set aside once paid out"

@@ -13,6 +13,10 @@ use uuid::Uuid;
 /// The cursor counts only if it is one of the user's own transfers: another
 /// user's transfer id gives the same empty page as an id that does not
 /// exist, so it reveals nothing.
+///
+/// A payout's hold and release are transfers with the holds wallet; the
+/// other side is named by the payout's bank account instead, through the
+/// payouts' unique indexes on those transfers.
 pub const HISTORY_PAGE_SQL: &str = "
 WITH mine AS (SELECT id FROM wallets WHERE user_id = $1 AND lab_slot IS NULL),
 cursor AS (
@@ -41,7 +45,11 @@ page AS (
         LIMIT $3) received
 )
 SELECT p.id, p.from_wallet_id, p.to_wallet_id, p.amount_minor, p.created_at, p.sent,
-       u.name AS counterpart_name
+       coalesce(
+           (SELECT CASE WHEN po.hold_transfer_id = p.id THEN 'bank account ' || po.destination
+                        ELSE 'bank account ' || po.destination || ' (refused: the money came back)' END
+              FROM payouts po WHERE po.hold_transfer_id = p.id OR po.release_transfer_id = p.id),
+           u.name) AS counterpart_name
 FROM page p
 JOIN wallets w ON w.id = CASE WHEN p.sent THEN p.to_wallet_id ELSE p.from_wallet_id END
 JOIN users u ON u.id = w.user_id
