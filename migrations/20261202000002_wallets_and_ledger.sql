@@ -5,9 +5,11 @@
 -- a negative balance, a zero transfer or a self-transfer.
 
 -- A wallet's currency is the deployment's `currency` setting when it was
--- made. A race-lab wallet is marked by its slot (1 or 2; NULL for a real
--- wallet) and holds the currency LAB, which no deployment may use for real
--- money. The row guard refuses to move minor units between currencies, on
+-- made. A race-lab wallet is marked by its slot (NULL for a real wallet)
+-- and holds the currency LAB, which no deployment may use for real money.
+-- Slots 1 and 2 are the visitor's wallets A and B; slot 3 holds what the
+-- lab's payouts hold, as the holds wallet does for real money, and no
+-- transfer moves money into or out of it. The row guard refuses to move minor units between currencies, on
 -- the guarded and on the naive path, so lab money and real money never
 -- meet (20261202000008_race_lab.sql has the lab's functions).
 --
@@ -29,7 +31,7 @@ CREATE TABLE wallets (
     opening_balance_minor bigint      NOT NULL CHECK (opening_balance_minor >= 0),
     balance_minor         bigint      NOT NULL,
     created_at            timestamptz NOT NULL DEFAULT now(),
-    lab_slot              smallint    CHECK (lab_slot IN (1, 2)),
+    lab_slot              smallint    CHECK (lab_slot IN (1, 2, 3)),
     clearing_source       text        UNIQUE CHECK (clearing_source ~ '^[a-z]{1,32}$'),
     CONSTRAINT wallets_lab_money CHECK ((lab_slot IS NOT NULL) = (currency = 'LAB')),
     CONSTRAINT wallets_never_below_zero CHECK (balance_minor >= 0 OR clearing_source IS NOT DISTINCT FROM 'provider'),

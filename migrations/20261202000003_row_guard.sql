@@ -45,6 +45,8 @@ BEGIN
     FOR v_wallet IN
         SELECT w.id, w.user_id, w.currency, w.clearing_source FROM wallets w
          WHERE w.id IN (p_from, p_to)
+           -- A lab payouts' holds wallet is no wallet to a transfer.
+           AND w.lab_slot IS DISTINCT FROM 3
          ORDER BY w.id
            FOR NO KEY UPDATE
     LOOP

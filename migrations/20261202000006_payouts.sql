@@ -80,6 +80,26 @@ LANGUAGE sql STABLE AS $$
 $$;
 CREATE INDEX payouts_needing_attention_idx ON payouts (created_at) WHERE state = 'needs_attention';
 
+-- Where a payout's amount is in p_role 'holds' (waiting while the gateway
+-- is asked) and in p_role 'gateway' (once the gateway has sent it): the
+-- deployment's clearing wallet of that name in the payout's currency. A
+-- race-lab payout (lab money, LAB) is held in its visitor's lab slot 3 and
+-- goes to their lab wallet B, which stands in for the lab bank's clearing
+-- account; the lab's bank is asked by the race lab itself, never by the
+-- dispatcher (payout_take()).
+CREATE FUNCTION payout_wallet(p_role text, p_user uuid, p_currency text)
+RETURNS uuid
+LANGUAGE sql STABLE AS $$
+    -- Two branches rather than one CASE, so that each finds its row by an
+    -- index (clearing_source's, and the lab slots').
+    SELECT id FROM wallets
+     WHERE p_currency <> 'LAB' AND clearing_source = p_role AND currency = p_currency
+    UNION ALL
+    SELECT id FROM wallets
+     WHERE p_currency = 'LAB' AND user_id = p_user
+       AND lab_slot = CASE p_role WHEN 'holds' THEN 3 WHEN 'gateway' THEN 2 END
+$$;
+
 -- The outbox: one row per payout whose gateway call is still to be made
 -- (or made again). due_at is when a dispatcher may take it: a taken row is
 -- due again when its lease runs out, so a crashed instance's row is taken
@@ -118,7 +138,8 @@ $$;
 --   'accepted'            held, recorded, in the outbox;
 --   'insufficient_funds'  the available balance is lower; nothing written;
 --   'not_owner'           not the caller's real wallet (lab and clearing
---                         wallets pay nothing out); nothing written;
+--                         wallets pay nothing out), or, with p_lab, not the
+--                         caller's lab wallet A; nothing written;
 --   'currency_mismatch'   no holds wallet in the wallet's currency.
 CREATE FUNCTION payout_hold(
     p_payout_id uuid,
@@ -130,6 +151,7 @@ CREATE FUNCTION payout_hold(
     p_key uuid,
     p_traceparent text,
     p_wait_ms int,
+    p_lab boolean,
     OUT outcome guard_verdict,
     OUT currency text,
     OUT balance_minor_after bigint,
@@ -143,7 +165,8 @@ BEGIN
     PERFORM set_config('lock_timeout', p_wait_ms || 'ms', true);
     SELECT w.currency INTO currency
       FROM wallets w
-     WHERE w.id = p_wallet AND w.user_id = p_user AND w.lab_slot IS NULL AND w.clearing_source IS NULL
+     WHERE w.id = p_wallet AND w.user_id = p_user AND w.clearing_source IS NULL
+       AND CASE WHEN p_lab THEN w.lab_slot = 1 ELSE w.lab_slot IS NULL END
        FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         outcome := 'not_owner';
@@ -157,7 +180,7 @@ BEGIN
         RETURN;
     END IF;
     UPDATE wallets SET balance_minor = balance_minor + p_amount
-     WHERE clearing_source = 'holds' AND wallets.currency = payout_hold.currency
+     WHERE id = payout_wallet('holds', p_user, payout_hold.currency)
     RETURNING id INTO v_holds;
     IF NOT FOUND THEN
         -- Rolls the debit back with the rest of the transaction.
@@ -179,7 +202,8 @@ $$;
 
 -- The whole request in one call, one round trip, as transfer() does it:
 -- access, the idempotency claim, the hold with its outbox row, and the
--- response stored with the claim.
+-- response stored with the claim. With p_lab, a race-lab payout of lab
+-- money from the caller's lab wallet A.
 CREATE FUNCTION payout(
     p_user uuid,
     p_token_hash bytea,
@@ -195,6 +219,7 @@ CREATE FUNCTION payout(
     p_destination text,
     p_trace_id text,
     p_traceparent text,
+    p_lab boolean,
     OUT refused access_refusal,
     OUT claim claim_verdict,
     OUT claim_ms double precision,
@@ -235,7 +260,7 @@ BEGIN
     v_started := clock_timestamp();
     SELECT * INTO v_hold
       FROM payout_hold(p_payout_id, p_hold_transfer_id, p_user, p_wallet, p_amount, p_destination, p_key,
-                       p_traceparent, p_wallet_wait_ms);
+                       p_traceparent, p_wallet_wait_ms, p_lab);
     guard := v_hold.outcome;
     guard_ms := extract(epoch FROM clock_timestamp() - v_started) * 1000;
     IF guard = 'not_owner' THEN
@@ -261,8 +286,10 @@ $$;
 -- The dispatcher's take: up to p_rows due outbox rows nobody else is
 -- taking (SKIP LOCKED), each leased for p_lease_ms under a fresh token and
 -- counted as an attempt. A pending payout becomes 'sent' here, before the
--- call: from now on the money may have left.
-CREATE FUNCTION payout_take(p_rows int, p_lease_ms int)
+-- call: from now on the money may have left. The dispatcher (p_lab_user
+-- NULL) takes real money only; the race lab takes its visitor's lab
+-- payouts, which it sends to the lab's own bank.
+CREATE FUNCTION payout_take(p_rows int, p_lease_ms int, p_lab_user uuid)
 RETURNS TABLE (
     payout_id    uuid,
     lease_token  uuid,
@@ -276,11 +303,13 @@ RETURNS TABLE (
 )
 LANGUAGE sql AS $$
     WITH due AS (
-        SELECT o.payout_id FROM payout_outbox o
+        SELECT o.payout_id FROM payout_outbox o JOIN payouts p ON p.id = o.payout_id
          WHERE o.due_at <= now()
+           AND CASE WHEN p_lab_user IS NULL THEN p.currency <> 'LAB'
+                    ELSE p.currency = 'LAB' AND p.user_id = p_lab_user END
          ORDER BY o.due_at
          LIMIT p_rows
-           FOR UPDATE SKIP LOCKED
+           FOR UPDATE OF o SKIP LOCKED
     ), leased AS (
         UPDATE payout_outbox o
            SET due_at = now() + make_interval(secs => p_lease_ms / 1000.0),
@@ -338,10 +367,10 @@ BEGIN
         RETURN;
     END IF;
     UPDATE wallets SET balance_minor = balance_minor - v_payout.amount_minor
-     WHERE clearing_source = 'holds' AND currency = v_payout.currency
+     WHERE id = payout_wallet('holds', v_payout.user_id, v_payout.currency)
     RETURNING id INTO STRICT v_holds;
     UPDATE wallets SET balance_minor = balance_minor + v_payout.amount_minor
-     WHERE clearing_source = 'gateway' AND currency = v_payout.currency
+     WHERE id = payout_wallet('gateway', v_payout.user_id, v_payout.currency)
     RETURNING id INTO STRICT v_gateway;
     INSERT INTO transfers (id, from_wallet_id, to_wallet_id, amount_minor, initiated_by)
     VALUES (p_settle_transfer_id, v_holds, v_gateway, v_payout.amount_minor, v_payout.user_id);
@@ -385,7 +414,7 @@ BEGIN
     PERFORM set_config('lock_timeout', p_wait_ms || 'ms', true);
     UPDATE wallets SET balance_minor = balance_minor + v_payout.amount_minor WHERE id = v_payout.wallet_id;
     UPDATE wallets SET balance_minor = balance_minor - v_payout.amount_minor
-     WHERE clearing_source = 'holds' AND currency = v_payout.currency
+     WHERE id = payout_wallet('holds', v_payout.user_id, v_payout.currency)
     RETURNING id INTO STRICT v_holds;
     INSERT INTO transfers (id, from_wallet_id, to_wallet_id, amount_minor, initiated_by)
     VALUES (p_release_transfer_id, v_holds, v_payout.wallet_id, v_payout.amount_minor, v_payout.user_id);
@@ -445,15 +474,17 @@ END
 $$;
 
 -- What the outbox looks like, for the metrics: rows waiting, the age of
--- the oldest one that is due, and payouts waiting for a person.
+-- the oldest one that is due, and payouts waiting for a person; real
+-- money only (the race lab sends its own).
 CREATE FUNCTION payout_census(
     OUT outbox_rows bigint,
     OUT oldest_due_age_s double precision,
     OUT needing_attention bigint
 )
 LANGUAGE sql STABLE AS $$
-    SELECT (SELECT count(*) FROM payout_outbox),
-           (SELECT coalesce(extract(epoch FROM now() - min(due_at)), 0)::double precision
-              FROM payout_outbox WHERE due_at <= now()),
-           (SELECT count(*) FROM payouts WHERE state = 'needs_attention')
+    SELECT (SELECT count(*) FROM payout_outbox o JOIN payouts p ON p.id = o.payout_id WHERE p.currency <> 'LAB'),
+           (SELECT coalesce(extract(epoch FROM now() - min(o.due_at)), 0)::double precision
+              FROM payout_outbox o JOIN payouts p ON p.id = o.payout_id
+             WHERE o.due_at <= now() AND p.currency <> 'LAB'),
+           (SELECT count(*) FROM payouts WHERE state = 'needs_attention' AND currency <> 'LAB')
 $$;

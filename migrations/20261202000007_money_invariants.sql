@@ -24,7 +24,9 @@
 --                         holds wallets whose balance is not the sum of
 --                         the payouts still held, and gateway wallets
 --                         whose balance is not the sum of those settled
---                         (the whole deployment's, whatever the set).
+--                         (the whole deployment's, whatever the set), and
+--                         lab payouts' holds wallets in the set whose
+--                         balance is not their lab payouts still held.
 --
 -- Read-only, and safe to call on a live database.
 CREATE FUNCTION wallet_set_invariants(p_wallets uuid[])
@@ -65,24 +67,32 @@ LANGUAGE sql STABLE AS $$
             OR (SELECT coalesce(sum(amount_minor), 0) FROM ledger_entries l WHERE l.transfer_id = t.id) <> 0),
         (SELECT count(*) FROM p
          WHERE NOT EXISTS (
-                   SELECT 1 FROM transfers h JOIN wallets hw ON hw.id = h.to_wallet_id
+                   SELECT 1 FROM transfers h
                     WHERE h.id = p.hold_transfer_id AND h.from_wallet_id = p.wallet_id
-                      AND hw.clearing_source = 'holds' AND h.amount_minor = p.amount_minor)
+                      AND h.to_wallet_id = payout_wallet('holds', p.user_id, p.currency)
+                      AND h.amount_minor = p.amount_minor)
             OR (p.state = 'settled') <> EXISTS (
                    SELECT 1 FROM transfers s
-                     JOIN wallets sf ON sf.id = s.from_wallet_id JOIN wallets st ON st.id = s.to_wallet_id
-                    WHERE s.id = p.settle_transfer_id AND sf.clearing_source = 'holds'
-                      AND st.clearing_source = 'gateway' AND s.amount_minor = p.amount_minor)
+                    WHERE s.id = p.settle_transfer_id
+                      AND s.from_wallet_id = payout_wallet('holds', p.user_id, p.currency)
+                      AND s.to_wallet_id = payout_wallet('gateway', p.user_id, p.currency)
+                      AND s.amount_minor = p.amount_minor)
             OR (p.state = 'failed') <> EXISTS (
-                   SELECT 1 FROM transfers r JOIN wallets rf ON rf.id = r.from_wallet_id
-                    WHERE r.id = p.release_transfer_id AND rf.clearing_source = 'holds'
+                   SELECT 1 FROM transfers r
+                    WHERE r.id = p.release_transfer_id
+                      AND r.from_wallet_id = payout_wallet('holds', p.user_id, p.currency)
                       AND r.to_wallet_id = p.wallet_id AND r.amount_minor = p.amount_minor)),
         (SELECT count(*) FROM wallets c
          WHERE (c.clearing_source = 'holds' AND c.balance_minor <> coalesce(
                    (SELECT sum(amount_minor) FROM payouts
                      WHERE currency = c.currency AND payout_holds(state)), 0))
             OR (c.clearing_source = 'gateway' AND c.balance_minor <> coalesce(
-                   (SELECT sum(amount_minor) FROM payouts WHERE currency = c.currency AND state = 'settled'), 0)))
+                   (SELECT sum(amount_minor) FROM payouts WHERE currency = c.currency AND state = 'settled'), 0))
+            -- A lab payouts' holds wallet in the set holds its visitor's
+            -- lab payouts still held.
+            OR (c.lab_slot = 3 AND c.id = ANY (p_wallets) AND c.balance_minor <> coalesce(
+                   (SELECT sum(amount_minor) FROM payouts
+                     WHERE user_id = c.user_id AND currency = 'LAB' AND payout_holds(state)), 0)))
 $$;
 
 -- The deployment's own check: real money only (lab wallets are left out,

@@ -270,6 +270,9 @@ async fn the_race_lab_shows_each_layer_catch_what_it_catches() {
         // Every run's results kept, so that the pictured ones can be
         // reopened at a phone's width.
         settings.race_lab_results_per_user_max = 100;
+        // The lab bank's lost answers are asked again at once.
+        settings.payout_retry_base_ms = 10;
+        settings.payout_retry_cap_ms = 20;
     })
     .await;
     let browser = browser().await;
@@ -400,6 +403,67 @@ async fn the_race_lab_shows_each_layer_catch_what_it_catches() {
                     }
                 }
             }
+        }
+    }
+
+    // Money that leaves: each payout switch against the lab bank's own
+    // ledger. Every part of the saga on, each payout leaves once; each
+    // switch that breaks it shows its damage, named as expected.
+    for (payout, bank) in [
+        ("outbox", "deduplicates"),
+        ("outbox", "no_deduplication"),
+        ("new_key_per_attempt", "deduplicates"),
+        ("call_in_transaction", "deduplicates"),
+    ] {
+        client.goto(&app.url("/race-lab")).await.expect("open race lab");
+        click(client, "input[name=preset][value=lost-answer]").await;
+        fill(client, "#count", &COUNT.to_string()).await;
+        click(client, &format!("#switch-payout option[value={payout}]")).await;
+        click(client, &format!("#switch-bank option[value={bank}]")).await;
+        click(client, "#fire").await;
+        let summary = text_of(client, "#summary").await;
+        let address = client.current_url().await.expect("url");
+        let (sendings, paid_twice, without_a_debit, settled): (i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT bank_sendings, orders_paid_twice, sent_without_a_debit_minor, payouts_settled
+               FROM race_lab_state($1)",
+        )
+        .bind(alice)
+        .fetch_one(&app.db)
+        .await
+        .expect("lab state");
+        let run = (payout, bank);
+        if run == ("outbox", "deduplicates") {
+            assert!(
+                summary.starts_with("✓ It showed what it should."),
+                "{run:?}: {summary}"
+            );
+            assert_eq!(
+                (sendings, paid_twice, without_a_debit, settled),
+                (COUNT, 0, 0, COUNT)
+            );
+        } else {
+            assert!(summary.starts_with("✓ As expected with"), "{run:?}: {summary}");
+            assert!(
+                paid_twice == COUNT || without_a_debit > 0,
+                "{run:?}: no damage in the bank's ledger"
+            );
+        }
+        let shown_sendings = text_of(client, "#bank-note").await;
+        let times = if sendings == 1 {
+            "once".to_owned()
+        } else {
+            format!("{sendings} times")
+        };
+        assert!(shown_sendings.contains(&times), "{run:?}: {shown_sendings}");
+        let name = match run {
+            ("outbox", "deduplicates") => Some("race-lab-payouts"),
+            ("outbox", "no_deduplication") => Some("race-lab-payouts-no-dedup"),
+            _ => None,
+        };
+        if let Some(name) = name {
+            let png = client.screenshot().await.expect("screenshot");
+            std::fs::write(format!("{directory}/{name}.png"), png).expect("write screenshot");
+            addresses.push((address.to_string(), name));
         }
     }
 

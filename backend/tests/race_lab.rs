@@ -459,8 +459,8 @@ async fn a_deployment_can_turn_the_switches_off() {
         &[("preset", "double-click"), ("count", "20"), ("keys", "none")],
     )
     .await;
-    assert!(page.contains("keeps all three defenses on"));
-    assert!(page.contains("All three defenses were on."));
+    assert!(page.contains("keeps every defense on"));
+    assert!(page.contains("Every defense was on."));
     assert_eq!(lab_of(&app, "carol").await.transfers, 1);
     app.assert_invariants().await;
 }
@@ -940,4 +940,171 @@ async fn a_lab_burst_never_pushes_a_real_decision_out_of_the_feed() {
     assert!(real.iter().all(|entry| entry["lab"] == false));
     // The real transfers are in the database too, and only them.
     assert_eq!(app.balance(app.wallet_of("alice").await).await, 100_000 - 600);
+}
+
+/// What a payout run left, read from the database: the lab's payouts and
+/// the lab bank's own ledger.
+#[derive(Debug, PartialEq, Eq, sqlx::FromRow)]
+struct LabPayouts {
+    wallet_a_balance_minor: i64,
+    held_minor: i64,
+    payouts_settled: i64,
+    payouts_debited_minor: i64,
+    bank_sendings: i64,
+    orders_paid_twice: i64,
+    sent_without_a_debit_minor: i64,
+    settled_not_sent_once: i64,
+    unbalanced_payouts: i64,
+    unexplained_payout_accounts: i64,
+    money_created_minor: i64,
+}
+
+async fn lab_payouts_of(app: &TestApp, name: &str) -> LabPayouts {
+    sqlx::query_as("SELECT s.* FROM users u, race_lab_state(u.id) s WHERE u.name = $1")
+        .bind(name)
+        .fetch_one(&app.db)
+        .await
+        .expect("lab state")
+}
+
+async fn fire_payouts(visitor: &mut Visitor, count: &str, payout: &str, bank: &str) -> (String, String) {
+    let form = [
+        ("preset", "lost-answer"),
+        ("count", count),
+        ("payout", payout),
+        ("bank", bank),
+    ];
+    run(visitor, &form).await
+}
+
+/// Money that leaves, in the lab: the bank sends every payout and loses
+/// its first answer. With the outbox, one key per payout and a
+/// deduplicating bank, each payout leaves once and settles once; each
+/// switch that breaks the saga shows its own damage in the bank's ledger.
+#[tokio::test]
+async fn lab_payouts_leave_the_bank_once_unless_a_switch_breaks_the_saga() {
+    let app = spawn_app(|settings| {
+        settings.race_lab_run_spacing_ms = 0;
+        settings.payout_retry_base_ms = 10;
+        settings.payout_retry_cap_ms = 20;
+    })
+    .await;
+    let mut alice = signed_up(&app, "alice").await;
+    let alice_wallet = app.wallet_of("alice").await;
+    let orders = 10;
+    let amount = BALANCE / (2 * orders);
+    let paid_out = orders * amount;
+    let count = orders.to_string();
+    // Every part of the saga on: each lost answer is asked again with the
+    // same key, the bank replays it, and each payout settles once.
+    let (status, page) = fire_payouts(&mut alice, &count, "outbox", "deduplicates").await;
+    assert_eq!(status, "fired");
+    assert!(verdict(&page), "{}", text_of(&page, "summary"));
+    assert!(page.contains("Held and accepted"));
+    assert!(text_of(&page, "bank-note").contains(&format!("money sent {orders} times")));
+    let clean = LabPayouts {
+        wallet_a_balance_minor: BALANCE - paid_out,
+        held_minor: 0,
+        payouts_settled: orders,
+        payouts_debited_minor: paid_out,
+        bank_sendings: orders,
+        orders_paid_twice: 0,
+        sent_without_a_debit_minor: 0,
+        settled_not_sent_once: 0,
+        unbalanced_payouts: 0,
+        unexplained_payout_accounts: 0,
+        money_created_minor: 0,
+    };
+    assert_eq!(lab_payouts_of(&app, "alice").await, clean);
+
+    // A bank without deduplication, or a new key on each attempt: the
+    // retry after the lost answer is a second payment, for every payout.
+    for (payout, bank) in [
+        ("outbox", "no_deduplication"),
+        ("new_key_per_attempt", "deduplicates"),
+    ] {
+        let (_, page) = fire_payouts(&mut alice, &count, payout, bank).await;
+        damage_as_expected(&page, &format!("The bank sent {orders} payouts twice"));
+        assert_eq!(
+            lab_payouts_of(&app, "alice").await,
+            LabPayouts {
+                bank_sendings: 2 * orders,
+                orders_paid_twice: orders,
+                settled_not_sent_once: orders,
+                ..clean
+            },
+            "{payout}, {bank}"
+        );
+    }
+
+    // The bank called inside the transaction: the lost answer rolls the
+    // debit back after the money left.
+    let (_, page) = fire_payouts(&mut alice, &count, "call_in_transaction", "deduplicates").await;
+    damage_as_expected(&page, "money sent without a debit");
+    assert_eq!(
+        lab_payouts_of(&app, "alice").await,
+        LabPayouts {
+            wallet_a_balance_minor: BALANCE,
+            payouts_settled: 0,
+            payouts_debited_minor: 0,
+            sent_without_a_debit_minor: paid_out,
+            ..clean
+        }
+    );
+
+    // None of it reached real money, the deployment's payouts or its
+    // dispatcher.
+    assert_eq!(app.balance(alice_wallet).await, 100_000);
+    assert_eq!(
+        app.count("SELECT count(*) FROM payouts WHERE currency <> 'LAB'")
+            .await,
+        0,
+        "a lab run made a real payout"
+    );
+    app.assert_invariants().await;
+}
+
+/// A lab payout is the race lab's alone: the dispatcher's take never sees
+/// it, the visitor's lab take does, and a real payout cannot come from a
+/// lab wallet.
+#[tokio::test]
+async fn lab_payouts_are_never_the_dispatchers() {
+    let app = spawn_app(|_| {}).await;
+    let _alice = signed_up(&app, "alice").await;
+    let user: Uuid = sqlx::query_scalar("SELECT id FROM users WHERE name = 'alice'")
+        .fetch_one(&app.db)
+        .await
+        .expect("alice");
+    let (lab_a, _) = lab_wallets_of(&app, user).await;
+    let pay_out = |lab: bool| {
+        sqlx::query_scalar::<_, Option<String>>(
+            "SELECT outcome::text FROM payout_hold(gen_random_uuid(), gen_random_uuid(), $1, $2, 100,
+                    'lab-bank-account-1', NULL, NULL, 1000, $3)",
+        )
+        .bind(user)
+        .bind(lab_a)
+        .bind(lab)
+        .fetch_one(&app.db)
+    };
+    assert_eq!(
+        pay_out(false).await.expect("payout").as_deref(),
+        Some("not_owner")
+    );
+    assert_eq!(pay_out(true).await.expect("payout").as_deref(), Some("accepted"));
+    let taken = |visitor: Option<Uuid>| {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM payout_take(100, 60000, $1)")
+            .bind(visitor)
+            .fetch_one(&app.db)
+    };
+    assert_eq!(
+        taken(None).await.expect("take"),
+        0,
+        "the dispatcher took a lab payout"
+    );
+    assert_eq!(taken(Some(user)).await.expect("take"), 1);
+    let census: (i64, i64) = sqlx::query_as("SELECT outbox_rows, needing_attention FROM payout_census()")
+        .fetch_one(&app.db)
+        .await
+        .expect("census");
+    assert_eq!(census, (0, 0), "lab payouts counted in the deployment's gauges");
 }

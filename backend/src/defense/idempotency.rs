@@ -47,6 +47,13 @@ pub const HEADER: &str = "Idempotency-Key";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IdempotencyKey(Uuid);
 
+/// A key the service chose itself: a race-lab run's orders.
+impl From<Uuid> for IdempotencyKey {
+    fn from(key: Uuid) -> Self {
+        Self(key)
+    }
+}
+
 impl IdempotencyKey {
     /// Accepts a bare UUID or the RFC 8941 string form `"…uuid…"`.
     pub fn parse(value: &str) -> Result<Self, Problem> {

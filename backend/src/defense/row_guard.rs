@@ -235,7 +235,8 @@ pub async fn apply_read_decide_write(
     // matches lab rows only: a real wallet is not even seen, let alone
     // written.
     let source = sqlx::query_as::<_, (Uuid, i64, String)>(
-        "SELECT user_id, balance_minor, currency FROM wallets WHERE id = $1 AND (lab_slot IS NOT NULL OR NOT $2)",
+        "SELECT user_id, balance_minor, currency FROM wallets
+         WHERE id = $1 AND (lab_slot IS NOT NULL OR NOT $2) AND lab_slot IS DISTINCT FROM 3",
     )
     .bind(request.from.0)
     .bind(lab_only)
@@ -243,7 +244,8 @@ pub async fn apply_read_decide_write(
     .await?;
     let target_currency = sqlx::query_scalar::<_, String>(
         "SELECT currency FROM wallets
-         WHERE id = $1 AND (lab_slot IS NOT NULL OR NOT $2) AND clearing_source IS NULL",
+         WHERE id = $1 AND (lab_slot IS NOT NULL OR NOT $2) AND lab_slot IS DISTINCT FROM 3
+           AND clearing_source IS NULL",
     )
     .bind(request.to.0)
     .bind(lab_only)

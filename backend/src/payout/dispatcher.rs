@@ -90,7 +90,7 @@ impl Dispatcher {
         let payouts = self.state.config.payouts.clone();
         loop {
             self.census_if_due().await;
-            match take(&self.state.db, payouts.batch_rows_max, payouts.lease).await {
+            match take(&self.state.db, payouts.batch_rows_max, payouts.lease, None).await {
                 Ok(taken) if taken.is_empty() => tokio::time::sleep(payouts.idle).await,
                 Ok(taken) => {
                     join_all(taken.into_iter().map(|row| self.dispatch(row))).await;
@@ -132,17 +132,8 @@ impl Dispatcher {
     }
 
     async fn call(&self, row: &Taken) -> GatewayAnswer {
-        let key = match self.state.config.payouts.mode {
-            // DEMO ONLY: a retry after a lost answer is a new payment.
-            PayoutMode::NewKeyPerAttempt => format!("{}.{}", row.payout_id, row.attempts),
-            PayoutMode::Outbox | PayoutMode::CallInTransaction => row.payout_id.to_string(),
-        };
-        let payout = GatewayPayout {
-            amount_minor: row.amount_minor,
-            currency: &row.currency,
-            destination: &row.destination,
-            reference: row.payout_id,
-        };
+        let key = attempt_key(self.state.config.payouts.mode, row);
+        let payout = row.as_gateway_payout();
         let call_span = tracing::info_span!(
             "payout.gateway_call",
             otel.kind = "client",
@@ -157,41 +148,7 @@ impl Dispatcher {
     }
 
     async fn record(&self, row: &Taken, answer: GatewayAnswer, took: Duration) {
-        let db = &self.state.db;
-        let payouts = &self.state.config.payouts;
-        let ended = |recorded: Result<Recorded, sqlx::Error>| recorded.map(|recorded| (recorded, false));
-        let recorded = match &answer {
-            GatewayAnswer::Sent { reference } => ended(settle(db, row.payout_id, reference).await),
-            GatewayAnswer::Refused { reason } => ended(
-                release(
-                    db,
-                    row.payout_id,
-                    reason,
-                    self.state.config.database.wallet_lock_wait_ms_max,
-                )
-                .await,
-            ),
-            GatewayAnswer::Unknown { why, retry_after } => {
-                let attempt = u32::try_from(row.attempts.max(1) - 1).unwrap_or_default();
-                let delay = payouts.retry.delay(attempt, *retry_after);
-                postpone(db, row, delay, why, payouts.retry.attempts_max, false).await
-            }
-            GatewayAnswer::Rejected { why } => {
-                postpone(db, row, Duration::ZERO, why, payouts.retry.attempts_max, true).await
-            }
-            GatewayAnswer::NeverReceived => {
-                postpone(
-                    db,
-                    row,
-                    Duration::ZERO,
-                    "no answer",
-                    payouts.retry.attempts_max,
-                    false,
-                )
-                .await
-            }
-        };
-        match recorded {
+        match record_answer(&self.state, row, &answer).await {
             Ok((Recorded::Done, true)) => {
                 self.state.metrics.payouts_given_up.inc();
                 tracing::warn!(
@@ -273,21 +230,97 @@ impl Dispatcher {
     }
 }
 
-/// Takes up to `rows` due outbox rows, each under a fresh lease.
-pub async fn take(db: &PgPool, rows: u32, lease: Duration) -> Result<Vec<Taken>, sqlx::Error> {
+impl Taken {
+    /// The payout as the gateway's API takes it.
+    pub fn as_gateway_payout(&self) -> GatewayPayout<'_> {
+        GatewayPayout {
+            amount_minor: self.amount_minor,
+            currency: &self.currency,
+            destination: &self.destination,
+            reference: self.payout_id,
+        }
+    }
+}
+
+/// The `Idempotency-Key` of one attempt: the payout's id, on every attempt.
+pub fn attempt_key(mode: PayoutMode, row: &Taken) -> String {
+    match mode {
+        // DEMO ONLY: a retry after a lost answer is a new payment.
+        PayoutMode::NewKeyPerAttempt => format!("{}.{}", row.payout_id, row.attempts),
+        PayoutMode::Outbox | PayoutMode::CallInTransaction => row.payout_id.to_string(),
+    }
+}
+
+/// Records one attempt's answer: settle, release (a definitive refusal
+/// only), or postpone with backoff; `true` when the attempts ran out and
+/// the payout now needs a person.
+pub async fn record_answer(
+    state: &AppState,
+    row: &Taken,
+    answer: &GatewayAnswer,
+) -> Result<(Recorded, bool), sqlx::Error> {
+    let db = &state.db;
+    let payouts = &state.config.payouts;
+    let ended = |recorded: Result<Recorded, sqlx::Error>| recorded.map(|recorded| (recorded, false));
+    match answer {
+        GatewayAnswer::Sent { reference } => ended(settle(db, row.payout_id, reference).await),
+        GatewayAnswer::Refused { reason } => ended(
+            release(
+                db,
+                row.payout_id,
+                reason,
+                state.config.database.wallet_lock_wait_ms_max,
+            )
+            .await,
+        ),
+        GatewayAnswer::Unknown { why, retry_after } => {
+            let attempt = u32::try_from(row.attempts.max(1) - 1).unwrap_or_default();
+            let delay = payouts.retry.delay(attempt, *retry_after);
+            postpone(db, row, delay, why, payouts.retry.attempts_max, false).await
+        }
+        GatewayAnswer::Rejected { why } => {
+            postpone(db, row, Duration::ZERO, why, payouts.retry.attempts_max, true).await
+        }
+        GatewayAnswer::NeverReceived => {
+            postpone(
+                db,
+                row,
+                Duration::ZERO,
+                "no answer",
+                payouts.retry.attempts_max,
+                false,
+            )
+            .await
+        }
+    }
+}
+
+/// Takes up to `rows` due outbox rows of real money, each under a fresh
+/// lease; with `lab_visitor`, that visitor's race-lab payouts instead.
+pub async fn take(
+    db: &PgPool,
+    rows: u32,
+    lease: Duration,
+    lab_visitor: Option<UserId>,
+) -> Result<Vec<Taken>, sqlx::Error> {
     sqlx::query_as(
         "SELECT payout_id, lease_token, user_id, wallet_id, amount_minor, currency, destination, attempts,
                 traceparent
-           FROM payout_take($1, $2)",
+           FROM payout_take($1, $2, $3)",
     )
     .bind(i32::try_from(rows).unwrap_or(i32::MAX))
     .bind(millis(lease))
+    .bind(lab_visitor.map(|visitor| visitor.0))
     .fetch_all(db)
     .await
 }
 
 /// The gateway sent it: settle the hold, once.
-pub async fn settle(db: &PgPool, payout_id: Uuid, reference: &str) -> Result<Recorded, sqlx::Error> {
+pub async fn settle<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    payout_id: Uuid,
+    reference: &str,
+) -> Result<Recorded, sqlx::Error> {
     sqlx::query_scalar("SELECT recorded FROM payout_settle($1, $2, $3)")
         .bind(payout_id)
         .bind(Uuid::now_v7())
@@ -297,8 +330,8 @@ pub async fn settle(db: &PgPool, payout_id: Uuid, reference: &str) -> Result<Rec
 }
 
 /// The gateway refused it for good: release the hold, once.
-pub async fn release(
-    db: &PgPool,
+pub async fn release<'e>(
+    db: impl sqlx::PgExecutor<'e>,
     payout_id: Uuid,
     reason: &str,
     wait_ms: u16,

@@ -137,6 +137,8 @@ pub async fn through_the_layers(
         key,
         trace_id: &context.trace_id,
         traceparent: traceparent.as_deref(),
+        mode: state.config.payouts.mode,
+        lab_bank: None,
     };
     let mut decided = match transaction::execute(state, &call).await {
         Ok(settled) => {

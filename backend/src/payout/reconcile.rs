@@ -47,7 +47,7 @@ pub async fn run(db: &PgPool, config: &Config) -> anyhow::Result<Reconciled> {
     let gateway = GatewayClient::new(&payouts.gateway_url, payouts.retry.request_timeout)?;
     let waiting: Vec<Uuid> = sqlx::query_scalar(
         "SELECT id FROM payouts
-          WHERE state = 'needs_attention' AND updated_at <= now() - make_interval(secs => $1)
+          WHERE state = 'needs_attention' AND currency <> 'LAB' AND updated_at <= now() - make_interval(secs => $1)
           ORDER BY created_at
           LIMIT $2",
     )

@@ -6,12 +6,18 @@
 //! later, by the dispatcher.
 //!
 //! Only the demonstration mode `payout_mode = call_in_transaction` calls
-//! the gateway here, inside the transaction, to show what that costs.
+//! the gateway here, inside the transaction, to show what that costs. A
+//! race-lab run's payouts (`lab_bank`) come through here too, in the mode
+//! the run chose: lab money from the visitor's lab wallet A, sent to the
+//! lab's own bank.
 
 use uuid::Uuid;
 
 use super::PayoutRequest;
+use super::bank::Bank;
+use super::dispatcher;
 use super::gateway::{GatewayAnswer, GatewayClient, GatewayPayout};
+use super::lab_bank::LabBank;
 use crate::auth::VerifiedToken;
 use crate::decision::{Decision, Layer, Outcome};
 use crate::defense::Refusal;
@@ -61,16 +67,22 @@ pub struct PayoutCall<'a> {
     /// The request span's, stored with the payout: the dispatcher's spans
     /// continue its trace.
     pub traceparent: Option<&'a str>,
+    /// How the payout reaches its bank: `payout_mode`, or a lab run's
+    /// switch.
+    pub mode: PayoutMode,
+    /// A race-lab run's bank: the payout is then lab money from the
+    /// caller's lab wallet A, and is never the dispatcher's.
+    pub lab_bank: Option<&'a LabBank>,
 }
 
 const PAYOUT_STATEMENT: &str = "SELECT refused, claim, claim_ms, guard, guard_ms,
         response_status, response_body, response_refusal, response_trace_id
-   FROM payout($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
+   FROM payout($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)";
 
 /// Runs the payout's transaction. Every way it ends is a decision: a
 /// stored answer, or a refusal that stored nothing.
 pub async fn execute(state: &AppState, call: &PayoutCall<'_>) -> Result<Settled, Refusal> {
-    if state.config.payouts.mode == PayoutMode::CallInTransaction {
+    if call.mode == PayoutMode::CallInTransaction {
         return with_the_call_inside(state, call).await;
     }
     // Acquired apart from the statement, so that an error here is known to
@@ -109,6 +121,7 @@ fn bind<'q>(
         .bind(call.request.destination.as_str())
         .bind(call.trace_id)
         .bind(call.traceparent)
+        .bind(call.lab_bank.is_some())
 }
 
 /// Reads `payout()`'s row: the decision, or a refusal that stored
@@ -205,7 +218,8 @@ fn database_refusal(error: &sqlx::Error, may_have_committed: bool) -> Refusal {
     Refusal::new(problem, Layer::NoLayer, Outcome::Error)
 }
 
-/// DEMO ONLY (`payout_mode = call_in_transaction`): the hold, the gateway
+/// DEMO ONLY (`payout_mode = call_in_transaction`, or a lab run's switch):
+/// the hold, the gateway
 /// call and the settlement in one transaction, rolled back when the call
 /// fails. The rollback undoes the debit, not the sending: a call whose
 /// answer was lost leaves money gone without a debit, and the client's
@@ -228,47 +242,52 @@ async fn with_the_call_inside(state: &AppState, call: &PayoutCall<'_>) -> Result
             .map_err(|error| database_refusal(&error, true))?;
         return Ok(settled);
     }
-    let gateway = GatewayClient::new(
-        &state.config.payouts.gateway_url,
-        state.config.payouts.retry.request_timeout,
-    )
-    .map_err(|_| Refusal::new(Problem::internal(), Layer::NoLayer, Outcome::Error))?;
+    let gateway;
+    let bank = match call.lab_bank {
+        Some(lab) => Bank::Lab(lab),
+        None => {
+            gateway = GatewayClient::new(
+                &state.config.payouts.gateway_url,
+                state.config.payouts.retry.request_timeout,
+            )
+            .map_err(|_| Refusal::new(Problem::internal(), Layer::NoLayer, Outcome::Error))?;
+            Bank::Gateway(&gateway)
+        }
+    };
+    let currency: String = sqlx::query_scalar("SELECT currency FROM payouts WHERE id = $1")
+        .bind(payout_id)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(|error| database_refusal(&error, false))?;
     let payout = GatewayPayout {
         amount_minor: call.request.amount.get(),
-        currency: &state.config.money.currency,
+        currency: &currency,
         destination: &call.request.destination,
         reference: payout_id,
     };
-    let answer = gateway
-        .send(&payout_id.to_string(), &payout, call.traceparent)
-        .await;
-    state
-        .metrics
-        .payout_attempts
-        .with_label_values(&[answer.label()])
-        .inc();
+    let answer = bank.send(&payout_id.to_string(), &payout, call.traceparent).await;
+    if !bank.is_lab() {
+        state
+            .metrics
+            .payout_attempts
+            .with_label_values(&[answer.label()])
+            .inc();
+    }
     let recorded = match &answer {
-        GatewayAnswer::Sent { reference } => {
-            sqlx::query("SELECT recorded FROM payout_settle($1, $2, $3)")
-                .bind(payout_id)
-                .bind(Uuid::now_v7())
-                .bind(reference)
-                .execute(&mut *tx)
-                .await
-        }
+        GatewayAnswer::Sent { reference } => dispatcher::settle(&mut *tx, payout_id, reference).await,
         GatewayAnswer::Refused { reason } => {
-            sqlx::query("SELECT recorded FROM payout_release($1, $2, $3, $4)")
-                .bind(payout_id)
-                .bind(Uuid::now_v7())
-                .bind(reason)
-                .bind(i32::from(state.config.database.wallet_lock_wait_ms_max))
-                .execute(&mut *tx)
-                .await
+            dispatcher::release(
+                &mut *tx,
+                payout_id,
+                reason,
+                state.config.database.wallet_lock_wait_ms_max,
+            )
+            .await
         }
-        GatewayAnswer::Unknown { why, .. } | GatewayAnswer::Rejected { why } => {
+        GatewayAnswer::Unknown { .. } | GatewayAnswer::Rejected { .. } | GatewayAnswer::NeverReceived => {
             tracing::warn!(
                 payout.id = %payout_id,
-                gateway.answer = %why,
+                gateway.answer = answer.label(),
                 "UNSAFE: rolled a payout back after a gateway call whose outcome is unknown"
             );
             drop(tx);
@@ -281,7 +300,6 @@ async fn with_the_call_inside(state: &AppState, call: &PayoutCall<'_>) -> Result
                 Outcome::Error,
             ));
         }
-        GatewayAnswer::NeverReceived => Ok(Default::default()),
     };
     recorded.map_err(|error| database_refusal(&error, false))?;
     tx.commit()

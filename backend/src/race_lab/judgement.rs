@@ -8,7 +8,7 @@
 use super::LabState;
 use super::presets::{Funnel, KeyStrategy, Plan, Preset};
 use super::switches::Switches;
-use crate::settings::{IdempotencyMode, RowGuardMode};
+use crate::settings::{IdempotencyMode, PayoutMode, RowGuardMode};
 
 /// The damage a run did to the lab wallets, from the database.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -22,6 +22,12 @@ pub struct Damage {
     pub overdrawn_minor: i64,
     /// Balances their ledger no longer explains: lost updates.
     pub lost_updates: i64,
+    /// Payouts the lab's bank sent more than once, and what it sent beyond
+    /// once each.
+    pub payouts_paid_twice: i64,
+    pub sent_twice_minor: i64,
+    /// What the lab's bank sent for payouts whose debit rolled back.
+    pub sent_without_a_debit_minor: i64,
 }
 
 impl Damage {
@@ -47,6 +53,9 @@ impl Damage {
                 0
             },
             lost_updates: state.unexplained_balances,
+            payouts_paid_twice: state.orders_paid_twice,
+            sent_twice_minor: state.sent_twice_minor,
+            sent_without_a_debit_minor: state.sent_without_a_debit_minor,
         }
     }
 
@@ -87,6 +96,9 @@ fn defended(preset: Preset, switches: &Switches, keys: KeyStrategy) -> bool {
         Preset::WebhookStorm | Preset::Redelivery => {
             switches.cooldown || switches.idempotency == IdempotencyMode::Atomic
         }
+        // The outbox, one key per payout and a bank that deduplicates by
+        // it: each is needed, since the bank's lost answer is certain.
+        Preset::LostAnswer => switches.payout_mode == PayoutMode::Outbox && switches.bank_deduplicates,
     }
 }
 
@@ -99,9 +111,11 @@ impl Judgement {
         kept: bool,
         damage: &Damage,
     ) -> Self {
-        // A delivery's third layer, the credit, has no naive variant.
-        let weakened = switches.idempotency != IdempotencyMode::Atomic
-            || (switches.row_guard != RowGuardMode::Guarded && !preset.is_delivery());
+        // A delivery's third layer, the credit, has no naive variant; a
+        // payout run's switches are its own, and the cooldown is not one.
+        let weakened = !preset.is_payout()
+            && (switches.idempotency != IdempotencyMode::Atomic
+                || (switches.row_guard != RowGuardMode::Guarded && !preset.is_delivery()));
         let cooldown_stopped_the_rest =
             switches.cooldown && funnel.cooldown > 0 && funnel.cooldown + 1 >= funnel.sent;
         if weakened && cooldown_stopped_the_rest && !damage.any() {
@@ -178,6 +192,20 @@ pub fn damage_sentences(
             money(damage.money_created_minor.abs())
         ));
     }
+    if damage.payouts_paid_twice > 0 {
+        said.push(format!(
+            "The bank sent {} payout{} twice ({} sent beyond once each)",
+            damage.payouts_paid_twice,
+            if damage.payouts_paid_twice == 1 { "" } else { "s" },
+            money(damage.sent_twice_minor)
+        ));
+    }
+    if damage.sent_without_a_debit_minor > 0 {
+        said.push(format!(
+            "{} left through the bank for payouts whose debit was rolled back: money sent without a debit",
+            money(damage.sent_without_a_debit_minor)
+        ));
+    }
     if damage.lost_updates > 0 {
         said.push(format!(
             "{} balance{} no longer match{} the ledger: updates were lost",
@@ -221,6 +249,20 @@ pub fn cause(preset: Preset, switches: &Switches, keys: KeyStrategy) -> (String,
             }
             (causes.join(" and "), "the inbox (and the edge lock before it)")
         }
+        Preset::LostAnswer => {
+            match switches.payout_mode {
+                PayoutMode::Outbox => {}
+                PayoutMode::CallInTransaction => causes.push("the bank called inside the transaction"),
+                PayoutMode::NewKeyPerAttempt => causes.push("a new key on each attempt"),
+            }
+            if !switches.bank_deduplicates {
+                causes.push("a bank that does not deduplicate");
+            }
+            (
+                causes.join(" and "),
+                "the outbox, with one key per payout that the bank deduplicates by,",
+            )
+        }
     }
 }
 
@@ -252,6 +294,7 @@ mod tests {
                 RowGuardMode::Guarded
             },
             run: None,
+            ..Switches::ALL_ON
         }
     }
 
@@ -260,6 +303,9 @@ mod tests {
         money_created_minor: 0,
         overdrawn_minor: 0,
         lost_updates: 0,
+        payouts_paid_twice: 0,
+        sent_twice_minor: 0,
+        sent_without_a_debit_minor: 0,
     };
 
     #[test]
@@ -334,6 +380,71 @@ mod tests {
     }
 
     #[test]
+    fn a_payout_run_is_defended_only_by_the_outbox_one_key_and_a_deduplicating_bank() {
+        let paid_twice = Damage {
+            payouts_paid_twice: 20,
+            sent_twice_minor: 5_000,
+            ..Damage::default()
+        };
+        let judged = |switches: Switches, kept: bool, damage: &Damage| {
+            Judgement::of(
+                Preset::LostAnswer,
+                &switches,
+                KeyStrategy::NewPerRequest,
+                &funnel(20, 0, 20),
+                kept,
+                damage,
+            )
+        };
+        assert_eq!(
+            judged(Switches::ALL_ON, true, &Damage::default()),
+            Judgement::Protected
+        );
+        assert_eq!(
+            judged(Switches::ALL_ON, false, &paid_twice),
+            Judgement::NotProtected
+        );
+        for weakened in [
+            Switches {
+                bank_deduplicates: false,
+                ..Switches::ALL_ON
+            },
+            Switches {
+                payout_mode: PayoutMode::NewKeyPerAttempt,
+                ..Switches::ALL_ON
+            },
+        ] {
+            assert_eq!(judged(weakened, false, &paid_twice), Judgement::DamageAsExpected);
+        }
+        let inside = Switches {
+            payout_mode: PayoutMode::CallInTransaction,
+            ..Switches::ALL_ON
+        };
+        let (cause, _) = cause(Preset::LostAnswer, &inside, KeyStrategy::NewPerRequest);
+        assert_eq!(cause, "the bank called inside the transaction");
+        let said = damage_sentences(
+            &Damage {
+                sent_without_a_debit_minor: 5_000,
+                ..Damage::default()
+            },
+            Preset::LostAnswer,
+            KeyStrategy::NewPerRequest,
+            &Plan {
+                waves: Vec::new(),
+                pause: std::time::Duration::ZERO,
+                amount_minor: 250,
+            },
+            |minor| format!("LAB {minor}"),
+        );
+        assert_eq!(
+            said,
+            vec![
+                "LAB 5000 left through the bank for payouts whose debit was rolled back: money sent without a debit"
+            ]
+        );
+    }
+
+    #[test]
     fn the_damage_is_counted_in_sentences() {
         let plan = Plan {
             waves: Vec::new(),
@@ -353,9 +464,8 @@ mod tests {
         );
         let created = Damage {
             money_created_minor: 18_600,
-            overdrawn_minor: 0,
             lost_updates: 1,
-            duplicate_charges: 0,
+            ..Damage::default()
         };
         let said = damage_sentences(
             &created,

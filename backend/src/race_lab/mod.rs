@@ -2,7 +2,8 @@
 //! public endpoint and watches which defense decides each one.
 //!
 //! - **Lab wallets** (`migrations/20261202000008_race_lab.sql`): two per
-//!   visitor, holding lab money (the currency `LAB`), emptied and refilled
+//!   visitor, A and B, holding lab money (the currency `LAB`), and a third
+//!   that holds what the visitor's lab payouts hold; emptied and refilled
 //!   at the start of each run. The currency guard keeps lab money and real
 //!   money apart on every path that moves money.
 //! - **Switches** (`switches`): per run, a layer can be switched off or made
@@ -11,11 +12,15 @@
 //!   with what it should show, checked after the run against the database.
 //! - **The burst** (`burst`): N requests over N connections opened first,
 //!   released together, the last byte of each written at once.
+//! - **Deliveries** (`deliveries`) and **payouts** (`payouts`): money that
+//!   arrives, through the deposit pipeline, and money that leaves, through
+//!   the payout saga to the lab's own bank.
 
 pub mod burst;
 pub mod deliveries;
 pub mod judgement;
 pub mod pass;
+pub mod payouts;
 pub mod presets;
 pub mod run;
 pub mod switches;
@@ -63,6 +68,24 @@ pub struct LabState {
     /// Wallets whose balance their ledger does not explain (lost updates).
     pub unexplained_balances: i64,
     pub unbalanced_transfers: i64,
+    /// What the visitor's lab payouts hold now.
+    pub held_minor: i64,
+    pub payouts_settled: i64,
+    /// What lab payouts took from A and kept: held or settled.
+    pub payouts_debited_minor: i64,
+    /// Money sent by the lab's bank, each time, and in all.
+    pub bank_sendings: i64,
+    pub bank_sent_minor: i64,
+    /// Payouts the bank sent money for more than once, and what it sent
+    /// beyond once each.
+    pub orders_paid_twice: i64,
+    pub sent_twice_minor: i64,
+    /// What the bank sent for payouts whose transaction rolled back.
+    pub sent_without_a_debit_minor: i64,
+    /// Settled payouts the bank did not send exactly once.
+    pub settled_not_sent_once: i64,
+    pub unbalanced_payouts: i64,
+    pub unexplained_payout_accounts: i64,
 }
 
 impl LabState {
@@ -91,6 +114,37 @@ impl LabState {
 
     pub fn invariants_hold(&self) -> bool {
         self.invariants().iter().all(|(_, held)| *held)
+            && self.payout_accounts().iter().all(|(_, held)| *held)
+    }
+
+    /// The payouts' own double entry, in words, and whether it held.
+    pub fn payout_accounts(&self) -> [(&'static str, bool); 2] {
+        [
+            (
+                "Each payout's transfers match its state: a hold, then a settlement or a release",
+                self.unbalanced_payouts == 0,
+            ),
+            (
+                "The holds wallet holds exactly what the payouts still hold",
+                self.unexplained_payout_accounts == 0,
+            ),
+        ]
+    }
+
+    /// What the lab's bank's ledger says about each payout, in words, and
+    /// whether it held.
+    pub fn bank_checks(&self) -> [(&'static str, bool); 3] {
+        [
+            (
+                "Every settled payout was sent by the bank exactly once",
+                self.settled_not_sent_once == 0,
+            ),
+            ("No payout was sent twice", self.orders_paid_twice == 0),
+            (
+                "No money left without a debit",
+                self.sent_without_a_debit_minor == 0,
+            ),
+        ]
     }
 }
 
@@ -104,7 +158,7 @@ pub async fn both_are_own_lab_wallets(
     request: &TransferRequest,
 ) -> Result<bool, sqlx::Error> {
     sqlx::query_scalar(
-        "SELECT count(*) = 2 FROM wallets WHERE id IN ($1, $2) AND lab_slot IS NOT NULL AND user_id = $3",
+        "SELECT count(*) = 2 FROM wallets WHERE id IN ($1, $2) AND lab_slot IN (1, 2) AND user_id = $3",
     )
     .bind(request.from.0)
     .bind(request.to.0)

@@ -35,6 +35,10 @@ pub enum Preset {
     /// being applied, delivered again N − 1 times: a provider whose
     /// time-out is shorter than the service's work.
     Redelivery,
+    /// Money that leaves: N payouts from wallet A at once, each with its
+    /// own key, to the lab's bank, which sends each one, then loses its
+    /// first answer.
+    LostAnswer,
 }
 
 /// How long after the first delivery the redeliveries of the `Redelivery`
@@ -58,7 +62,7 @@ pub struct Plan {
 }
 
 impl Preset {
-    pub const ALL: [Preset; 7] = [
+    pub const ALL: [Preset; 8] = [
         Preset::SameKey,
         Preset::DoubleClick,
         Preset::RetryAfterWindow,
@@ -66,12 +70,16 @@ impl Preset {
         Preset::Crossing,
         Preset::WebhookStorm,
         Preset::Redelivery,
+        Preset::LostAnswer,
     ];
 
     /// The layers `switches` weaken for a run of this preset, in words for
     /// the page: for deliveries, the first switch is the edge lock and the
     /// second the inbox, and the credit cannot be weakened.
     pub fn switched_off(self, switches: &Switches) -> Vec<&'static str> {
+        if self.is_payout() {
+            return switches.payouts_off();
+        }
         if !self.is_delivery() {
             return switches.off();
         }
@@ -89,6 +97,8 @@ impl Preset {
     pub fn first_layer(self) -> &'static str {
         if self.is_delivery() {
             "the edge lock"
+        } else if self.is_payout() {
+            "the idempotency key"
         } else {
             "the cooldown lock"
         }
@@ -100,6 +110,12 @@ impl Preset {
         matches!(self, Preset::WebhookStorm | Preset::Redelivery)
     }
 
+    /// A preset of payouts to the lab's bank: its switches are how the
+    /// payouts reach the bank and whether the bank deduplicates.
+    pub fn is_payout(self) -> bool {
+        self == Preset::LostAnswer
+    }
+
     pub fn slug(self) -> &'static str {
         match self {
             Preset::SameKey => "same-key",
@@ -109,6 +125,7 @@ impl Preset {
             Preset::Crossing => "crossing",
             Preset::WebhookStorm => "webhook-storm",
             Preset::Redelivery => "redelivery",
+            Preset::LostAnswer => "lost-answer",
         }
     }
 
@@ -130,6 +147,9 @@ impl Preset {
             }
             Preset::Redelivery => {
                 "Redelivery: one deposit event, delivered again while its first delivery is still being applied"
+            }
+            Preset::LostAnswer => {
+                "Lost answer: payouts from A to a bank that sends each one, then loses its first answer"
             }
         }
     }
@@ -153,7 +173,8 @@ impl Preset {
                 KeyStrategy::Same
             }
             Preset::DoubleClick => KeyStrategy::None,
-            Preset::Overdraw | Preset::Crossing => KeyStrategy::NewPerRequest,
+            // Each payout is a different order, with a key of its own.
+            Preset::Overdraw | Preset::Crossing | Preset::LostAnswer => KeyStrategy::NewPerRequest,
         }
     }
 
@@ -178,6 +199,10 @@ impl Preset {
                 "The event is credited exactly once, however many deliveries arrive together; every delivery gets \
                  the same answer."
             }
+            Preset::LostAnswer => {
+                "Each payout leaves the bank exactly once and is debited once: after the lost answer, the retry \
+                 asks again with the same key and the bank replays what it did."
+            }
         }
     }
 
@@ -191,10 +216,10 @@ impl Preset {
         window: Duration,
     ) -> Plan {
         let shared_key = Uuid::new_v4();
-        // Every delivery carries the event's id: the keys strategy is a
-        // client's, not a provider's.
-        let keys = if self.is_delivery() {
-            KeyStrategy::Same
+        // Every delivery carries the event's id, and every payout order a
+        // key of its own: the keys strategy is a retrying client's.
+        let keys = if self.is_delivery() || self.is_payout() {
+            self.default_keys()
         } else {
             keys
         };
@@ -209,7 +234,10 @@ impl Preset {
             Preset::Overdraw => ((2 * balance_minor + count_i64 - 1) / count_i64.max(1)).max(1),
             // Small enough that wallet B covers every delivery even if each
             // one credits: the damage is counted, never refused.
-            Preset::WebhookStorm | Preset::Redelivery => (balance_minor / (2 * count_i64).max(1)).max(1),
+            // Small enough that wallet A covers every payout.
+            Preset::WebhookStorm | Preset::Redelivery | Preset::LostAnswer => {
+                (balance_minor / (2 * count_i64).max(1)).max(1)
+            }
             _ => (balance_minor / 20).max(1),
         };
         let shot = |index: usize, from: Uuid, to: Uuid| Shot {
@@ -278,6 +306,14 @@ impl Preset {
                     state.moved_minor <= balance_minor && (funnel.guard >= 1 || funnel.cooldown > 0)
                 }
                 Preset::Crossing => funnel.failed == 0,
+                // Every order held and settled, each sent exactly once.
+                Preset::LostAnswer => {
+                    let orders = i64::try_from(funnel.sent).unwrap_or(i64::MAX);
+                    state.payouts_settled == orders
+                        && state.bank_sendings == orders
+                        && state.payouts_debited_minor == orders * plan.amount_minor
+                        && state.bank_checks().iter().all(|(_, held)| *held)
+                }
             }
     }
 }
@@ -381,6 +417,15 @@ impl Stage {
     /// What the stage is called for a run of `preset`: a transfer's layers,
     /// or a delivery's.
     pub fn label(self, preset: Preset) -> &'static str {
+        if preset.is_payout() {
+            return match self {
+                Stage::Cooldown => "Stopped by the cooldown lock",
+                Stage::Key => "Stopped by the idempotency key",
+                Stage::Guard => "Refused by the hold",
+                Stage::Moved => "Held and accepted",
+                Stage::Other => "Failed, or outcome unknown",
+            };
+        }
         match (self, preset.is_delivery()) {
             (Stage::Cooldown, false) => "Stopped by the cooldown lock",
             (Stage::Key, false) => "Stopped by the idempotency key",

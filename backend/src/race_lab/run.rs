@@ -9,6 +9,7 @@ use super::burst::{self, Answer, SwitchesWithPasses, Target};
 use super::judgement::{Damage, Judgement};
 use super::presets::{Funnel, KeyStrategy, Plan, Preset};
 use super::{LabState, Switches};
+use crate::auth::VerifiedToken;
 use crate::domain::UserId;
 use crate::state::AppState;
 
@@ -58,10 +59,11 @@ pub enum RunError {
 
 pub async fn run(
     state: &AppState,
-    user: UserId,
+    caller: &VerifiedToken,
     bearer_token: &str,
     request: RunRequest,
 ) -> Result<Run, RunError> {
+    let user = caller.user_id;
     let lab = &state.config.race_lab;
     let _slot = state.lab_runs.try_acquire().map_err(|_| RunError::Busy)?;
     // Every lab request in flight on this instance holds one permit, so all
@@ -98,7 +100,11 @@ pub async fn run(
     } else {
         Switches::ALL_ON
     };
-    let (answers, overlap_max, wave_max) = if request.preset.is_delivery() {
+    let (answers, overlap_max, wave_max) = if request.preset.is_payout() {
+        let orders: Vec<_> = plan.waves.iter().flatten().cloned().collect();
+        let paid = super::payouts::pay_out(state, caller, used, &orders, lab.run_max).await;
+        (paid.answers, paid.overlap_max, orders.len())
+    } else if request.preset.is_delivery() {
         let delivered = super::deliveries::deliver(state, user, wallets, used, &plan.waves, plan.pause).await;
         let wave_max = plan.waves.iter().map(Vec::len).max().unwrap_or(0);
         (delivered.answers, delivered.overlap_max, wave_max)

@@ -13,10 +13,14 @@
 //! variant runs step by step. The
 //! deployment-wide demonstration modes in `settings` are a different thing,
 //! kept for the command-line ladder.
+//!
+//! A payout run's two switches (how the lab's payouts reach the lab's bank,
+//! and whether that bank deduplicates) never travel in the header: the lab
+//! sends its payouts itself (`payouts`).
 
 use uuid::Uuid;
 
-use crate::settings::{IdempotencyMode, RowGuardMode};
+use crate::settings::{IdempotencyMode, PayoutMode, RowGuardMode};
 
 pub const HEADER: &str = "race-lab-switches";
 
@@ -31,6 +35,11 @@ pub struct Switches {
     pub row_guard: RowGuardMode,
     /// The run the request belongs to, if named.
     pub run: Option<Uuid>,
+    /// Payouts: the outbox with one key per payout, the call inside the
+    /// transaction, or a new key per attempt.
+    pub payout_mode: PayoutMode,
+    /// Payouts: whether the lab's bank deduplicates by key.
+    pub bank_deduplicates: bool,
 }
 
 impl Switches {
@@ -40,6 +49,8 @@ impl Switches {
         idempotency: IdempotencyMode::Atomic,
         row_guard: RowGuardMode::Guarded,
         run: None,
+        payout_mode: PayoutMode::Outbox,
+        bank_deduplicates: true,
     };
 
     /// Parses the header's value; `None` for anything but the grammar
@@ -117,6 +128,20 @@ impl Switches {
         }
         off
     }
+
+    /// A payout run's switches that weaken it, in words for the page.
+    pub fn payouts_off(&self) -> Vec<&'static str> {
+        let mut off = Vec::new();
+        match self.payout_mode {
+            PayoutMode::Outbox => {}
+            PayoutMode::CallInTransaction => off.push("the bank was called inside the payout's transaction"),
+            PayoutMode::NewKeyPerAttempt => off.push("each attempt carried a new key"),
+        }
+        if !self.bank_deduplicates {
+            off.push("the bank did not deduplicate by key");
+        }
+        off
+    }
 }
 
 #[cfg(test)]
@@ -130,6 +155,7 @@ mod tests {
             idempotency: IdempotencyMode::CheckThenInsert,
             row_guard: RowGuardMode::ReadDecideWrite,
             run: Some(Uuid::new_v4()),
+            ..Switches::ALL_ON
         };
         assert_eq!(Switches::parse(&naive.header_value()), Some(naive));
         assert_eq!(Switches::parse(""), Some(Switches::ALL_ON));

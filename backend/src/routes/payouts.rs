@@ -137,7 +137,8 @@ pub async fn list_payouts(request: HttpRequest, state: web::Data<AppState>) -> R
     Ok(HttpResponse::Ok().json(PayoutPage { items, next_before }))
 }
 
-/// A person's payouts, newest first, before the one named, if any.
+/// A person's payouts, newest first, before the one named, if any. The
+/// race lab's payouts of lab money are the lab's, never listed here.
 pub async fn list_for_user(
     db: &sqlx::PgPool,
     user: Uuid,
@@ -148,7 +149,7 @@ pub async fn list_for_user(
         "SELECT ",
         payout_columns!(),
         " FROM payouts
-          WHERE user_id = $1
+          WHERE user_id = $1 AND currency <> 'LAB'
             AND ($2::uuid IS NULL OR (created_at, id) < (SELECT created_at, id FROM payouts WHERE id = $2))
           ORDER BY created_at DESC, id DESC
           LIMIT $3"
@@ -178,7 +179,7 @@ pub async fn get_payout(
     let payout: Payout = sqlx::query_as(concat!(
         "SELECT ",
         payout_columns!(),
-        " FROM payouts WHERE id = $1 AND user_id = $2"
+        " FROM payouts WHERE id = $1 AND user_id = $2 AND currency <> 'LAB'"
     ))
     .bind(id)
     .bind(caller.user_id.0)

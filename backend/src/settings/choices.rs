@@ -71,6 +71,27 @@ pub enum PayoutMode {
     NewKeyPerAttempt,
 }
 
+impl PayoutMode {
+    pub const ALL: [PayoutMode; 3] = [
+        PayoutMode::Outbox,
+        PayoutMode::CallInTransaction,
+        PayoutMode::NewKeyPerAttempt,
+    ];
+
+    /// The value as `payout_mode` and the race lab's form spell it.
+    pub fn slug(self) -> &'static str {
+        match self {
+            PayoutMode::Outbox => "outbox",
+            PayoutMode::CallInTransaction => "call_in_transaction",
+            PayoutMode::NewKeyPerAttempt => "new_key_per_attempt",
+        }
+    }
+
+    pub fn from_slug(slug: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|mode| mode.slug() == slug)
+    }
+}
+
 /// How the debit checks the balance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]

@@ -19,7 +19,7 @@ use crate::kept_pages::{self, Kind};
 use crate::race_lab::presets::{KeyStrategy, Preset};
 use crate::race_lab::run::{self, RunError, RunRequest};
 use crate::race_lab::{LAB_CURRENCY, Switches};
-use crate::settings::{IdempotencyMode, RowGuardMode};
+use crate::settings::{IdempotencyMode, PayoutMode, RowGuardMode};
 use crate::state::AppState;
 use crate::web::money;
 
@@ -52,6 +52,10 @@ struct LabForm {
     keys: &'static str,
     idempotency_naive: bool,
     row_guard_naive: bool,
+    /// The payout switches: `payout_mode`'s value, and the lab bank's
+    /// deduplication.
+    payout_mode: &'static str,
+    bank_deduplicates: bool,
 }
 
 struct PresetChoice {
@@ -161,6 +165,8 @@ pub struct RunFields {
     keys: String,
     idempotency: String,
     row_guard: String,
+    payout: String,
+    bank: String,
 }
 
 #[derive(Deserialize)]
@@ -275,7 +281,7 @@ pub async fn fire(
     let Some(cookie) = request.cookie(auth::SESSION_COOKIE) else {
         return redirect("/signin");
     };
-    let run = match run::run(&state, session.token.user_id, cookie.value(), run_request).await {
+    let run = match run::run(&state, &session.token, cookie.value(), run_request).await {
         Ok(run) => run,
         Err(RunError::Busy) => return not_fired(NotFired::Busy, 0),
         Err(RunError::AlreadyRunning) => return not_fired(NotFired::AlreadyRunning, 0),
@@ -335,9 +341,10 @@ fn parse_run(form: &RunFields, requests_max: usize) -> Result<RunRequest, NotFir
         .ok()
         .filter(|count| (2..=requests_max).contains(count))
         .ok_or(NotFired::BadCount)?;
-    // Deliveries carry their event's id, whatever the keys field says.
+    // Deliveries carry their event's id, and payout orders a key each,
+    // whatever the keys field says.
     let keys = match KeyStrategy::from_slug(&form.keys) {
-        _ if preset.is_delivery() => preset.default_keys(),
+        _ if preset.is_delivery() || preset.is_payout() => preset.default_keys(),
         Some(keys) => keys,
         None => return Err(NotFired::NoKeys),
     };
@@ -354,6 +361,8 @@ fn parse_run(form: &RunFields, requests_max: usize) -> Result<RunRequest, NotFir
             RowGuardMode::Guarded
         },
         run: Some(uuid::Uuid::new_v4()),
+        payout_mode: PayoutMode::from_slug(&form.payout).unwrap_or(PayoutMode::Outbox),
+        bank_deduplicates: form.bank != "no_deduplication",
     };
     Ok(RunRequest {
         preset,
@@ -417,6 +426,8 @@ impl LabForm {
             keys: preset.default_keys().slug(),
             idempotency_naive: false,
             row_guard_naive: false,
+            payout_mode: switches.payout_mode.slug(),
+            bank_deduplicates: switches.bank_deduplicates,
         }
     }
 
@@ -428,6 +439,8 @@ impl LabForm {
             keys: request.keys.slug(),
             idempotency_naive: request.switches.idempotency != IdempotencyMode::Atomic,
             row_guard_naive: request.switches.row_guard != RowGuardMode::Guarded,
+            payout_mode: request.switches.payout_mode.slug(),
+            bank_deduplicates: request.switches.bank_deduplicates,
         }
     }
 }

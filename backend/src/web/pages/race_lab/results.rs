@@ -43,12 +43,20 @@ pub(super) struct RunView {
     pub(super) overlap_target: usize,
     pub(super) amount: String,
     pub(super) funnel: Vec<FunnelRow>,
+    /// What the money line counts: money moved between A and B, or paid
+    /// out. Results kept before payouts existed moved money.
+    #[serde(default = "moved_word")]
+    pub(super) moved_label: String,
     pub(super) moved: String,
     pub(super) expected_moved: String,
     pub(super) moved_as_expected: bool,
     pub(super) balance_a: String,
     pub(super) balance_b: String,
     pub(super) checks: Vec<Check>,
+    /// For a payout run, what the lab's bank sent and where the money is,
+    /// in a sentence; empty otherwise.
+    #[serde(default)]
+    pub(super) bank_note: String,
     pub(super) timeline: Timeline,
     pub(super) groups: Vec<Group>,
     /// When the run was fired, in UTC, for the page of a stored run.
@@ -154,9 +162,16 @@ impl RunView {
         let (expected_moved, moved_as_expected) = expected_money(run);
         let damage = damage_sentences(&run.damage, run.request.preset, run.request.keys, &run.plan, lab);
         let lab_state = &run.state;
-        // A delivery's first layer is the edge lock, which has no window.
-        let cooldown_window =
-            (switches.cooldown && !run.request.preset.is_delivery()).then_some(state.config.cooldown.ttl);
+        let preset = run.request.preset;
+        // A delivery's first layer is the edge lock, which has no window,
+        // and a payout run's orders skip the cooldown.
+        let cooldown_window = (switches.cooldown && !preset.is_delivery() && !preset.is_payout())
+            .then_some(state.config.cooldown.ttl);
+        let mut checks: Vec<(&str, bool)> = lab_state.invariants().to_vec();
+        if preset.is_payout() {
+            checks.extend(lab_state.payout_accounts());
+            checks.extend(lab_state.bank_checks());
+        }
         Self {
             preset: run.request.preset.label().to_owned(),
             promise: run.request.preset.promise().to_owned(),
@@ -170,14 +185,18 @@ impl RunView {
                 .into_iter()
                 .map(str::to_owned)
                 .collect(),
-            keys: if run.request.preset.is_delivery() {
+            keys: if preset.is_delivery() {
                 "one event id, the same on every delivery".to_owned()
+            } else if preset.is_payout() {
+                "a key of its own on each order".to_owned()
             } else {
                 run.request.keys.described().to_owned()
             },
             sent: funnel.sent,
-            requests: if run.request.preset.is_delivery() {
+            requests: if preset.is_delivery() {
                 "deliveries".to_owned()
+            } else if preset.is_payout() {
+                "payout orders".to_owned()
             } else {
                 requests_word()
             },
@@ -198,19 +217,36 @@ impl RunView {
                 row(Stage::Moved, funnel.moved),
                 row(Stage::Other, funnel.failed),
             ],
-            moved: lab(lab_state.moved_minor),
+            moved_label: if preset.is_payout() {
+                "Paid out of wallet A, and sent by the bank".to_owned()
+            } else {
+                moved_word()
+            },
+            moved: if preset.is_payout() {
+                format!(
+                    "{} and {}",
+                    lab(lab_state.payouts_debited_minor),
+                    lab(lab_state.bank_sent_minor)
+                )
+            } else {
+                lab(lab_state.moved_minor)
+            },
             expected_moved,
             moved_as_expected,
             balance_a: lab(lab_state.wallet_a_balance_minor),
             balance_b: lab(lab_state.wallet_b_balance_minor),
-            checks: lab_state
-                .invariants()
+            checks: checks
                 .into_iter()
                 .map(|(label, held)| Check {
                     label: label.to_owned(),
                     held,
                 })
                 .collect(),
+            bank_note: if preset.is_payout() {
+                bank_note(lab_state, lab)
+            } else {
+                String::new()
+            },
             timeline: Timeline::of(&run.answers, run.request.preset, cooldown_window),
             groups: groups(state, run.request.preset, &run.answers),
             fired_at: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
@@ -260,6 +296,32 @@ fn requests_word() -> String {
     "requests".to_owned()
 }
 
+fn moved_word() -> String {
+    "Money moved".to_owned()
+}
+
+/// What the lab's bank sent, and where the payouts' money is now.
+fn bank_note(state: &crate::race_lab::LabState, lab: impl Fn(i64) -> String) -> String {
+    let times = |count: i64| {
+        if count == 1 {
+            "once".to_owned()
+        } else {
+            format!("{count} times")
+        }
+    };
+    let held = if state.held_minor == 0 {
+        "nothing is held any more".to_owned()
+    } else {
+        format!("{} is still held for the rest", lab(state.held_minor))
+    };
+    format!(
+        "The lab bank's own ledger shows money sent {}. {} payout{} settled, and {held}.",
+        times(state.bank_sendings),
+        state.payouts_settled,
+        if state.payouts_settled == 1 { "" } else { "s" },
+    )
+}
+
 fn capitalised(text: &str) -> String {
     let mut chars = text.chars();
     chars
@@ -290,6 +352,15 @@ fn expected_money(run: &Run) -> (String, bool) {
         ),
         Preset::WebhookStorm | Preset::Redelivery => {
             (format!("{} (one credit)", lab(amount)), moved == amount)
+        }
+        Preset::LostAnswer => {
+            let orders = i64::try_from(run.funnel.sent).unwrap_or(i64::MAX);
+            let each_once = lab(orders * amount);
+            (
+                format!("{each_once} and {each_once} ({orders} payouts, each debited once and sent once)"),
+                run.state.payouts_debited_minor == orders * amount
+                    && run.state.bank_sent_minor == orders * amount,
+            )
         }
     }
 }
@@ -455,6 +526,7 @@ fn how_it_ended(answer: &Answer) -> String {
         Some(kind) => format!("{} ({})", kind.title().to_lowercase(), answer.status),
         None if answer.status == 201 => "moved money (201)".to_owned(),
         None if answer.status == 200 => "credited (200)".to_owned(),
+        None if answer.status == 202 => "held and accepted (202)".to_owned(),
         None => format!("answered {}", answer.status),
     }
 }

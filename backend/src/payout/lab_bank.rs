@@ -1,0 +1,83 @@
+//! The race lab's bank: where a lab run's payouts go, never the
+//! deployment's gateway. It stands in for a bank whose answer is lost on
+//! the way back, the hazard the payout saga exists for.
+//!
+//! - It **sends** by writing its own ledger (`race_lab_bank_send()`, in
+//!   `migrations/20261202000008_race_lab.sql`) on a connection of its own,
+//!   so what it sent stays sent when the service's transaction rolls back,
+//!   as money wired by a real bank does.
+//! - It **loses the answer** to the first request for each payout: the
+//!   money has left, and the caller hears only that the outcome is unknown,
+//!   as when a call times out after the bank acted.
+//! - It **deduplicates** by `Idempotency-Key` like a real payment API (a
+//!   key it has seen gets its first answer again), unless the run switched
+//!   that off.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::gateway::{GatewayAnswer, GatewayPayout};
+use crate::domain::UserId;
+
+pub struct LabBank {
+    db: PgPool,
+    visitor: UserId,
+    deduplicates: bool,
+    /// The payouts whose first answer was already lost.
+    answer_lost_for: Mutex<HashSet<Uuid>>,
+}
+
+impl LabBank {
+    pub fn new(db: PgPool, visitor: UserId, deduplicates: bool) -> Self {
+        Self {
+            db,
+            visitor,
+            deduplicates,
+            answer_lost_for: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// One request, answered as the deployment's gateway client sorts a
+    /// real gateway's answers.
+    pub async fn send(&self, key: &str, payout: &GatewayPayout<'_>) -> GatewayAnswer {
+        let sent: Result<(i64, bool), sqlx::Error> =
+            sqlx::query_as("SELECT sending, other_payout FROM race_lab_bank_send($1, $2, $3, $4, $5)")
+                .bind(self.visitor.0)
+                .bind(key)
+                .bind(payout.reference)
+                .bind(payout.amount_minor)
+                .bind(self.deduplicates)
+                .fetch_one(&self.db)
+                .await;
+        match sent {
+            // The statement may have committed before the error: unknown.
+            Err(_) => GatewayAnswer::Unknown {
+                why: "the lab bank's ledger could not be reached".to_owned(),
+                retry_after: None,
+            },
+            Ok((_, true)) => GatewayAnswer::Rejected {
+                why: "409 (the lab bank saw this key for another payout)".to_owned(),
+            },
+            Ok((sending, false)) => {
+                let first = self
+                    .answer_lost_for
+                    .lock()
+                    .map(|mut lost| lost.insert(payout.reference))
+                    .unwrap_or(false);
+                if first {
+                    GatewayAnswer::Unknown {
+                        why: "the lab bank sent it, then its answer was lost".to_owned(),
+                        retry_after: None,
+                    }
+                } else {
+                    GatewayAnswer::Sent {
+                        reference: format!("lab-{sending}"),
+                    }
+                }
+            }
+        }
+    }
+}
