@@ -6,6 +6,7 @@
 use layered_wallet::defense::row_guard;
 use layered_wallet::domain::{TransferRequest, UserId, WalletId};
 use layered_wallet::race_lab;
+use layered_wallet::settings::RowGuardMode;
 use serde_json::Value;
 use uuid::Uuid;
 use wallet_testkit::visitor::{Visitor, hidden, signed_up};
@@ -390,25 +391,36 @@ async fn switches_never_touch_real_money() {
     }
     let before = app.snapshot().await;
 
-    // The naive statements themselves, called directly on real wallets.
-    let mut tx = app.db.begin().await.expect("begin");
+    // The step-by-step statements themselves, called directly on real
+    // wallets: none of them sees one.
     let request = TransferRequest::new(WalletId(alice.wallet_id), WalletId(bob.wallet_id), 500, 1_000_000)
         .expect("a valid request");
-    let guarded = row_guard::apply_read_decide_write(
-        &mut tx,
-        Uuid::now_v7(),
-        &request,
-        UserId(alice.user_id),
-        None,
-        std::time::Duration::ZERO,
-        true,
-    )
-    .await
-    .expect("statement");
-    assert_eq!(guarded.verdict, row_guard::GuardVerdict::NotOwner);
-    assert!(guarded.applied.is_none());
-    tx.commit().await.expect("commit");
-    assert_eq!(app.snapshot().await, before);
+    for mode in [
+        RowGuardMode::ForUpdate,
+        RowGuardMode::OptimisticVersion,
+        RowGuardMode::ReadDecideWrite,
+    ] {
+        let mut tx = app.db.begin().await.expect("begin");
+        let guarded = row_guard::apply_step_by_step(
+            &mut tx,
+            Uuid::now_v7(),
+            &request,
+            UserId(alice.user_id),
+            None,
+            row_guard::StepByStep {
+                mode,
+                race_window: std::time::Duration::ZERO,
+                lab_only: true,
+            },
+        )
+        .await
+        .expect("statement")
+        .expect("a verdict, not a conflict");
+        assert_eq!(guarded.verdict, row_guard::GuardVerdict::NotOwner, "{mode:?}");
+        assert!(guarded.applied.is_none());
+        tx.commit().await.expect("commit");
+        assert_eq!(app.snapshot().await, before, "{mode:?}");
+    }
 
     // Lab money and real money never meet, with or without switches.
     let (lab_a, _) = lab_wallets_of(&app, alice.user_id).await;
@@ -1107,4 +1119,43 @@ async fn lab_payouts_are_never_the_dispatchers() {
         .await
         .expect("census");
     assert_eq!(census, (0, 0), "lab payouts counted in the deployment's gauges");
+}
+
+/// The row guard's alternatives, per run on lab wallets: locking first, or
+/// an optimistic version check, keep the overdraw within the balance and
+/// the crossing free of lost updates, and the page says the balance was
+/// guarded another way. An optimistic conflict is counted as stopped by the
+/// row guard, with nothing moved.
+#[tokio::test]
+async fn the_row_guards_alternatives_hold_the_balance_in_the_lab() {
+    let app = spawn_app(|settings| settings.race_lab_run_spacing_ms = 0).await;
+    let mut alice = signed_up(&app, "alice").await;
+    for mode in ["for_update", "optimistic_version"] {
+        for preset in ["overdraw", "crossing"] {
+            let (status, page) = run(
+                &mut alice,
+                &[
+                    ("preset", preset),
+                    ("count", "20"),
+                    ("keys", "new"),
+                    ("cooldown", "off"),
+                    ("row_guard", mode),
+                ],
+            )
+            .await;
+            assert_eq!(status, "fired");
+            assert!(verdict(&page), "{mode} {preset}: {}", text_of(&page, "summary"));
+            assert!(page.contains("the row guard was replaced by"), "{mode} {preset}");
+            let lab = lab_of(&app, "alice").await;
+            assert_eq!(
+                (lab.money_created_minor, lab.unexplained_balances),
+                (0, 0),
+                "{mode} {preset}"
+            );
+            if preset == "overdraw" {
+                assert!(lab.moved_minor <= BALANCE, "{mode}: {} left A", lab.moved_minor);
+                assert_eq!(lab.wallet_a_balance_minor, BALANCE - lab.moved_minor);
+            }
+        }
+    }
 }

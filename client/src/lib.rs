@@ -10,7 +10,8 @@
 //!   retry sends the same key, above all after an unknown outcome (a
 //!   time-out, a broken connection, `503 outcome-unknown`).
 //! - **Retry what may still succeed:** connection errors, time-outs,
-//!   `409` (the key is still in flight), `429`, `503`. Waits use
+//!   `409` (the key is still in flight, or an optimistic write lost its
+//!   race), `429`, `503`. Waits use
 //!   exponential backoff with full jitter, and never less than the server's
 //!   `Retry-After`.
 //! - **Never retry what cannot:** `400`, `401`, `403`, `404`, `422` come

@@ -75,7 +75,8 @@ impl RetryPolicy {
 }
 
 /// Whether an answer with this status may succeed if sent again with the
-/// same key: the key is still in flight (409), the caller was early (429),
+/// same key: the key is still in flight, or a demonstration's optimistic
+/// write found the balance changed (409), the caller was early (429),
 /// or the server could not tell or could not do it now (503, including
 /// `outcome-unknown`). Everything else is final: a success, or a refusal
 /// that the same request would get again.

@@ -49,6 +49,9 @@ pub enum Outcome {
     /// The event id was delivered before with different contents.
     PayloadChanged,
     InsufficientFunds,
+    /// An optimistic write found the balance changed since it was read
+    /// (the demonstration mode `optimistic_version`); nothing was changed.
+    Conflict,
     /// The transfer was made while Redis was unreachable and the cooldown
     /// failed open: correct, but without the edge's protection.
     Degraded,
@@ -98,6 +101,7 @@ impl Outcome {
             Outcome::KeyReused => "key_reused",
             Outcome::PayloadChanged => "payload_changed",
             Outcome::InsufficientFunds => "insufficient_funds",
+            Outcome::Conflict => "conflict",
             Outcome::Degraded => "degraded",
             Outcome::Invalid => "invalid",
             Outcome::Unauthorized => "unauthorized",

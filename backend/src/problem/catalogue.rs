@@ -25,6 +25,7 @@ pub enum ProblemType {
     TooManyAttempts,
     TooManyStreams,
     InsufficientFunds,
+    VersionConflict,
     UnknownTargetWallet,
     CurrencyMismatch,
     RaceLabSwitchesOff,
@@ -57,7 +58,7 @@ struct Entry {
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 34] = [
+    pub const ALL: [ProblemType; 35] = [
         ProblemType::MalformedRequest,
         ProblemType::ValidationFailed,
         ProblemType::Unauthorized,
@@ -74,6 +75,7 @@ impl ProblemType {
         ProblemType::TooManyAttempts,
         ProblemType::TooManyStreams,
         ProblemType::InsufficientFunds,
+        ProblemType::VersionConflict,
         ProblemType::UnknownTargetWallet,
         ProblemType::CurrencyMismatch,
         ProblemType::RaceLabSwitchesOff,
@@ -208,6 +210,13 @@ impl ProblemType {
                 "Insufficient funds",
                 "Your balance is too low for this amount. Nothing was sent.",
                 "The guarded debit found the source balance lower than the amount. Nothing moved. A retry with the same key replays this answer.",
+            ),
+            VersionConflict => (
+                "version-conflict",
+                StatusCode::CONFLICT,
+                "The balance changed while this transfer was decided",
+                "Another transfer changed this balance at the same moment. Nothing was sent; send the same form again.",
+                "Demonstration mode optimistic_version only: between reading the source wallet's balance and writing it back, another write changed it, so this transfer's compare-and-set matched no row. Nothing was changed and the key was not used. Retry with the same Idempotency-Key, after a random pause of up to an exponentially growing bound (full jitter).",
             ),
             UnknownTargetWallet => (
                 "unknown-target-wallet",

@@ -90,7 +90,8 @@ fn defended(preset: Preset, switches: &Switches, keys: KeyStrategy) -> bool {
         Preset::SameKey | Preset::DoubleClick => switches.cooldown || key_holds,
         // The retries come after the window: only the key can catch them.
         Preset::RetryAfterWindow => key_holds,
-        Preset::Overdraw | Preset::Crossing => switches.row_guard == RowGuardMode::Guarded,
+        // Locking first, or an optimistic version, guards the balance too.
+        Preset::Overdraw | Preset::Crossing => switches.row_guard != RowGuardMode::ReadDecideWrite,
         // For deliveries the first switch is the edge lock and the second
         // the inbox; the event id is the key, on every copy.
         Preset::WebhookStorm | Preset::Redelivery => {
@@ -115,7 +116,7 @@ impl Judgement {
         // payout run's switches are its own, and the cooldown is not one.
         let weakened = !preset.is_payout()
             && (switches.idempotency != IdempotencyMode::Atomic
-                || (switches.row_guard != RowGuardMode::Guarded && !preset.is_delivery()));
+                || (switches.row_guard == RowGuardMode::ReadDecideWrite && !preset.is_delivery()));
         let cooldown_stopped_the_rest =
             switches.cooldown && funnel.cooldown > 0 && funnel.cooldown + 1 >= funnel.sent;
         if weakened && cooldown_stopped_the_rest && !damage.any() {

@@ -20,7 +20,7 @@
 
 use uuid::Uuid;
 
-use crate::settings::{IdempotencyMode, PayoutMode, RowGuardMode};
+use crate::settings::{IdempotencyMode, PayoutMode, RowGuardMode, choice_name, parse_choice};
 
 pub const HEADER: &str = "race-lab-switches";
 
@@ -77,12 +77,8 @@ impl Switches {
                     switches.idempotency = IdempotencyMode::CheckThenInsert;
                     1
                 }
-                ("row_guard", "guarded") => {
-                    switches.row_guard = RowGuardMode::Guarded;
-                    2
-                }
-                ("row_guard", "read_decide_write") => {
-                    switches.row_guard = RowGuardMode::ReadDecideWrite;
+                ("row_guard", mode) => {
+                    switches.row_guard = parse_choice(mode)?;
                     2
                 }
                 ("run", run) => {
@@ -107,10 +103,7 @@ impl Switches {
                 IdempotencyMode::CheckThenInsert => "check_then_insert",
                 _ => "atomic",
             },
-            match self.row_guard {
-                RowGuardMode::Guarded => "guarded",
-                RowGuardMode::ReadDecideWrite => "read_decide_write",
-            },
+            choice_name(&self.row_guard),
         )
     }
 
@@ -123,8 +116,16 @@ impl Switches {
         if self.idempotency != IdempotencyMode::Atomic {
             off.push("the idempotency key is checked, then inserted (naive)");
         }
-        if self.row_guard != RowGuardMode::Guarded {
-            off.push("the balance is read, decided on and written back (naive)");
+        match self.row_guard {
+            RowGuardMode::Guarded => {}
+            RowGuardMode::ForUpdate => {
+                off.push("the row guard was replaced by SELECT … FOR UPDATE, a decision in the server, then the write")
+            }
+            RowGuardMode::OptimisticVersion => off.push(
+                "the row guard was replaced by an optimistic version check: a write that finds the balance changed \
+                 is a conflict, answered 409",
+            ),
+            RowGuardMode::ReadDecideWrite => off.push("the balance is read, decided on and written back (naive)"),
         }
         off
     }
@@ -166,6 +167,7 @@ mod tests {
             "idempotency=off",
             "cooldown=off, cooldown=on",
             "guard=guarded",
+            "row_guard=naive",
             "run=42",
         ] {
             assert_eq!(Switches::parse(bad), None, "{bad}");

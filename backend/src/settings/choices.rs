@@ -71,27 +71,6 @@ pub enum PayoutMode {
     NewKeyPerAttempt,
 }
 
-impl PayoutMode {
-    pub const ALL: [PayoutMode; 3] = [
-        PayoutMode::Outbox,
-        PayoutMode::CallInTransaction,
-        PayoutMode::NewKeyPerAttempt,
-    ];
-
-    /// The value as `payout_mode` and the race lab's form spell it.
-    pub fn slug(self) -> &'static str {
-        match self {
-            PayoutMode::Outbox => "outbox",
-            PayoutMode::CallInTransaction => "call_in_transaction",
-            PayoutMode::NewKeyPerAttempt => "new_key_per_attempt",
-        }
-    }
-
-    pub fn from_slug(slug: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|mode| mode.slug() == slug)
-    }
-}
-
 /// How the debit checks the balance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -99,6 +78,17 @@ pub enum RowGuardMode {
     /// Check and write in one guarded `UPDATE`, wallets locked in id order.
     /// The only safe mode.
     Guarded,
+    /// DEMO ONLY (an alternative, for comparison): lock both wallets with
+    /// `SELECT … FOR UPDATE` in id order, decide in Rust, write. Safe, but
+    /// the lock is held across the round trips between the read and the
+    /// commit.
+    ForUpdate,
+    /// DEMO ONLY (an alternative, for comparison): read the balance and the
+    /// wallet's version, decide in Rust, then `UPDATE … WHERE version =
+    /// $read`. No lock is waited for; a write that finds the version moved
+    /// is a conflict, answered 409 `version-conflict` with nothing changed,
+    /// for the client to retry.
+    OptimisticVersion,
     /// DEMO ONLY (the row guard switched off): read the balance, compare in
     /// Rust, write the computed balance back, with no lock: a
     /// time-of-check-to-time-of-use race and lost updates.
@@ -134,7 +124,7 @@ choice_values! {
     IdempotencyMode => ["atomic", "check_then_insert", "off"],
     InboxMode => ["atomic", "check_then_insert"],
     PayoutMode => ["outbox", "call_in_transaction", "new_key_per_attempt"],
-    RowGuardMode => ["guarded", "read_decide_write"],
+    RowGuardMode => ["guarded", "for_update", "optimistic_version", "read_decide_write"],
     LogFormat => ["text", "json"],
 }
 

@@ -162,23 +162,39 @@ fn is_url_without_password(text: &str) -> bool {
     }
 }
 
+/// The choice a value names, as a file (or the race lab's form) writes
+/// it; `None` for anything else.
+pub fn parse_choice<T>(value: &str) -> Option<T>
+where
+    T: for<'de> serde::Deserialize<'de>,
+{
+    use serde::de::IntoDeserializer;
+    let deserializer: serde::de::value::StrDeserializer<'_, serde::de::value::Error> =
+        value.into_deserializer();
+    T::deserialize(deserializer).ok()
+}
+
 /// A choice's value the way a file writes it: the listed value that
-/// deserializes to `choice`.
+/// parses to `choice`; empty for a variant missing from `VALUES`, which
+/// the declaration's tests catch for every default.
+pub fn choice_name<T>(choice: &T) -> &'static str
+where
+    T: SettingValue + PartialEq + for<'de> serde::Deserialize<'de>,
+{
+    T::VALUES
+        .iter()
+        .copied()
+        .find(|value| parse_choice::<T>(value).as_ref() == Some(choice))
+        .unwrap_or_default()
+}
+
 pub(super) fn shown_choice<T>(choice: &T) -> Shown
 where
     T: SettingValue + PartialEq + for<'de> serde::Deserialize<'de> + std::fmt::Debug,
 {
-    use serde::de::IntoDeserializer;
-    let parses_to_choice = |value: &&'static str| {
-        let deserializer: serde::de::value::StrDeserializer<'_, serde::de::value::Error> =
-            value.into_deserializer();
-        T::deserialize(deserializer).is_ok_and(|parsed| &parsed == choice)
-    };
-    match T::VALUES.iter().find(|value| parses_to_choice(value)) {
-        Some(value) => Shown::Value((*value).to_owned()),
-        // A variant missing from `VALUES`; the declaration's tests catch
-        // it for every default.
-        None => Shown::Value(format!("{choice:?}")),
+    match choice_name(choice) {
+        "" => Shown::Value(format!("{choice:?}")),
+        value => Shown::Value(value.to_owned()),
     }
 }
 

@@ -136,7 +136,9 @@ declare_settings! {
     }
 
     section "Layer 3: row guard" {
-        /// How the debit checks the balance; `read_decide_write` is an unsafe
+        /// How the debit checks the balance. `for_update` and
+        /// `optimistic_version` are the common alternatives, kept to compare
+        /// with; `read_decide_write` is the naive one. Each is a
         /// demonstration mode.
         row_guard_mode: RowGuardMode = RowGuardMode::Guarded;
     }

@@ -328,8 +328,11 @@ impl Config {
             IdempotencyMode::CheckThenInsert => modes.push("idempotency check-then-insert"),
             IdempotencyMode::Off => modes.push("idempotency off"),
         }
-        if self.row_guard.mode == RowGuardMode::ReadDecideWrite {
-            modes.push("row guard off (read-decide-write)");
+        match self.row_guard.mode {
+            RowGuardMode::Guarded => {}
+            RowGuardMode::ForUpdate => modes.push("row guard replaced by SELECT … FOR UPDATE"),
+            RowGuardMode::OptimisticVersion => modes.push("row guard replaced by optimistic versions"),
+            RowGuardMode::ReadDecideWrite => modes.push("row guard off (read-decide-write)"),
         }
         if self.deposits.inbox_mode == InboxMode::CheckThenInsert {
             modes.push("inbox check-then-insert");

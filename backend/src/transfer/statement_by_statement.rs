@@ -92,18 +92,21 @@ pub(super) async fn run(call: &Call<'_>, variants: Variants) -> Result<Settled, 
             )
             .await?
         }
-        RowGuardMode::ReadDecideWrite => {
-            row_guard::apply_read_decide_write(
-                &mut tx,
-                transfer_id,
-                request,
-                caller.user_id,
-                key_uuid,
-                naive_window,
-                variants.lab_only,
-            )
-            .await?
-        }
+        mode => row_guard::apply_step_by_step(
+            &mut tx,
+            transfer_id,
+            request,
+            caller.user_id,
+            key_uuid,
+            row_guard::StepByStep {
+                mode,
+                race_window: naive_window,
+                lab_only: variants.lab_only,
+            },
+        )
+        .await?
+        // The transaction rolls back: the key's claim goes with it.
+        .ok_or_else(|| TransactionError::Refused(row_guard::version_conflict()))?,
     };
     state
         .metrics

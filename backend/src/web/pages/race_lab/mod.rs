@@ -19,7 +19,7 @@ use crate::kept_pages::{self, Kind};
 use crate::race_lab::presets::{KeyStrategy, Preset};
 use crate::race_lab::run::{self, RunError, RunRequest};
 use crate::race_lab::{LAB_CURRENCY, Switches};
-use crate::settings::{IdempotencyMode, PayoutMode, RowGuardMode};
+use crate::settings::{IdempotencyMode, PayoutMode, RowGuardMode, choice_name, parse_choice};
 use crate::state::AppState;
 use crate::web::money;
 
@@ -51,7 +51,8 @@ struct LabForm {
     cooldown: bool,
     keys: &'static str,
     idempotency_naive: bool,
-    row_guard_naive: bool,
+    /// `row_guard_mode`'s value.
+    row_guard: &'static str,
     /// The payout switches: `payout_mode`'s value, and the lab bank's
     /// deduplication.
     payout_mode: &'static str,
@@ -355,13 +356,9 @@ fn parse_run(form: &RunFields, requests_max: usize) -> Result<RunRequest, NotFir
         } else {
             IdempotencyMode::Atomic
         },
-        row_guard: if form.row_guard == "read_decide_write" {
-            RowGuardMode::ReadDecideWrite
-        } else {
-            RowGuardMode::Guarded
-        },
+        row_guard: parse_choice(&form.row_guard).unwrap_or(RowGuardMode::Guarded),
         run: Some(uuid::Uuid::new_v4()),
-        payout_mode: PayoutMode::from_slug(&form.payout).unwrap_or(PayoutMode::Outbox),
+        payout_mode: parse_choice(&form.payout).unwrap_or(PayoutMode::Outbox),
         bank_deduplicates: form.bank != "no_deduplication",
     };
     Ok(RunRequest {
@@ -425,8 +422,8 @@ impl LabForm {
             cooldown: switches.cooldown,
             keys: preset.default_keys().slug(),
             idempotency_naive: false,
-            row_guard_naive: false,
-            payout_mode: switches.payout_mode.slug(),
+            row_guard: choice_name(&switches.row_guard),
+            payout_mode: choice_name(&switches.payout_mode),
             bank_deduplicates: switches.bank_deduplicates,
         }
     }
@@ -438,8 +435,8 @@ impl LabForm {
             cooldown: request.switches.cooldown,
             keys: request.keys.slug(),
             idempotency_naive: request.switches.idempotency != IdempotencyMode::Atomic,
-            row_guard_naive: request.switches.row_guard != RowGuardMode::Guarded,
-            payout_mode: request.switches.payout_mode.slug(),
+            row_guard: choice_name(&request.switches.row_guard),
+            payout_mode: choice_name(&request.switches.payout_mode),
             bank_deduplicates: request.switches.bank_deduplicates,
         }
     }
