@@ -29,6 +29,19 @@ use tokio::sync::OnceCell;
 
 use crate::settings::Redis;
 
+/// Compare-and-delete: only the holder of the token `ARGV[1]` may remove
+/// the lock `KEYS[1]`; a lock that expired and was taken by another is left
+/// alone. Every owner-checked lock here lets go with it: the cooldown's
+/// window given back, a deposit event's lock without an answer to leave,
+/// the demonstration's lock on an idempotency key. (A script given more
+/// arguments ignores the rest.)
+pub const RELEASE_IF_OWNER: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
 /// The process's Redis: cheap to clone, every clone shares the connection.
 #[derive(Clone)]
 pub struct RedisStore {

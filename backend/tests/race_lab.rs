@@ -1121,13 +1121,14 @@ async fn lab_payouts_are_never_the_dispatchers() {
     assert_eq!(census, (0, 0), "lab payouts counted in the deployment's gauges");
 }
 
-/// The row guard's alternatives, per run on lab wallets: locking first, or
-/// an optimistic version check, keep the overdraw within the balance and
-/// the crossing free of lost updates, and the page says the balance was
-/// guarded another way. An optimistic conflict is counted as stopped by the
-/// row guard, with nothing moved.
+/// The alternatives, per run on lab wallets. Locking first, or an
+/// optimistic version check, keep the overdraw within the balance and the
+/// crossing free of lost updates, and the page says the balance was
+/// guarded another way; an optimistic conflict is counted as stopped by the
+/// row guard, with nothing moved. A key claimed under an advisory or a
+/// Redis lock is claimed once.
 #[tokio::test]
-async fn the_row_guards_alternatives_hold_the_balance_in_the_lab() {
+async fn the_alternatives_hold_the_balance_and_the_key_in_the_lab() {
     let app = spawn_app(|settings| settings.race_lab_run_spacing_ms = 0).await;
     let mut alice = signed_up(&app, "alice").await;
     for mode in ["for_update", "optimistic_version"] {
@@ -1157,5 +1158,27 @@ async fn the_row_guards_alternatives_hold_the_balance_in_the_lab() {
                 assert_eq!(lab.wallet_a_balance_minor, BALANCE - lab.moved_minor);
             }
         }
+    }
+
+    // The key's alternatives: a storm of one key, the cooldown off, is
+    // claimed once under either lock.
+    for mode in ["advisory_lock", "redis_key_lock"] {
+        let (status, page) = run(
+            &mut alice,
+            &[
+                ("preset", "same-key"),
+                ("count", "20"),
+                ("keys", "same"),
+                ("cooldown", "off"),
+                ("idempotency", mode),
+            ],
+        )
+        .await;
+        assert_eq!(status, "fired");
+        assert!(verdict(&page), "{mode}: {}", text_of(&page, "summary"));
+        assert!(page.contains("the idempotency key was claimed under"), "{mode}");
+        assert!(page.contains("Stopped by the idempotency key"), "{mode}");
+        let lab = lab_of(&app, "alice").await;
+        assert_eq!((lab.transfers, lab.moved_minor), (1, BALANCE / 20), "{mode}");
     }
 }

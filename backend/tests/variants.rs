@@ -2,13 +2,20 @@
 //! shown failing the way it fails, under real concurrent requests against
 //! real PostgreSQL, with the database state asserted.
 //!
-//! Guarding the balance: `SELECT … FOR UPDATE` then a decision in the
-//! server, and an optimistic version check, beside the conditional
-//! `UPDATE` (tests/row_guard.rs) and the naive read-decide-write
-//! (tests/unsafe_modes.rs).
+//! - Guarding the balance: `SELECT … FOR UPDATE` then a decision in the
+//!   server, and an optimistic version check, beside the conditional
+//!   `UPDATE` (tests/row_guard.rs) and the naive read-decide-write
+//!   (tests/unsafe_modes.rs).
+//! - Claiming a key: a transaction's advisory lock on its hash, and a Redis
+//!   lock on the key, each followed by a point read and the claim, beside
+//!   the insert-first claim (tests/idempotency.rs) and the naive
+//!   check-then-insert (tests/unsafe_modes.rs).
 
-use layered_wallet::settings::RowGuardMode;
+use std::time::Duration;
+
+use layered_wallet::settings::{IdempotencyMode, RowGuardMode};
 use serde_json::Value;
+use uuid::Uuid;
 use wallet_testkit::*;
 
 /// Ten debits of 100 at once from a wallet holding 300.
@@ -146,4 +153,135 @@ async fn every_balance_change_bumps_the_version() {
         version(bob.wallet_id).await.expect("v"),
     );
     assert_eq!(after, (before.0 + 1, before.1 + 1));
+}
+
+/// Twenty copies of one transfer at once, one key: how many transfers it
+/// made, and how many copies were answered 409 (the key's lock was held).
+async fn storm_of_one_key(app: &TestApp) -> (i64, usize) {
+    let (alice, bob) = app.alice_and_bob().await;
+    let key = new_key();
+    let copies = (0..20)
+        .map(|_| app.transfer_request(&alice, bob.wallet_id, DEBIT_MINOR, Some(&key)))
+        .collect();
+    let responses = fire_together(copies).await;
+    let mut held = 0;
+    for response in responses {
+        match response.status().as_u16() {
+            201 => {}
+            409 => {
+                assert_eq!(
+                    problem_type(response).await,
+                    "/problems/idempotency-key-in-flight"
+                );
+                held += 1;
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+    (app.transfer_count().await, held)
+}
+
+/// Claimed under a transaction's advisory lock, or under a Redis lock, a
+/// storm of one key makes one transfer: the copies that find the lock held
+/// are answered 409, the rest replay.
+#[tokio::test]
+async fn a_storm_of_one_key_pays_once_under_either_lock() {
+    for mode in [IdempotencyMode::AdvisoryLock, IdempotencyMode::RedisKeyLock] {
+        let app = spawn_app(|settings| {
+            without_cooldown(settings);
+            settings.idempotency_mode = mode;
+            // The copies overlap the holder's work.
+            settings.naive_window_ms = 100;
+        })
+        .await;
+        let (transfers, held) = storm_of_one_key(&app).await;
+        assert_eq!(transfers, 1, "{mode:?}");
+        assert!(held > 0, "{mode:?}: no copy found the lock held");
+        app.assert_invariants().await;
+    }
+}
+
+/// The advisory lock is keyed by a 32-bit hash, so two different keys can
+/// share a lock: a transfer is refused because of another key's request.
+/// Contention that is not real, shown with a pair of keys whose hashes
+/// collide.
+#[tokio::test]
+async fn hashed_advisory_locks_collide_and_hold_up_a_different_key() {
+    let app = spawn_app(|settings| {
+        without_cooldown(settings);
+        settings.idempotency_mode = IdempotencyMode::AdvisoryLock;
+    })
+    .await;
+    let (alice, bob) = app.alice_and_bob().await;
+    // About ten colliding pairs are expected among 300,000 keys.
+    let (held_key, other_key): (Uuid, Uuid) = sqlx::query_as(
+        "SELECT (array_agg(key))[1], (array_agg(key))[2]
+           FROM (SELECT gen_random_uuid() AS key FROM generate_series(1, 300000)) AS generated
+          GROUP BY idempotency_lock_id($1, key)
+         HAVING count(*) > 1
+          LIMIT 1",
+    )
+    .bind(alice.user_id)
+    .fetch_one(&app.db)
+    .await
+    .expect("two keys whose lock ids collide");
+
+    // Another request holds the first key's lock...
+    let mut holder = app.db.begin().await.expect("begin");
+    sqlx::query("SELECT pg_advisory_xact_lock(idempotency_lock_id($1, $2))")
+        .bind(alice.user_id)
+        .bind(held_key)
+        .execute(&mut *holder)
+        .await
+        .expect("lock");
+    // ...and a transfer with the other key, never seen before, is refused.
+    let refused = app
+        .transfer(&alice, bob.wallet_id, DEBIT_MINOR, Some(&other_key.to_string()))
+        .await;
+    assert_eq!(refused.status(), 409);
+    assert_eq!(problem_type(refused).await, "/problems/idempotency-key-in-flight");
+    assert_eq!(app.transfer_count().await, 0, "a refused transfer moved money");
+    holder.rollback().await.expect("rollback");
+
+    let paid = app
+        .transfer(&alice, bob.wallet_id, DEBIT_MINOR, Some(&other_key.to_string()))
+        .await;
+    assert_eq!(paid.status(), 201);
+    assert_eq!(app.transfer_count().await, 1);
+}
+
+/// A Redis lock guarantees nothing on its own: its holder pauses past the
+/// lock's lifetime, a retry with the same key takes the lock and finds no
+/// key yet. The claim in PostgreSQL is what stops it: the retry waits for
+/// the holder's claim and replays its answer, and one transfer is made.
+#[tokio::test]
+async fn a_redis_key_lock_lost_under_a_paused_holder_is_caught_by_the_claim() {
+    let app = spawn_app(|settings| {
+        without_cooldown(settings);
+        settings.idempotency_mode = IdempotencyMode::RedisKeyLock;
+        settings.idempotency_redis_lock_ttl_ms = 50;
+        // The holder's pause, between its point read and its claim.
+        settings.naive_window_ms = 400;
+    })
+    .await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let key = new_key();
+    let holder = app
+        .transfer_request(&alice, bob.wallet_id, DEBIT_MINOR, Some(&key))
+        .send();
+    let retry = async {
+        // Past the lock's lifetime, inside the holder's pause.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        app.transfer_request(&alice, bob.wallet_id, DEBIT_MINOR, Some(&key))
+            .send()
+            .await
+    };
+    let (holder, retry) = tokio::join!(holder, retry);
+    let (holder, retry) = (holder.expect("holder"), retry.expect("retry"));
+    assert_eq!(holder.status(), 201);
+    // Not refused at the lock, which had expired: answered by the claim.
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(app.transfer_count().await, 1, "the lost lock paid twice");
+    app.assert_invariants().await;
 }

@@ -86,15 +86,6 @@ return 0
 /// (`ARGV[3]` of `ACQUIRE`, `ARGV[2]` of `MARK_REFUSED_IF_OWNER`).
 const REFUSED_SUFFIX: &str = ":refused";
 
-/// Compare-and-delete: only the holder of `token` may remove the key.
-/// (`ARGV[2]`, the refused suffix, is for the marking script only.)
-const RELEASE_IF_OWNER: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return redis.call('DEL', KEYS[1])
-end
-return 0
-";
-
 /// The outcome of asking for the cooldown window.
 #[derive(Debug)]
 pub enum CooldownVerdict {
@@ -180,7 +171,7 @@ impl CooldownLock {
             key_prefix: config.redis.key_prefix.clone(),
             command_timeout: config.redis.command_timeout,
             acquire_script: Arc::new(Script::new(ACQUIRE)),
-            release_script: Arc::new(Script::new(RELEASE_IF_OWNER)),
+            release_script: Arc::new(Script::new(crate::redis_store::RELEASE_IF_OWNER)),
             mark_refused_script: Arc::new(Script::new(MARK_REFUSED_IF_OWNER)),
             fail_open_passes,
         }

@@ -348,8 +348,9 @@ pub async fn completed_response(
 // ---------------------------------------------------------------------------
 
 /// Looks the key up without claiming it: `None` when no request with the
-/// key has been recorded yet.
-pub async fn naive_check(
+/// key has been recorded yet. The check of check-then-insert, and the
+/// point read of the alternatives that claim under a lock.
+pub async fn look_up(
     tx: &mut PgConnection,
     user: UserId,
     key: IdempotencyKey,
@@ -377,6 +378,29 @@ pub async fn naive_check(
         Some(stored) => Claim::Replayed(stored),
         None => Claim::InFlight,
     }))
+}
+
+/// DEMO ONLY (`idempotency_mode = advisory_lock`): the transaction-scoped
+/// advisory lock on the key (`idempotency_lock_id()`), held until the
+/// transaction ends; `false` when another transaction holds it, or holds a
+/// key whose hash is the same. With `waits`, waits for it instead, bounded
+/// by the transaction's `lock_timeout`.
+pub async fn advisory_lock(
+    tx: &mut PgConnection,
+    user: UserId,
+    key: IdempotencyKey,
+    waits: bool,
+) -> Result<bool, sqlx::Error> {
+    let statement = if waits {
+        "SELECT true FROM (SELECT pg_advisory_xact_lock(idempotency_lock_id($1, $2))) AS waited"
+    } else {
+        "SELECT pg_try_advisory_xact_lock(idempotency_lock_id($1, $2))"
+    };
+    sqlx::query_scalar(statement)
+        .bind(user.0)
+        .bind(key.0)
+        .fetch_one(&mut *tx)
+        .await
 }
 
 /// Records the key after the transfer has committed, in a statement of its

@@ -12,6 +12,7 @@
 
 pub mod cooldown;
 pub mod idempotency;
+pub mod key_lock;
 pub mod row_guard;
 
 pub use crate::decision::Layer;

@@ -54,15 +54,6 @@ end
 return 1
 ";
 
-/// Compare-and-delete: a winner without an answer to leave (its
-/// transaction failed) lets the next delivery try.
-const RELEASE_IF_OWNER: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return redis.call('DEL', KEYS[1])
-end
-return 0
-";
-
 /// A committed answer, as left at the edge: the event's fingerprint (so
 /// that a changed payload is not answered with it), the status, the
 /// wallet's owner (whose feed hears of the duplicates) and the exact body.
@@ -159,7 +150,7 @@ impl EventLock {
             command_timeout: config.redis.command_timeout,
             answer_or_lock: Arc::new(Script::new(ANSWER_OR_LOCK)),
             leave_answer: Arc::new(Script::new(LEAVE_ANSWER)),
-            release: Arc::new(Script::new(RELEASE_IF_OWNER)),
+            release: Arc::new(Script::new(crate::redis_store::RELEASE_IF_OWNER)),
         }
     }
 

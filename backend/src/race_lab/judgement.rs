@@ -85,7 +85,8 @@ pub enum Judgement {
 
 /// Whether a layer that could stop this preset's race is at full strength.
 fn defended(preset: Preset, switches: &Switches, keys: KeyStrategy) -> bool {
-    let key_holds = keys == KeyStrategy::Same && switches.idempotency == IdempotencyMode::Atomic;
+    // A claim under a lock, advisory or in Redis, holds the key too.
+    let key_holds = keys == KeyStrategy::Same && switches.idempotency != IdempotencyMode::CheckThenInsert;
     match preset {
         Preset::SameKey | Preset::DoubleClick => switches.cooldown || key_holds,
         // The retries come after the window: only the key can catch them.
@@ -95,7 +96,7 @@ fn defended(preset: Preset, switches: &Switches, keys: KeyStrategy) -> bool {
         // For deliveries the first switch is the edge lock and the second
         // the inbox; the event id is the key, on every copy.
         Preset::WebhookStorm | Preset::Redelivery => {
-            switches.cooldown || switches.idempotency == IdempotencyMode::Atomic
+            switches.cooldown || switches.idempotency != IdempotencyMode::CheckThenInsert
         }
         // The outbox, one key per payout and a bank that deduplicates by
         // it: each is needed, since the bank's lost answer is certain.
@@ -115,7 +116,7 @@ impl Judgement {
         // A delivery's third layer, the credit, has no naive variant; a
         // payout run's switches are its own, and the cooldown is not one.
         let weakened = !preset.is_payout()
-            && (switches.idempotency != IdempotencyMode::Atomic
+            && (switches.idempotency == IdempotencyMode::CheckThenInsert
                 || (switches.row_guard == RowGuardMode::ReadDecideWrite && !preset.is_delivery()));
         let cooldown_stopped_the_rest =
             switches.cooldown && funnel.cooldown > 0 && funnel.cooldown + 1 >= funnel.sent;
@@ -228,7 +229,7 @@ pub fn cause(preset: Preset, switches: &Switches, keys: KeyStrategy) -> (String,
                 causes.push("the cooldown off");
             }
             match keys {
-                KeyStrategy::Same if switches.idempotency != IdempotencyMode::Atomic => {
+                KeyStrategy::Same if switches.idempotency == IdempotencyMode::CheckThenInsert => {
                     causes.push("the naive key")
                 }
                 KeyStrategy::Same => {}
@@ -245,7 +246,7 @@ pub fn cause(preset: Preset, switches: &Switches, keys: KeyStrategy) -> (String,
             if !switches.cooldown {
                 causes.push("the edge lock off");
             }
-            if switches.idempotency != IdempotencyMode::Atomic {
+            if switches.idempotency == IdempotencyMode::CheckThenInsert {
                 causes.push("the naive inbox");
             }
             (causes.join(" and "), "the inbox (and the edge lock before it)")

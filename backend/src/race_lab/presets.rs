@@ -87,7 +87,7 @@ impl Preset {
         if !switches.cooldown {
             off.push("the edge lock on the event is off");
         }
-        if switches.idempotency != IdempotencyMode::Atomic {
+        if switches.idempotency == IdempotencyMode::CheckThenInsert {
             off.push("the inbox is checked, then written after the credit (naive)");
         }
         off

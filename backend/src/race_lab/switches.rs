@@ -69,12 +69,9 @@ impl Switches {
                     switches.cooldown = false;
                     0
                 }
-                ("idempotency", "atomic") => {
-                    switches.idempotency = IdempotencyMode::Atomic;
-                    1
-                }
-                ("idempotency", "check_then_insert") => {
-                    switches.idempotency = IdempotencyMode::CheckThenInsert;
+                // Keys ignored altogether is a deployment's mode, not a switch.
+                ("idempotency", mode) => {
+                    switches.idempotency = parse_choice(mode).filter(|mode| *mode != IdempotencyMode::Off)?;
                     1
                 }
                 ("row_guard", mode) => {
@@ -99,10 +96,7 @@ impl Switches {
         format!(
             "cooldown={}, idempotency={}, row_guard={}{run}",
             if self.cooldown { "on" } else { "off" },
-            match self.idempotency {
-                IdempotencyMode::CheckThenInsert => "check_then_insert",
-                _ => "atomic",
-            },
+            choice_name(&self.idempotency),
             choice_name(&self.row_guard),
         )
     }
@@ -113,8 +107,15 @@ impl Switches {
         if !self.cooldown {
             off.push("the cooldown lock is off");
         }
-        if self.idempotency != IdempotencyMode::Atomic {
-            off.push("the idempotency key is checked, then inserted (naive)");
+        match self.idempotency {
+            IdempotencyMode::Atomic | IdempotencyMode::Off => {}
+            IdempotencyMode::AdvisoryLock => off.push(
+                "the idempotency key was claimed under a transaction's advisory lock on its hash, after a point read",
+            ),
+            IdempotencyMode::RedisKeyLock => {
+                off.push("the idempotency key was claimed under a Redis lock on it, after a point read")
+            }
+            IdempotencyMode::CheckThenInsert => off.push("the idempotency key is checked, then inserted (naive)"),
         }
         match self.row_guard {
             RowGuardMode::Guarded => {}

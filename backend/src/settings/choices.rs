@@ -35,6 +35,19 @@ pub enum IdempotencyMode {
     /// The claim is an insert under a unique key, in the transfer's
     /// transaction. The only safe mode.
     Atomic,
+    /// DEMO ONLY (an alternative, for comparison): a transaction-scoped
+    /// advisory lock on a hash of the user and key
+    /// (`pg_try_advisory_xact_lock`), then a point read, then the claim.
+    /// Contention answers 409, or waits (`idempotency_advisory_lock_waits`);
+    /// the 32-bit hash makes different keys collide now and then, which is
+    /// contention that is not real.
+    AdvisoryLock,
+    /// DEMO ONLY (an alternative, for comparison): a Redis lock on the key
+    /// (`SET … NX PX idempotency_redis_lock_ttl_ms`), then a point read,
+    /// the transaction with the claim, and an owner-checked release. A
+    /// holder paused past the lock's lifetime, or a Redis failover, lets a
+    /// second request in: then the claim in PostgreSQL decides.
+    RedisKeyLock,
     /// DEMO ONLY: look the key up, do the transfer, record the key
     /// afterwards. Two requests that look at once both see no key.
     CheckThenInsert,
@@ -121,7 +134,7 @@ macro_rules! choice_values {
 choice_values! {
     CooldownScope => ["user_action", "user_action_body"],
     StoreErrorPolicy => ["fail_open", "fail_closed"],
-    IdempotencyMode => ["atomic", "check_then_insert", "off"],
+    IdempotencyMode => ["atomic", "advisory_lock", "redis_key_lock", "check_then_insert", "off"],
     InboxMode => ["atomic", "check_then_insert"],
     PayoutMode => ["outbox", "call_in_transaction", "new_key_per_attempt"],
     RowGuardMode => ["guarded", "for_update", "optimistic_version", "read_decide_write"],

@@ -119,9 +119,18 @@ declare_settings! {
     }
 
     section "Layer 2: idempotency key" {
-        /// How a key is claimed; anything but `atomic` is an unsafe
-        /// demonstration mode.
+        /// How a key is claimed. `advisory_lock` and `redis_key_lock` are the
+        /// common alternatives, kept to compare with; `check_then_insert` is
+        /// the naive one and `off` ignores keys. Each is a demonstration
+        /// mode.
         idempotency_mode: IdempotencyMode = IdempotencyMode::Atomic;
+        /// With `idempotency_mode = advisory_lock`: wait for a key's lock
+        /// held by another request (bounded by `wallet_lock_wait_ms_max`)
+        /// instead of answering 409 at once.
+        idempotency_advisory_lock_waits: bool = false;
+        /// With `idempotency_mode = redis_key_lock`: how long a key's Redis
+        /// lock lives. A holder paused longer loses it to the next request.
+        idempotency_redis_lock_ttl_ms: u64 = 5_000, within 10..=600_000 "ms";
         /// A transfer without an `Idempotency-Key` header gets 400.
         idempotency_key_required: bool = false;
         /// How long a request waits for a concurrent request with the same key

@@ -106,6 +106,9 @@ pub struct Idempotency {
     pub retention_hours: u16,
     pub sweep_interval: Duration,
     pub sweep_batch_rows_max: i64,
+    /// The demonstration alternatives' bounds.
+    pub advisory_lock_waits: bool,
+    pub redis_lock_ttl: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -325,6 +328,8 @@ impl Config {
         }
         match self.idempotency.mode {
             IdempotencyMode::Atomic => {}
+            IdempotencyMode::AdvisoryLock => modes.push("idempotency key claimed under an advisory lock"),
+            IdempotencyMode::RedisKeyLock => modes.push("idempotency key claimed under a Redis lock"),
             IdempotencyMode::CheckThenInsert => modes.push("idempotency check-then-insert"),
             IdempotencyMode::Off => modes.push("idempotency off"),
         }
@@ -352,6 +357,7 @@ impl Config {
             || self.accounts.limits_enabled
             || self.deposits.event_lock_enabled
             || self.commands.enabled
+            || self.idempotency.mode == IdempotencyMode::RedisKeyLock
     }
 }
 
@@ -447,6 +453,8 @@ impl From<&Settings> for Idempotency {
             retention_hours: s.idempotency_retention_hours,
             sweep_interval: Duration::from_secs(s.idempotency_sweep_interval_s),
             sweep_batch_rows_max: s.idempotency_sweep_batch_rows_max,
+            advisory_lock_waits: s.idempotency_advisory_lock_waits,
+            redis_lock_ttl: Duration::from_millis(s.idempotency_redis_lock_ttl_ms),
         }
     }
 }

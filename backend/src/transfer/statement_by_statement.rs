@@ -14,15 +14,56 @@ use uuid::Uuid;
 use super::call::{Call, Settled, TransactionError, Variants, decision_of, ended_by_claim, not_your_wallet};
 use crate::auth;
 use crate::decision::Layer;
+use crate::decision::Outcome;
 use crate::defense::Refusal;
 use crate::defense::idempotency::{self, Claim, IdempotencyKey, StoredResponse};
+use crate::defense::key_lock::KeyLock;
 use crate::defense::row_guard;
+use crate::problem::Problem;
 use crate::settings::{IdempotencyMode, RowGuardMode};
 
-/// The demonstration path, for naive variants only: one statement at a
-/// time, so that a naive variant can stand in for either layer. With every
-/// layer at full strength a call never comes here (`Variants::of`).
+/// The demonstration path, for naive variants and alternatives only: one
+/// statement at a time, so that a variant can stand in for either layer.
+/// With every layer at full strength a call never comes here
+/// (`Variants::of`). A Redis lock on the key is taken before the
+/// transaction and let go after it, however it ended.
 pub(super) async fn run(call: &Call<'_>, variants: Variants) -> Result<Settled, TransactionError> {
+    let key = call
+        .key
+        .filter(|_| variants.idempotency == IdempotencyMode::RedisKeyLock);
+    let Some(key) = key else {
+        return in_steps(call, variants).await;
+    };
+    let Some(store) = call.state.redis.clone() else {
+        return Err(TransactionError::Refused(Refusal::new(
+            Problem::unavailable(
+                "The Redis lock on idempotency keys needs Redis, and this deployment has none. Nothing was changed.",
+            ),
+            Layer::Idempotency,
+            Outcome::Error,
+        )));
+    };
+    let lock = KeyLock::new(&call.state.config, store);
+    let permit = match lock.acquire(call.caller.user_id, key).await {
+        Ok(Some(permit)) => permit,
+        Ok(None) => return Err(TransactionError::Refused(Claim::in_flight())),
+        Err(error) => {
+            tracing::warn!(error, "could not ask Redis for an idempotency key's lock");
+            return Err(TransactionError::Refused(Refusal::new(
+                Problem::unavailable(
+                    "Redis, which holds the locks on idempotency keys here, did not answer. Nothing was changed.",
+                ),
+                Layer::Idempotency,
+                Outcome::Error,
+            )));
+        }
+    };
+    let settled = in_steps(call, variants).await;
+    lock.release(permit).await;
+    settled
+}
+
+async fn in_steps(call: &Call<'_>, variants: Variants) -> Result<Settled, TransactionError> {
     let Call {
         state,
         caller,
@@ -52,20 +93,51 @@ pub(super) async fn run(call: &Call<'_>, variants: Variants) -> Result<Settled, 
         let started = Instant::now();
         let claim = match variants.idempotency {
             IdempotencyMode::CheckThenInsert => {
-                let seen = idempotency::naive_check(&mut tx, caller.user_id, key, fingerprint).await?;
+                let seen = idempotency::look_up(&mut tx, caller.user_id, key, fingerprint).await?;
                 tokio::time::sleep(naive_window).await;
                 seen.unwrap_or(Claim::Started)
             }
-            _ => {
-                idempotency::claim(
-                    &mut tx,
-                    caller.user_id,
-                    key,
-                    fingerprint,
-                    config.idempotency.retention_hours,
-                    config.idempotency.wait_ms_max,
-                )
-                .await?
+            // The insert-first claim; for the alternatives, under the key's
+            // lock and after a point read. The claim's insert still decides
+            // if the lock failed to keep another request out (a Redis lock
+            // expired under a paused holder).
+            mode => {
+                let under_a_lock = matches!(
+                    mode,
+                    IdempotencyMode::AdvisoryLock | IdempotencyMode::RedisKeyLock
+                );
+                if mode == IdempotencyMode::AdvisoryLock
+                    && !idempotency::advisory_lock(
+                        &mut tx,
+                        caller.user_id,
+                        key,
+                        config.idempotency.advisory_lock_waits,
+                    )
+                    .await?
+                {
+                    return Err(TransactionError::Refused(Claim::in_flight()));
+                }
+                let seen = match under_a_lock {
+                    true => idempotency::look_up(&mut tx, caller.user_id, key, fingerprint).await?,
+                    false => None,
+                };
+                match seen {
+                    Some(seen) => seen,
+                    None => {
+                        if under_a_lock {
+                            tokio::time::sleep(naive_window).await;
+                        }
+                        idempotency::claim(
+                            &mut tx,
+                            caller.user_id,
+                            key,
+                            fingerprint,
+                            config.idempotency.retention_hours,
+                            config.idempotency.wait_ms_max,
+                        )
+                        .await?
+                    }
+                }
             }
         };
         state

@@ -50,7 +50,8 @@ struct LabForm {
     count: usize,
     cooldown: bool,
     keys: &'static str,
-    idempotency_naive: bool,
+    /// `idempotency_mode`'s value.
+    idempotency: &'static str,
     /// `row_guard_mode`'s value.
     row_guard: &'static str,
     /// The payout switches: `payout_mode`'s value, and the lab bank's
@@ -351,11 +352,9 @@ fn parse_run(form: &RunFields, requests_max: usize) -> Result<RunRequest, NotFir
     };
     let switches = Switches {
         cooldown: form.cooldown == "on",
-        idempotency: if form.idempotency == "check_then_insert" {
-            IdempotencyMode::CheckThenInsert
-        } else {
-            IdempotencyMode::Atomic
-        },
+        idempotency: parse_choice(&form.idempotency)
+            .filter(|mode| *mode != IdempotencyMode::Off)
+            .unwrap_or(IdempotencyMode::Atomic),
         row_guard: parse_choice(&form.row_guard).unwrap_or(RowGuardMode::Guarded),
         run: Some(uuid::Uuid::new_v4()),
         payout_mode: parse_choice(&form.payout).unwrap_or(PayoutMode::Outbox),
@@ -421,7 +420,7 @@ impl LabForm {
             count,
             cooldown: switches.cooldown,
             keys: preset.default_keys().slug(),
-            idempotency_naive: false,
+            idempotency: choice_name(&switches.idempotency),
             row_guard: choice_name(&switches.row_guard),
             payout_mode: choice_name(&switches.payout_mode),
             bank_deduplicates: switches.bank_deduplicates,
@@ -434,7 +433,7 @@ impl LabForm {
             count: request.count,
             cooldown: request.switches.cooldown,
             keys: request.keys.slug(),
-            idempotency_naive: request.switches.idempotency != IdempotencyMode::Atomic,
+            idempotency: choice_name(&request.switches.idempotency),
             row_guard: choice_name(&request.switches.row_guard),
             payout_mode: choice_name(&request.switches.payout_mode),
             bank_deduplicates: request.switches.bank_deduplicates,
