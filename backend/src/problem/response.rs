@@ -123,6 +123,22 @@ impl Problem {
         self.retry_after_s.map(u64::from)
     }
 
+    /// Whether a browser form offers the same confirmation again, with the
+    /// same key, after this refusal: nothing was done yet, or nobody knows
+    /// whether it was, so sending it again is safe and the key makes it
+    /// once. `Some` with the seconds to wait first, when a cooldown says
+    /// how long; `None` for a refusal the same request would get again.
+    pub fn send_again(&self) -> Option<Option<u64>> {
+        match self.kind {
+            ProblemType::CooldownActive => Some(self.retry_after_s()),
+            ProblemType::IdempotencyKeyInFlight
+            | ProblemType::VersionConflict
+            | ProblemType::ServiceUnavailable
+            | ProblemType::OutcomeUnknown => Some(None),
+            _ => None,
+        }
+    }
+
     pub fn status_code(&self) -> StatusCode {
         StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }

@@ -281,35 +281,22 @@ fn after_pay_out(
         }),
         // Nothing was set aside yet, or nobody knows: the same
         // confirmation, with the same key, so sending it again is safe.
-        Answer::Refused(problem)
-            if matches!(
-                problem.kind,
-                ProblemType::CooldownActive
-                    | ProblemType::IdempotencyKeyInFlight
-                    | ProblemType::ServiceUnavailable
-                    | ProblemType::OutcomeUnknown
-            ) =>
-        {
-            let wait_s = problem
-                .retry_after_s()
-                .filter(|_| problem.kind == ProblemType::CooldownActive);
-            Shown::PayoutReview {
-                draft: PayoutDraft {
-                    destination: form.destination.clone(),
-                    amount_minor,
-                    typed_amount: form.amount.clone(),
-                    idempotency_key: key.as_uuid(),
-                },
-                notice: Some(Notice {
-                    kind: "refused".into(),
-                    layer,
-                    text: problem.for_people().to_owned(),
-                }),
-                send_again_at_ms: wait_s.map(|seconds| {
-                    chrono::Utc::now().timestamp_millis() + i64::try_from(seconds * 1000).unwrap_or(0)
-                }),
-            }
-        }
+        Answer::Refused(problem) if let Some(wait_s) = problem.send_again() => Shown::PayoutReview {
+            draft: PayoutDraft {
+                destination: form.destination.clone(),
+                amount_minor,
+                typed_amount: form.amount.clone(),
+                idempotency_key: key.as_uuid(),
+            },
+            notice: Some(Notice {
+                kind: "refused".into(),
+                layer,
+                text: problem.for_people().to_owned(),
+            }),
+            send_again_at_ms: wait_s.map(|seconds| {
+                chrono::Utc::now().timestamp_millis() + i64::try_from(seconds * 1000).unwrap_or(0)
+            }),
+        },
         Answer::Refused(problem) => wallet(Notice {
             kind: "refused".into(),
             layer,

@@ -13,7 +13,6 @@ use super::{lead_to, problem_text, receipt_text, refused_notice, replay_notice, 
 use crate::decision::{Layer, Outcome};
 use crate::defense::idempotency::{self, IdempotencyKey, StoredResponse};
 use crate::domain::{TransferRequest, WalletId, parse_uuid};
-use crate::problem::ProblemType;
 use crate::state::AppState;
 use crate::telemetry::RequestContext;
 use crate::transfer::pipeline::{self, Answer, Decided};
@@ -67,21 +66,7 @@ fn after_send(decided: &Decided, original: Option<StoredResponse>) -> AfterSend 
         return AfterSend::Original(original);
     }
     match &decided.answer {
-        Answer::Refused(problem)
-            if matches!(
-                problem.kind,
-                ProblemType::CooldownActive
-                    | ProblemType::IdempotencyKeyInFlight
-                    | ProblemType::ServiceUnavailable
-                    | ProblemType::OutcomeUnknown
-            ) =>
-        {
-            AfterSend::Review {
-                wait_s: problem
-                    .retry_after_s()
-                    .filter(|_| problem.kind == ProblemType::CooldownActive),
-            }
-        }
+        Answer::Refused(problem) if let Some(wait_s) = problem.send_again() => AfterSend::Review { wait_s },
         Answer::Stored { replayed: true, .. } => AfterSend::Wallet { keep_typed: false },
         Answer::Stored { response, .. } => AfterSend::Wallet {
             keep_typed: response.status != 201,
@@ -259,7 +244,7 @@ fn notice_for(decided: &Decided, recipient: &str, currency: &str) -> Notice {
 mod tests {
     use super::*;
     use crate::decision::Decision;
-    use crate::problem::Problem;
+    use crate::problem::{Problem, ProblemType};
 
     fn stored(status: u16, replayed: bool) -> Decided {
         Decided {
@@ -328,6 +313,7 @@ mod tests {
         );
         for kind in [
             ProblemType::IdempotencyKeyInFlight,
+            ProblemType::VersionConflict,
             ProblemType::ServiceUnavailable,
             ProblemType::OutcomeUnknown,
         ] {
