@@ -30,8 +30,12 @@ CREATE TABLE wallets (
     -- of the wallet's ledger entries; money_invariants() checks it.
     opening_balance_minor bigint      NOT NULL CHECK (opening_balance_minor >= 0),
     balance_minor         bigint      NOT NULL,
-    -- Bumped by every change of the balance (wallets_version_bump below):
-    -- what the optimistic alternative to the row guard compares and sets.
+    -- One more on every change of the balance: every statement that sets
+    -- balance_minor also sets version = version + 1 (backend/tests/
+    -- migrations.rs holds each to it), so that the optimistic alternative
+    -- to the row guard, which writes `… WHERE version = $read`, sees every
+    -- writer. In the statement rather than in a trigger, which would cost
+    -- every transfer a function call.
     version               bigint      NOT NULL DEFAULT 0,
     created_at            timestamptz NOT NULL DEFAULT now(),
     lab_slot              smallint    CHECK (lab_slot IN (1, 2, 3)),
@@ -42,23 +46,6 @@ CREATE TABLE wallets (
 );
 CREATE INDEX wallets_user_id_idx ON wallets (user_id);
 CREATE UNIQUE INDEX wallets_lab_slot_idx ON wallets (user_id, lab_slot) WHERE lab_slot IS NOT NULL;
-
--- Every change of a balance bumps its wallet's version, whoever makes it:
--- the row guard, a deposit, a payout, a naive variant. So an optimistic
--- writer's `UPDATE … WHERE version = $read` (backend/src/defense/row_guard.rs)
--- matches only if nothing changed the balance since it read it.
-CREATE FUNCTION wallets_version_bump()
-RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    NEW.version := OLD.version + 1;
-    RETURN NEW;
-END
-$$;
-CREATE TRIGGER wallets_version_bump
-    BEFORE UPDATE OF balance_minor ON wallets
-    FOR EACH ROW WHEN (OLD.balance_minor IS DISTINCT FROM NEW.balance_minor)
-    EXECUTE FUNCTION wallets_version_bump();
 
 CREATE TABLE transfers (
     id              uuid        PRIMARY KEY,

@@ -82,7 +82,7 @@ BEGIN
     END IF;
 
     -- The guard: check and write in one statement.
-    UPDATE wallets SET balance_minor = balance_minor - p_amount
+    UPDATE wallets SET balance_minor = balance_minor - p_amount, version = version + 1
      WHERE id = p_from AND balance_minor >= p_amount
     RETURNING balance_minor INTO balance_minor_after;
     IF NOT FOUND THEN
@@ -90,7 +90,7 @@ BEGIN
         RETURN;
     END IF;
 
-    UPDATE wallets SET balance_minor = balance_minor + p_amount WHERE id = p_to;
+    UPDATE wallets SET balance_minor = balance_minor + p_amount, version = version + 1 WHERE id = p_to;
     INSERT INTO transfers (id, from_wallet_id, to_wallet_id, amount_minor, initiated_by, idempotency_key)
     VALUES (p_transfer_id, p_from, p_to, p_amount, p_user, p_key)
     RETURNING transfers.created_at INTO created_at;

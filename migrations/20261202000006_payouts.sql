@@ -172,14 +172,14 @@ BEGIN
         outcome := 'not_owner';
         RETURN;
     END IF;
-    UPDATE wallets SET balance_minor = balance_minor - p_amount
+    UPDATE wallets SET balance_minor = balance_minor - p_amount, version = version + 1
      WHERE id = p_wallet AND balance_minor >= p_amount
     RETURNING balance_minor INTO balance_minor_after;
     IF NOT FOUND THEN
         outcome := 'insufficient_funds';
         RETURN;
     END IF;
-    UPDATE wallets SET balance_minor = balance_minor + p_amount
+    UPDATE wallets SET balance_minor = balance_minor + p_amount, version = version + 1
      WHERE id = payout_wallet('holds', p_user, payout_hold.currency)
     RETURNING id INTO v_holds;
     IF NOT FOUND THEN
@@ -366,10 +366,10 @@ BEGIN
         recorded := 'contradicted';
         RETURN;
     END IF;
-    UPDATE wallets SET balance_minor = balance_minor - v_payout.amount_minor
+    UPDATE wallets SET balance_minor = balance_minor - v_payout.amount_minor, version = version + 1
      WHERE id = payout_wallet('holds', v_payout.user_id, v_payout.currency)
     RETURNING id INTO STRICT v_holds;
-    UPDATE wallets SET balance_minor = balance_minor + v_payout.amount_minor
+    UPDATE wallets SET balance_minor = balance_minor + v_payout.amount_minor, version = version + 1
      WHERE id = payout_wallet('gateway', v_payout.user_id, v_payout.currency)
     RETURNING id INTO STRICT v_gateway;
     INSERT INTO transfers (id, from_wallet_id, to_wallet_id, amount_minor, initiated_by)
@@ -412,8 +412,8 @@ BEGIN
         RETURN;
     END IF;
     PERFORM set_config('lock_timeout', p_wait_ms || 'ms', true);
-    UPDATE wallets SET balance_minor = balance_minor + v_payout.amount_minor WHERE id = v_payout.wallet_id;
-    UPDATE wallets SET balance_minor = balance_minor - v_payout.amount_minor
+    UPDATE wallets SET balance_minor = balance_minor + v_payout.amount_minor, version = version + 1 WHERE id = v_payout.wallet_id;
+    UPDATE wallets SET balance_minor = balance_minor - v_payout.amount_minor, version = version + 1
      WHERE id = payout_wallet('holds', v_payout.user_id, v_payout.currency)
     RETURNING id INTO STRICT v_holds;
     INSERT INTO transfers (id, from_wallet_id, to_wallet_id, amount_minor, initiated_by)

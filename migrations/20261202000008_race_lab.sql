@@ -87,7 +87,8 @@ BEGIN
     DELETE FROM transfers WHERE from_wallet_id = ANY (v_lab);
     UPDATE wallets
        SET opening_balance_minor = CASE WHEN lab_slot = 3 THEN 0 ELSE p_balance_minor END,
-           balance_minor = CASE WHEN lab_slot = 3 THEN 0 ELSE p_balance_minor END
+           balance_minor = CASE WHEN lab_slot = 3 THEN 0 ELSE p_balance_minor END,
+           version = version + 1
      WHERE id = ANY (v_lab) AND lab_slot IS NOT NULL;
 END
 $$;

@@ -208,9 +208,9 @@ BEGIN
         RETURN;
     END IF;
 
-    UPDATE wallets SET balance_minor = balance_minor + p_amount WHERE id = p_wallet
+    UPDATE wallets SET balance_minor = balance_minor + p_amount, version = version + 1 WHERE id = p_wallet
     RETURNING balance_minor INTO balance_minor_after;
-    UPDATE wallets SET balance_minor = balance_minor - p_amount WHERE id = v_clearing_wallet;
+    UPDATE wallets SET balance_minor = balance_minor - p_amount, version = version + 1 WHERE id = v_clearing_wallet;
     INSERT INTO transfers (id, from_wallet_id, to_wallet_id, amount_minor, initiated_by)
     VALUES (p_transfer_id, v_clearing_wallet, p_wallet, p_amount, v_clearing_owner)
     RETURNING transfers.created_at INTO created_at;

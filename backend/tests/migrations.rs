@@ -120,3 +120,50 @@ async fn a_database_with_an_earlier_baseline_is_refused_with_what_to_do() {
     db.close().await;
     drop_database(&name).await;
 }
+
+/// Every statement that changes a balance bumps the wallet's version, in
+/// the migrations and in the server's own SQL: the optimistic alternative to
+/// the row guard compares versions, and a writer that skipped the bump
+/// would let it overwrite a change it never saw.
+#[test]
+fn every_balance_change_bumps_the_version() {
+    let update = regex::Regex::new(r"(?is)\bUPDATE\s+wallets\s+SET\b(.*?)(\bWHERE\b|;|$)").expect("regex");
+    let mut sources = migration_files();
+    let backend = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+    let mut folders = vec![std::path::PathBuf::from(backend)];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).expect("a readable folder") {
+            let path = entry.expect("an entry").path();
+            if path.is_dir() {
+                folders.push(path);
+            } else if path.extension().is_some_and(|extension| extension == "rs") {
+                let text = std::fs::read_to_string(&path).expect("a readable source");
+                sources.push((path.display().to_string(), text));
+            }
+        }
+    }
+    let mut checked = 0;
+    for (file, text) in sources {
+        let code: String = text
+            .lines()
+            .filter(|line| !line.trim_start().starts_with("--") && !line.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        for statement in update.captures_iter(&code) {
+            let assignments = &statement[1];
+            if assignments.contains("balance_minor") && !assignments.contains("opening_balance_minor =") {
+                checked += 1;
+            }
+            if assignments.contains("balance_minor") {
+                assert!(
+                    assignments.contains("version = version + 1"),
+                    "{file}: a balance change without its version bump: UPDATE wallets SET{assignments}"
+                );
+            }
+        }
+    }
+    assert!(
+        checked >= 12,
+        "only {checked} balance changes found: is the pattern still right?"
+    );
+}

@@ -339,7 +339,7 @@ pub async fn apply_step_by_step(
         created_at = Some(credit_and_record(tx, transfer_id, request, caller, idempotency_key).await?);
     }
     let written = sqlx::query(
-        "UPDATE wallets SET balance_minor = $2
+        "UPDATE wallets SET balance_minor = $2, version = version + 1
           WHERE id = $1 AND (lab_slot IS NOT NULL OR NOT $3) AND ($4::bigint IS NULL OR version = $4)",
     )
     .bind(request.from.0)
@@ -400,7 +400,7 @@ async fn credit_and_record(
 ) -> Result<DateTime<Utc>, sqlx::Error> {
     sqlx::query_scalar::<_, DateTime<Utc>>(
         "WITH credit AS (
-             UPDATE wallets SET balance_minor = balance_minor + $4 WHERE id = $3
+             UPDATE wallets SET balance_minor = balance_minor + $4, version = version + 1 WHERE id = $3
          ), transfer AS (
              INSERT INTO transfers (id, from_wallet_id, to_wallet_id, amount_minor, initiated_by, idempotency_key)
              VALUES ($1, $2, $3, $4, $5, $6)
