@@ -221,7 +221,14 @@ pub async fn run(args: &PayoutArgs) -> anyhow::Result<Report> {
         kills: args.kills,
         ..Report::default()
     };
-    wait_until_settled(&db, &gateway, &payouts, args.settle_s).await?;
+    // The gateway is revived as the wait goes, so that it ends.
+    wait_until_dispatched(
+        &db,
+        PayoutsOf::Ids(&payouts),
+        Duration::from_secs(args.settle_s),
+        async || gateway.lock().await.revive().map(|_| ()),
+    )
+    .await?;
     report.seconds_to_settle = started.elapsed().as_secs_f64();
     report.gateway_crashes = gateway.lock().await.crashes;
     report.unknown_outcomes = counted_before_kills
@@ -334,27 +341,51 @@ async fn faults(
     Ok(counted)
 }
 
-/// Waits until no payout of the run is pending or sent, reviving the
-/// gateway as it goes.
-async fn wait_until_settled(
+/// Which payouts a wait is about.
+pub enum PayoutsOf<'a> {
+    Ids(&'a [Uuid]),
+    Users(&'a [Uuid]),
+    Destinations(&'a [&'a str]),
+}
+
+/// How often a wait looks at the payouts again.
+const DISPATCH_POLL: Duration = Duration::from_millis(100);
+
+/// Waits until none of `payouts` is pending or sent (the dispatchers are
+/// done with each), or `wait` has passed; `between` runs before each look
+/// (to revive a crashed gateway, say). A database that cannot be asked,
+/// restarting perhaps, is asked again. Whether none was left.
+pub async fn wait_until_dispatched(
     db: &PgPool,
-    gateway: &Mutex<GatewayProcess>,
-    payouts: &[Uuid],
-    settle_s: u64,
-) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(settle_s);
+    payouts: PayoutsOf<'_>,
+    wait: Duration,
+    mut between: impl AsyncFnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<bool> {
+    let (ids, users, destinations): (&[Uuid], &[Uuid], &[&str]) = match payouts {
+        PayoutsOf::Ids(ids) => (ids, &[], &[]),
+        PayoutsOf::Users(users) => (&[], users, &[]),
+        PayoutsOf::Destinations(destinations) => (&[], &[], destinations),
+    };
+    let deadline = Instant::now() + wait;
     loop {
-        gateway.lock().await.revive()?;
-        let open: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM payouts WHERE id = ANY($1) AND state IN ('pending', 'sent')",
+        between().await?;
+        let open: Result<i64, _> = sqlx::query_scalar(
+            "SELECT count(*) FROM payouts
+              WHERE state IN ('pending', 'sent')
+                AND (id = ANY($1) OR user_id = ANY($2) OR destination = ANY($3))",
         )
-        .bind(payouts)
+        .bind(ids)
+        .bind(users)
+        .bind(destinations)
         .fetch_one(db)
-        .await?;
-        if open == 0 || Instant::now() > deadline {
-            return Ok(());
+        .await;
+        if open.as_ref().is_ok_and(|open| *open == 0) {
+            return Ok(true);
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        if Instant::now() > deadline {
+            return Ok(false);
+        }
+        tokio::time::sleep(DISPATCH_POLL).await;
     }
 }
 

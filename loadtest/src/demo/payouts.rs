@@ -11,7 +11,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 use wallet_client::{Client, IdempotencyKey, PayoutOrder, RetryPolicy};
 use wallet_sim::instances::{Instances, free_port};
-use wallet_sim::payout_run::{GatewayProcess, wait_for};
+use wallet_sim::payout_run::{GatewayProcess, PayoutsOf, wait_for, wait_until_dispatched};
 
 use super::{DemoArgs, spec};
 
@@ -142,7 +142,14 @@ pub(super) async fn run(server: &std::path::Path, args: &DemoArgs) -> anyhow::Re
                 .await;
             orders.push(order);
         }
-        wait_until_out_of_the_outbox(&db, &orders).await?;
+        let destinations: Vec<&str> = orders.iter().map(|order| order.destination.as_str()).collect();
+        wait_until_dispatched(
+            &db,
+            PayoutsOf::Destinations(&destinations),
+            Duration::from_secs(SETTLE_WAIT_S),
+            async || Ok(()),
+        )
+        .await?;
         rows.push(measure(rung.name, &db, &gateway_db, &orders).await?);
     }
     Ok(rows)
@@ -176,24 +183,6 @@ async fn gateway_database(db: &PgPool, args: &DemoArgs) -> anyhow::Result<String
     } else {
         format!("{server}/{gateway}?{query}")
     })
-}
-
-/// Waits until none of the orders' payouts is pending or sent.
-async fn wait_until_out_of_the_outbox(db: &PgPool, orders: &[PayoutOrder]) -> anyhow::Result<()> {
-    let destinations: Vec<&str> = orders.iter().map(|order| order.destination.as_str()).collect();
-    let deadline = std::time::Instant::now() + Duration::from_secs(SETTLE_WAIT_S);
-    loop {
-        let open: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM payouts WHERE destination = ANY($1) AND state IN ('pending', 'sent')",
-        )
-        .bind(&destinations)
-        .fetch_one(db)
-        .await?;
-        if open == 0 || std::time::Instant::now() > deadline {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Each order's sendings, from the gateway's ledger, against what the

@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use layered_wallet::settings::StoreErrorPolicy;
 use rand::Rng;
@@ -281,18 +281,17 @@ pub async fn run_departures(binary: PathBuf, fault: DepartureFault, scale: Scale
 /// Waits until no payout of `users` is pending or sent (the dispatchers
 /// are done with each), at most `SETTLE_SECONDS_MAX`; every payout's id.
 async fn wait_until_settled(db: &sqlx::PgPool, users: &[Uuid]) -> Vec<Uuid> {
-    let deadline = Instant::now() + Duration::from_secs(SETTLE_SECONDS_MAX);
-    loop {
-        let open: Result<i64, _> = sqlx::query_scalar(
-            "SELECT count(*) FROM payouts WHERE user_id = ANY($1) AND state IN ('pending', 'sent')",
-        )
-        .bind(users)
-        .fetch_one(db)
-        .await;
-        if open.is_ok_and(|open| open == 0) || Instant::now() > deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    let waited = payout_run::wait_until_dispatched(
+        db,
+        payout_run::PayoutsOf::Users(users),
+        Duration::from_secs(SETTLE_SECONDS_MAX),
+        async || Ok(()),
+    )
+    .await;
+    if !matches!(waited, Ok(true)) {
+        eprintln!(
+            "chaos: payouts were still pending or sent after {SETTLE_SECONDS_MAX} s; the checks say which"
+        );
     }
     sqlx::query_scalar("SELECT id FROM payouts WHERE user_id = ANY($1)")
         .bind(users)
