@@ -24,6 +24,15 @@ struct Lab {
 }
 
 async fn lab_of(app: &TestApp, name: &str) -> Lab {
+    lab_state(app, name).await
+}
+
+/// What `race_lab_state()` says of `name`'s lab, read into the columns a
+/// test asks for (`Lab`, `LabPayouts`).
+async fn lab_state<T>(app: &TestApp, name: &str) -> T
+where
+    T: for<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+{
     sqlx::query_as("SELECT s.* FROM users u, race_lab_state(u.id) s WHERE u.name = $1")
         .bind(name)
         .fetch_one(&app.db)
@@ -971,14 +980,6 @@ struct LabPayouts {
     money_created_minor: i64,
 }
 
-async fn lab_payouts_of(app: &TestApp, name: &str) -> LabPayouts {
-    sqlx::query_as("SELECT s.* FROM users u, race_lab_state(u.id) s WHERE u.name = $1")
-        .bind(name)
-        .fetch_one(&app.db)
-        .await
-        .expect("lab state")
-}
-
 async fn fire_payouts(visitor: &mut Visitor, count: &str, payout: &str, bank: &str) -> (String, String) {
     let form = [
         ("preset", "lost-answer"),
@@ -1027,7 +1028,7 @@ async fn lab_payouts_leave_the_bank_once_unless_a_switch_breaks_the_saga() {
         unexplained_payout_accounts: 0,
         money_created_minor: 0,
     };
-    assert_eq!(lab_payouts_of(&app, "alice").await, clean);
+    assert_eq!(lab_state::<LabPayouts>(&app, "alice").await, clean);
 
     // A bank without deduplication, or a new key on each attempt: the
     // retry after the lost answer is a second payment, for every payout.
@@ -1038,7 +1039,7 @@ async fn lab_payouts_leave_the_bank_once_unless_a_switch_breaks_the_saga() {
         let (_, page) = fire_payouts(&mut alice, &count, payout, bank).await;
         damage_as_expected(&page, &format!("The bank sent {orders} payouts twice"));
         assert_eq!(
-            lab_payouts_of(&app, "alice").await,
+            lab_state::<LabPayouts>(&app, "alice").await,
             LabPayouts {
                 bank_sendings: 2 * orders,
                 orders_paid_twice: orders,
@@ -1054,7 +1055,7 @@ async fn lab_payouts_leave_the_bank_once_unless_a_switch_breaks_the_saga() {
     let (_, page) = fire_payouts(&mut alice, &count, "call_in_transaction", "deduplicates").await;
     damage_as_expected(&page, "money sent without a debit");
     assert_eq!(
-        lab_payouts_of(&app, "alice").await,
+        lab_state::<LabPayouts>(&app, "alice").await,
         LabPayouts {
             wallet_a_balance_minor: BALANCE,
             payouts_settled: 0,

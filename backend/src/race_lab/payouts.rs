@@ -56,18 +56,14 @@ pub async fn pay_out(
     orders: &[Shot],
     run_max: Duration,
 ) -> Delivered {
-    let bank = Arc::new(LabBank::new(
-        state.db.clone(),
-        caller.user_id,
-        switches.bank_deduplicates,
-    ));
+    let bank = LabBank::new(state.db.clone(), caller.user_id, switches.bank_deduplicates);
     let released = Instant::now();
     let barrier = Arc::new(Barrier::new(orders.len().max(1)));
     let tasks = orders.iter().enumerate().map(|(index, shot)| {
-        let (barrier, bank) = (barrier.clone(), bank.clone());
+        let (barrier, bank) = (barrier.clone(), &bank);
         async move {
             barrier.wait().await;
-            one_order(state, caller, &bank, switches.payout_mode, index, shot, released).await
+            one_order(state, caller, bank, switches.payout_mode, index, shot, released).await
         }
     });
     let mut answers = join_all(tasks).await;
