@@ -60,6 +60,7 @@ route_table! {
     "/race-lab" => GET pages::race_lab;
     "/race-lab/runs" => GET pages::to_race_lab, POST pages::fire_race_lab_run;
     "/race-lab/runs/{id}" => GET pages::show_race_lab_run;
+    "/race-lab/comparisons" => GET pages::show_race_lab_comparison, POST pages::fire_race_lab_comparison;
     "/feed" => GET pages::feed;
     "/problems/{slug}" => GET pages::problem_type;
     "/static/{file}" => GET site::static_file;

@@ -745,7 +745,7 @@ async fn an_unreadable_form_gets_a_page_for_people() {
 /// an unknown or expired run says so in a sentence.
 #[tokio::test]
 async fn a_run_is_kept_at_its_own_address_and_reloading_fires_nothing() {
-    let app = spawn_app(|settings| settings.race_lab_results_per_user_max = 2).await;
+    let app = spawn_app(|settings| settings.race_lab_results_per_user_max = 4).await;
     let mut alice = signed_up(&app, "alice").await;
     let form: &[(&str, &str)] = &[
         ("preset", "same-key"),
@@ -777,9 +777,9 @@ async fn a_run_is_kept_at_its_own_address_and_reloading_fires_nothing() {
     assert_eq!(text_of(&shared, "summary"), text_of(&first, "summary"));
     assert!(shared.contains("to fire your own"), "{shared}");
 
-    // Kept at most race_lab_results_per_user_max per visitor: two newer
+    // Kept at most race_lab_results_per_user_max per visitor: four newer
     // runs push the first out, and its address says so.
-    for _ in 0..2 {
+    for _ in 0..4 {
         sqlx::query("DELETE FROM race_lab_runs")
             .execute(&app.db)
             .await
@@ -790,7 +790,7 @@ async fn a_run_is_kept_at_its_own_address_and_reloading_fires_nothing() {
         .fetch_one(&app.db)
         .await
         .expect("count");
-    assert_eq!(kept, 2);
+    assert_eq!(kept, 4);
     let (status, gone) = alice.get(&address).await;
     assert_eq!(status, 404);
     assert!(gone.contains("This run is no longer kept"), "{gone}");
@@ -812,7 +812,7 @@ async fn a_run_is_kept_at_its_own_address_and_reloading_fires_nothing() {
     let swept = layered_wallet::sweep::expired_kept_pages(&app.db, 1)
         .await
         .expect("sweep");
-    assert_eq!(swept, 2, "the sweep deletes in batches until none is left");
+    assert_eq!(swept, 4, "the sweep deletes in batches until none is left");
 
     // Opening the form's address by hand leads to the lab, not to a 405.
     let response = alice
@@ -1182,4 +1182,198 @@ async fn the_alternatives_hold_the_balance_and_the_key_in_the_lab() {
         let lab = lab_of(&app, "alice").await;
         assert_eq!((lab.transfers, lab.moved_minor), (1, BALANCE / 20), "{mode}");
     }
+}
+
+/// Posts the compare form and follows its redirect: where it led (the
+/// comparison's address, or the lab with the reason) and the page there.
+async fn compare(visitor: &mut Visitor, form: &[(&str, &str)]) -> (String, String) {
+    let (status, page) = visitor.get("/race-lab").await;
+    assert_eq!(status, 200);
+    let csrf = hidden(&page, "csrf");
+    let mut fields = vec![("csrf", csrf.as_str())];
+    fields.extend_from_slice(form);
+    let response = visitor.post("/race-lab/comparisons", &fields).await;
+    assert_eq!(
+        response.status(),
+        303,
+        "the compare form redirects, whatever happened"
+    );
+    let location = response.headers()["location"].to_str().expect("ascii").to_owned();
+    let (status, page) = visitor.get(&location).await;
+    assert_eq!(status, 200, "{location}");
+    (location, page)
+}
+
+/// A comparison fires the burst once per alternative, each from refilled
+/// wallets, keeps each run, counts as one run of the visitor's, and shows
+/// the runs side by side: the naive guard's damage, the others' none.
+#[tokio::test]
+async fn a_comparison_fires_each_alternative_and_counts_each_ones_damage() {
+    let app = spawn_app(|settings| settings.race_lab_runs_per_user_per_minute_max = 1).await;
+    let mut alice = signed_up(&app, "alice").await;
+    let (address, page) = compare(
+        &mut alice,
+        &[("compared", "row_guard"), ("preset", "overdraw"), ("count", "20")],
+    )
+    .await;
+    assert!(
+        address.starts_with("/race-lab/comparisons?compared=row_guard&preset=overdraw&runs="),
+        "{address}"
+    );
+    let runs: Vec<Uuid> = address
+        .rsplit_once("runs=")
+        .expect("runs")
+        .1
+        .split(',')
+        .map(|id| id.parse().expect("a run id"))
+        .collect();
+    assert_eq!(runs.len(), 4);
+
+    // Each alternative's run, in order, as kept: what the database said
+    // after it, and the switches it ran with.
+    let mut kept = Vec::new();
+    for id in &runs {
+        let view: Value = sqlx::query_scalar("SELECT page FROM kept_pages WHERE id = $1")
+            .bind(id)
+            .fetch_one(&app.db)
+            .await
+            .expect("each run is kept");
+        kept.push(view);
+    }
+    let guards: Vec<&str> = kept
+        .iter()
+        .map(|view| {
+            let used = view["switches_used"].as_str().expect("switches");
+            assert!(used.starts_with("cooldown=off, idempotency=atomic"), "{used}");
+            used.split("row_guard=")
+                .nth(1)
+                .expect("guard")
+                .split(',')
+                .next()
+                .expect("guard")
+        })
+        .collect();
+    assert_eq!(
+        guards,
+        ["guarded", "for_update", "optimistic_version", "read_decide_write"]
+    );
+    for view in &kept[..3] {
+        assert_eq!(view["damage"], serde_json::json!([]), "{view}");
+    }
+    assert_ne!(
+        kept[3]["damage"],
+        serde_json::json!([]),
+        "the naive guard let damage through"
+    );
+
+    // The last run is the naive one, and the database still holds it.
+    let lab = lab_of(&app, "alice").await;
+    assert!(
+        lab.moved_minor > BALANCE || lab.unexplained_balances > 0 || lab.money_created_minor != 0,
+        "{lab:?}"
+    );
+
+    // Side by side, with the damage said where it happened.
+    for name in [
+        "conditional UPDATE (the service",
+        "SELECT … FOR UPDATE",
+        "optimistic version",
+        "read-decide-write (naive)",
+    ] {
+        assert!(page.contains(name), "{name}");
+    }
+    assert_eq!(page.matches(">None</td>").count(), 3, "{page}");
+
+    // One run against the visitor's quota (one a minute here): a second
+    // comparison is refused by the compare form, and fires nothing.
+    let transfers = app.transfer_count().await;
+    let (address, page) = compare(
+        &mut alice,
+        &[
+            ("compared", "idempotency"),
+            ("preset", "same-key"),
+            ("count", "20"),
+        ],
+    )
+    .await;
+    assert!(
+        address.contains("refused=too-soon") && address.ends_with("#compare"),
+        "{address}"
+    );
+    assert!(
+        text_of(&page, "compare-problem").contains("You started runs too quickly"),
+        "{page}"
+    );
+    assert_eq!(app.transfer_count().await, transfers);
+
+    // Anyone with the address may read it; an address naming a run that is
+    // not kept says so.
+    let shared = format!("/race-lab/comparisons?compared=row_guard&runs={}", runs[0]);
+    let (status, page) = Visitor::new(&app).get(&shared).await;
+    assert_eq!(status, 200);
+    assert!(page.contains("conditional UPDATE (the service"), "{page}");
+    let (status, page) = Visitor::new(&app)
+        .get(&format!(
+            "/race-lab/comparisons?compared=row_guard&runs={}",
+            Uuid::new_v4()
+        ))
+        .await;
+    assert_eq!(status, 404);
+    assert!(page.contains("This comparison is no longer kept"), "{page}");
+}
+
+/// A comparison that cannot be fired says why by its own form, and sends
+/// nothing.
+#[tokio::test]
+async fn a_comparison_that_cannot_start_says_why() {
+    let app = spawn_app(|_| {}).await;
+    let mut alice = signed_up(&app, "alice").await;
+    for (form, refused, said) in [
+        (
+            [
+                ("compared", "row_guard"),
+                ("preset", "overdraw"),
+                ("count", "9000"),
+            ],
+            "bad-count",
+            "from 2 to",
+        ),
+        (
+            [
+                ("compared", "everything"),
+                ("preset", "overdraw"),
+                ("count", "10"),
+            ],
+            "no-layer",
+            "Choose the layer",
+        ),
+        (
+            [
+                ("compared", "row_guard"),
+                ("preset", "lost-answer"),
+                ("count", "10"),
+            ],
+            "no-preset",
+            "Choose one of the presets",
+        ),
+    ] {
+        let (address, page) = compare(&mut alice, &form).await;
+        assert!(address.contains(&format!("refused={refused}")), "{address}");
+        assert!(text_of(&page, "compare-problem").contains(said), "{page}");
+    }
+    assert_eq!(app.transfer_count().await, 0);
+
+    let locked = spawn_app(|settings| settings.race_lab_switches_enabled = false).await;
+    let mut bob = signed_up(&locked, "bob").await;
+    let (address, page) = compare(
+        &mut bob,
+        &[("compared", "row_guard"), ("preset", "overdraw"), ("count", "10")],
+    )
+    .await;
+    assert!(address.contains("refused=switches-off"), "{address}");
+    assert!(
+        text_of(&page, "compare-problem").contains("no alternatives to compare"),
+        "{page}"
+    );
+    assert_eq!(locked.transfer_count().await, 0);
 }

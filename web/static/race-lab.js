@@ -1,11 +1,27 @@
-// The race lab's form. The server fires the burst; this script only sets a
-// preset's switches when it is picked, says that a run is going, and moves
-// focus to the result once the page comes back with one.
+// The race lab's forms. The server fires the bursts; this script only sets
+// a preset's switches when it is picked, picks the burst that reaches a
+// layer chosen for comparison, says that a run is going, and moves focus to
+// the result once the page comes back with one.
 (function () {
   "use strict";
-  const form = document.getElementById("lab");
   const summary = document.getElementById("summary");
   if (summary) summary.focus();
+  const compare = document.getElementById("compare-form");
+  if (compare) {
+    const layer = document.getElementById("compared");
+    layer.addEventListener("change", function () {
+      document.getElementById("compare-preset").value = layer.selectedOptions[0].dataset.preset;
+    });
+    compare.addEventListener("submit", function () {
+      const count = document.getElementById("compare-count").value;
+      const runs = layer.selectedOptions[0].dataset.runs;
+      document.getElementById("compare-fire").disabled = true;
+      document.getElementById("compare-progress").textContent =
+        "Firing " + count + " requests at once at each of " + runs +
+        " alternatives in turn and checking the database after each. This takes a few seconds.";
+    });
+  }
+  const form = document.getElementById("lab");
   if (!form) return;
   form.querySelectorAll("input[name=preset]").forEach(function (radio) {
     radio.addEventListener("change", function () {

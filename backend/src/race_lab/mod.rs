@@ -15,8 +15,11 @@
 //! - **Deliveries** (`deliveries`) and **payouts** (`payouts`): money that
 //!   arrives, through the deposit pipeline, and money that leaves, through
 //!   the payout saga to the lab's own bank.
+//! - **Comparisons** (`compare`): one preset fired at each alternative of a
+//!   layer in turn, to read them side by side.
 
 pub mod burst;
+pub mod compare;
 pub mod deliveries;
 pub mod judgement;
 pub mod pass;

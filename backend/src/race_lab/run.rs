@@ -57,24 +57,40 @@ pub enum RunError {
     Database(#[from] sqlx::Error),
 }
 
-pub async fn run(
+/// A visitor's leave to fire: this instance's capacity for their requests,
+/// their run lease across instances, and their quota. Held for as long as
+/// the runs it admits last; `end` lets go of it.
+pub struct Admission<'a> {
+    _slot: tokio::sync::SemaphorePermit<'a>,
+    _requests: tokio::sync::SemaphorePermit<'a>,
+    lease: sqlx::Transaction<'static, sqlx::Postgres>,
+}
+
+impl Admission<'_> {
+    pub async fn end(self) -> Result<(), RunError> {
+        self.lease.rollback().await?;
+        Ok(())
+    }
+}
+
+/// Admits one start of `requests_at_once` requests at a time: a run, or a
+/// comparison, which fires its runs one after another and counts as one
+/// against the visitor's spacing and quota.
+pub async fn admit(
     state: &AppState,
-    caller: &VerifiedToken,
-    bearer_token: &str,
-    request: RunRequest,
-) -> Result<Run, RunError> {
-    let user = caller.user_id;
-    let lab = &state.config.race_lab;
-    let _slot = state.lab_runs.try_acquire().map_err(|_| RunError::Busy)?;
+    user: UserId,
+    requests_at_once: usize,
+) -> Result<Admission<'_>, RunError> {
+    let slot = state.lab_runs.try_acquire().map_err(|_| RunError::Busy)?;
     // Every lab request in flight on this instance holds one permit, so all
     // runs together stay within `race_lab_requests_in_flight_max`.
-    let requests = u32::try_from(request.count).map_err(|_| RunError::Busy)?;
-    let _requests = state
+    let requests = u32::try_from(requests_at_once).map_err(|_| RunError::Busy)?;
+    let requests = state
         .lab_requests
         .try_acquire_many(requests)
         .map_err(|_| RunError::Busy)?;
     // One run per visitor at a time, across instances: a transaction-scoped
-    // advisory lock, released when `_lease` is dropped, however the run ends.
+    // advisory lock, released when the lease ends, however the run ends.
     let mut lease = state.db.begin().await?;
     let leased: bool =
         sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtextextended('race-lab:' || $1::text, 0))")
@@ -85,6 +101,34 @@ pub async fn run(
         return Err(RunError::AlreadyRunning);
     }
     start_within_quota(state, user).await?;
+    Ok(Admission {
+        _slot: slot,
+        _requests: requests,
+        lease,
+    })
+}
+
+pub async fn run(
+    state: &AppState,
+    caller: &VerifiedToken,
+    bearer_token: &str,
+    request: RunRequest,
+) -> Result<Run, RunError> {
+    let admission = admit(state, caller.user_id, request.count).await?;
+    let run = run_admitted(state, caller, bearer_token, request).await?;
+    admission.end().await?;
+    Ok(run)
+}
+
+/// One run, once admitted: refill the lab wallets, fire, read and judge.
+pub async fn run_admitted(
+    state: &AppState,
+    caller: &VerifiedToken,
+    bearer_token: &str,
+    request: RunRequest,
+) -> Result<Run, RunError> {
+    let user = caller.user_id;
+    let lab = &state.config.race_lab;
     let wallets = super::reset(&state.db, user, lab.balance_minor).await?;
     let plan = request.preset.plan(
         wallets,
@@ -124,7 +168,6 @@ pub async fn run(
         .bind(&keys)
         .execute(&state.db)
         .await?;
-    lease.rollback().await?;
     Ok(Run {
         request,
         balance_minor: lab.balance_minor,

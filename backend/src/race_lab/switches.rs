@@ -24,6 +24,71 @@ use crate::settings::{IdempotencyMode, PayoutMode, RowGuardMode, choice_name, pa
 
 pub const HEADER: &str = "race-lab-switches";
 
+/// One way to do a layer that the lab offers: its words on the lab's form,
+/// and its short name where runs are compared side by side.
+#[derive(Debug, Clone, Copy)]
+pub struct Choice<T> {
+    pub mode: T,
+    pub on_the_form: &'static str,
+    pub name: &'static str,
+}
+
+/// The ways to claim a key, the service's first.
+pub const IDEMPOTENCY_CHOICES: [Choice<IdempotencyMode>; 4] = [
+    Choice {
+        mode: IdempotencyMode::Atomic,
+        on_the_form: "Atomic: claimed by an insert in the transfer's transaction",
+        name: "insert-first claim (the service's)",
+    },
+    Choice {
+        mode: IdempotencyMode::AdvisoryLock,
+        on_the_form: "Alternative: an advisory lock on its hash, a point read, then the claim",
+        name: "advisory lock on the key's hash",
+    },
+    Choice {
+        mode: IdempotencyMode::RedisKeyLock,
+        on_the_form: "Alternative: a Redis lock on the key, a point read, then the claim",
+        name: "Redis lock on the key",
+    },
+    Choice {
+        mode: IdempotencyMode::CheckThenInsert,
+        on_the_form: "Naive: look it up, transfer, then record it",
+        name: "check-then-insert (naive)",
+    },
+];
+
+/// The ways to guard the balance, the service's first.
+pub const ROW_GUARD_CHOICES: [Choice<RowGuardMode>; 4] = [
+    Choice {
+        mode: RowGuardMode::Guarded,
+        on_the_form: "Guarded: check and debit in one statement",
+        name: "conditional UPDATE (the service's)",
+    },
+    Choice {
+        mode: RowGuardMode::ForUpdate,
+        on_the_form: "Alternative: lock with SELECT … FOR UPDATE, decide, write",
+        name: "SELECT … FOR UPDATE",
+    },
+    Choice {
+        mode: RowGuardMode::OptimisticVersion,
+        on_the_form: "Alternative: optimistic version, a conflict is answered 409",
+        name: "optimistic version",
+    },
+    Choice {
+        mode: RowGuardMode::ReadDecideWrite,
+        on_the_form: "Naive: read the balance, decide, write it back",
+        name: "read-decide-write (naive)",
+    },
+];
+
+/// The short name of a mode the lab offers.
+pub fn name_of<T: PartialEq + Copy>(choices: &[Choice<T>], mode: T) -> &'static str {
+    choices
+        .iter()
+        .find(|choice| choice.mode == mode)
+        .map_or("", |choice| choice.name)
+}
+
 /// The variants one lab run uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Switches {

@@ -319,8 +319,8 @@ declare_settings! {
         /// (`/race-lab/runs/{id}`); the sweeper deletes them after it.
         race_lab_result_retention_hours: u64 = 168, within 1..=8_760 "hours";
         /// Results one visitor keeps at once: a newer run's results push out
-        /// their oldest.
-        race_lab_results_per_user_max: i64 = 50, within 1..=10_000 "results";
+        /// their oldest. At least four, since a comparison is four runs.
+        race_lab_results_per_user_max: i64 = 50, within 4..=10_000 "results";
     }
 
     section "Browser demo" {

@@ -27,7 +27,7 @@ use std::path::Path;
 pub use choices::{
     CooldownScope, IdempotencyMode, InboxMode, LogFormat, PayoutMode, RowGuardMode, StoreErrorPolicy,
 };
-pub use declare::{Bounds, SettingDoc, Shown, choice_name, parse_choice};
+pub use declare::{Bounds, SettingDoc, SettingValue, Shown, choice_name, parse_choice};
 pub use declared::{SETTINGS_DOC, Settings};
 pub use doc::render_settings_doc;
 pub use sections::{

@@ -8,7 +8,10 @@ mod wallet;
 
 pub use account::{home, sign_in, sign_in_page, sign_out, sign_up, sign_up_page};
 pub use problem_types::{not_found_page, problem_type};
-pub use race_lab::{feed, fire as fire_race_lab_run, race_lab, show_run as show_race_lab_run};
+pub use race_lab::{
+    feed, fire as fire_race_lab_run, fire_comparison as fire_race_lab_comparison, race_lab,
+    show_comparison as show_race_lab_comparison, show_run as show_race_lab_run,
+};
 pub use wallet::{pay_out, payout_review_shown, review, review_payout, review_shown, transfer, wallet};
 
 use actix_web::http::{StatusCode, header};

@@ -18,15 +18,20 @@ use crate::auth;
 use crate::kept_pages::{self, Kind};
 use crate::race_lab::presets::{KeyStrategy, Preset};
 use crate::race_lab::run::{self, RunError, RunRequest};
+use crate::race_lab::switches::{Choice, IDEMPOTENCY_CHOICES, ROW_GUARD_CHOICES};
 use crate::race_lab::{LAB_CURRENCY, Switches};
 use crate::settings::{IdempotencyMode, PayoutMode, RowGuardMode, choice_name, parse_choice};
 use crate::state::AppState;
 use crate::web::money;
 
 use super::*;
+use comparison::{CompareChoices, CompareForm};
 use results::RunView;
 
+mod comparison;
 mod results;
+
+pub use comparison::{fire_comparison, show_comparison};
 
 #[derive(Template, WebTemplate)]
 #[template(path = "race_lab.html")]
@@ -42,6 +47,19 @@ struct RaceLabPage {
     problem: Option<String>,
     /// A run's results, and its id when they are kept.
     result: Option<(Option<uuid::Uuid>, RunView)>,
+    /// The ways to claim a key and to guard the balance the form offers.
+    idempotency_choices: Vec<FormChoice>,
+    row_guard_choices: Vec<FormChoice>,
+    compare: CompareForm,
+    compare_choices: CompareChoices,
+    /// Why the last comparison did not start, shown by its form.
+    compare_problem: Option<String>,
+}
+
+/// An option of one of the form's switches.
+struct FormChoice {
+    value: &'static str,
+    words: &'static str,
 }
 
 /// The form as the visitor last set it.
@@ -102,7 +120,18 @@ pub async fn race_lab(
     };
     let problem = NotFired::from_slug(&query.refused)
         .map(|refusal| refusal.sentence(&state, query.wait_s.parse().unwrap_or(1)));
-    lab_page(&state, Some(&session), form, problem, None)
+    // A comparison that could not start carries back its own fields, and
+    // its reason goes by its own form.
+    match CompareForm::carried_back(&query.form, requests_max) {
+        Some(compare) => lab_page_with(
+            &state,
+            Some(&session),
+            LabForm::defaults(Preset::SameKey, 50.min(requests_max)),
+            (None, None),
+            (compare, problem),
+        ),
+        None => lab_page(&state, Some(&session), form, problem, None),
+    }
 }
 
 /// `GET /race-lab/runs/{id}`: a run's results, as long as they are kept.
@@ -161,6 +190,9 @@ pub struct LabQuery {
 #[derive(Deserialize, Serialize, Default)]
 #[serde(default)]
 pub struct RunFields {
+    /// Set by the compare form only: the layer it was to compare.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    compared: String,
     preset: String,
     count: String,
     cooldown: String,
@@ -190,10 +222,12 @@ enum NotFired {
     AlreadyRunning,
     TooSoon,
     DatabaseLost,
+    NoLayer,
+    SwitchesOff,
 }
 
 impl NotFired {
-    const ALL: [NotFired; 8] = [
+    const ALL: [NotFired; 10] = [
         NotFired::NoPreset,
         NotFired::BadCount,
         NotFired::NoKeys,
@@ -202,6 +236,8 @@ impl NotFired {
         NotFired::AlreadyRunning,
         NotFired::TooSoon,
         NotFired::DatabaseLost,
+        NotFired::NoLayer,
+        NotFired::SwitchesOff,
     ];
 
     fn slug(self) -> &'static str {
@@ -214,6 +250,8 @@ impl NotFired {
             NotFired::AlreadyRunning => "already-running",
             NotFired::TooSoon => "too-soon",
             NotFired::DatabaseLost => "database-lost",
+            NotFired::NoLayer => "no-layer",
+            NotFired::SwitchesOff => "switches-off",
         }
     }
 
@@ -250,6 +288,26 @@ impl NotFired {
                                        happened. Only lab money can have moved: your real balance is untouched. Fire \
                                        again in a moment; the next run starts from refilled lab wallets."
                 .to_owned(),
+            NotFired::NoLayer => "Choose the layer whose alternatives to compare. Nothing was sent.".to_owned(),
+            NotFired::SwitchesOff => "This deployment keeps every defense on in the race lab, so there are no \
+                                      alternatives to compare. Nothing was sent."
+                .to_owned(),
+        }
+    }
+
+    /// Why a run or a comparison that was admitted could not go on, and
+    /// how many whole seconds to wait, if that is why.
+    fn because(error: RunError) -> (NotFired, u64) {
+        match error {
+            RunError::Busy => (NotFired::Busy, 0),
+            RunError::AlreadyRunning => (NotFired::AlreadyRunning, 0),
+            RunError::TooSoon { retry_after } => {
+                (NotFired::TooSoon, retry_after.as_millis().div_ceil(1000) as u64)
+            }
+            RunError::Database(error) => {
+                tracing::error!(error = %error, "database error during a race-lab run");
+                (NotFired::DatabaseLost, 0)
+            }
         }
     }
 }
@@ -267,13 +325,7 @@ pub async fn fire(
         Err(response) => return response,
     };
     let fields = &form.fields;
-    let not_fired = |refusal: NotFired, wait_s: u64| {
-        let query = serde_urlencoded::to_string(fields).unwrap_or_default();
-        redirect(&format!(
-            "/race-lab?{query}&refused={}&wait_s={wait_s}",
-            refusal.slug()
-        ))
-    };
+    let not_fired = |refusal: NotFired, wait_s: u64| back_to_the_lab(fields, refusal, wait_s, "");
     let run_request = match parse_run(fields, state.config.race_lab.requests_max)
         .and_then(|run_request| fits_in_a_run(&state, run_request))
     {
@@ -285,14 +337,9 @@ pub async fn fire(
     };
     let run = match run::run(&state, &session.token, cookie.value(), run_request).await {
         Ok(run) => run,
-        Err(RunError::Busy) => return not_fired(NotFired::Busy, 0),
-        Err(RunError::AlreadyRunning) => return not_fired(NotFired::AlreadyRunning, 0),
-        Err(RunError::TooSoon { retry_after }) => {
-            return not_fired(NotFired::TooSoon, retry_after.as_millis().div_ceil(1000) as u64);
-        }
-        Err(RunError::Database(error)) => {
-            tracing::error!(error = %error, "database error during a race-lab run");
-            return not_fired(NotFired::DatabaseLost, 0);
+        Err(error) => {
+            let (refusal, wait_s) = NotFired::because(error);
+            return not_fired(refusal, wait_s);
         }
     };
     let view = RunView::of(&state, &run);
@@ -324,6 +371,16 @@ pub async fn fire(
     }
 }
 
+/// Back to the lab's form, as it was posted (`fields`), with the reason
+/// nothing was fired; `anchor` is where on the page the form is.
+fn back_to_the_lab(fields: &impl Serialize, refusal: NotFired, wait_s: u64, anchor: &str) -> HttpResponse {
+    let query = serde_urlencoded::to_string(fields).unwrap_or_default();
+    redirect(&format!(
+        "/race-lab?{query}&refused={}&wait_s={wait_s}{anchor}",
+        refusal.slug()
+    ))
+}
+
 /// The retry preset waits out a cooldown window inside the run: with a
 /// window longer than a run may last, it cannot be fired here.
 fn fits_in_a_run(state: &AppState, run_request: RunRequest) -> Result<RunRequest, NotFired> {
@@ -336,13 +393,7 @@ fn fits_in_a_run(state: &AppState, run_request: RunRequest) -> Result<RunRequest
 
 fn parse_run(form: &RunFields, requests_max: usize) -> Result<RunRequest, NotFired> {
     let preset = Preset::from_slug(&form.preset).ok_or(NotFired::NoPreset)?;
-    let count = form
-        .count
-        .trim()
-        .parse::<usize>()
-        .ok()
-        .filter(|count| (2..=requests_max).contains(count))
-        .ok_or(NotFired::BadCount)?;
+    let count = parse_count(&form.count, requests_max)?;
     // Deliveries carry their event's id, and payout orders a key each,
     // whatever the keys field says.
     let keys = match KeyStrategy::from_slug(&form.keys) {
@@ -368,6 +419,16 @@ fn parse_run(form: &RunFields, requests_max: usize) -> Result<RunRequest, NotFir
     })
 }
 
+/// The number of requests fired at once, as typed.
+fn parse_count(count: &str, requests_max: usize) -> Result<usize, NotFired> {
+    count
+        .trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|count| (2..=requests_max).contains(count))
+        .ok_or(NotFired::BadCount)
+}
+
 /// How long results are kept, in words.
 fn retention_in_words(state: &AppState) -> String {
     let hours = state.config.race_lab.results.retention.as_secs() / 3_600;
@@ -385,6 +446,19 @@ fn lab_page(
     form: LabForm,
     problem: Option<String>,
     result: Option<(Option<uuid::Uuid>, RunView)>,
+) -> HttpResponse {
+    let compare = CompareForm::defaults(state.config.race_lab.requests_max);
+    lab_page_with(state, session, form, (problem, result), (compare, None))
+}
+
+/// The lab with the fire form's problem and result, and the compare form
+/// with its own problem.
+fn lab_page_with(
+    state: &AppState,
+    session: Option<&crate::web::Session>,
+    form: LabForm,
+    (problem, result): (Option<String>, Option<(Option<uuid::Uuid>, RunView)>),
+    (compare, compare_problem): (CompareForm, Option<String>),
 ) -> HttpResponse {
     let lab = &state.config.race_lab;
     with_page(
@@ -408,8 +482,25 @@ fn lab_page(
             retention: retention_in_words(state),
             problem,
             result,
+            idempotency_choices: IDEMPOTENCY_CHOICES.iter().map(FormChoice::of).collect(),
+            row_guard_choices: ROW_GUARD_CHOICES.iter().map(FormChoice::of).collect(),
+            compare,
+            compare_choices: CompareChoices::offered(),
+            compare_problem,
         },
     )
+}
+
+impl FormChoice {
+    fn of<T>(choice: &Choice<T>) -> Self
+    where
+        T: crate::settings::SettingValue + PartialEq + for<'de> Deserialize<'de>,
+    {
+        Self {
+            value: choice_name(&choice.mode),
+            words: choice.on_the_form,
+        }
+    }
 }
 
 impl LabForm {

@@ -61,6 +61,16 @@ pub(super) struct RunView {
     pub(super) groups: Vec<Group>,
     /// When the run was fired, in UTC, for the page of a stored run.
     pub(super) fired_at: String,
+    /// The switches the run used, as its requests carried them; empty in
+    /// results kept before comparisons existed.
+    #[serde(default)]
+    pub(super) switches_used: String,
+    /// Answers 409: a key in flight, or a version conflict.
+    #[serde(default)]
+    pub(super) conflicts: usize,
+    /// The slowest answer's time, in words.
+    #[serde(default)]
+    pub(super) slowest: String,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -250,6 +260,9 @@ impl RunView {
             timeline: Timeline::of(&run.answers, run.request.preset, cooldown_window),
             groups: groups(state, run.request.preset, &run.answers),
             fired_at: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
+            switches_used: switches.header_value(),
+            conflicts: run.answers.iter().filter(|answer| answer.status == 409).count(),
+            slowest: milliseconds(run.answers.iter().map(Answer::latency).max().unwrap_or_default()),
         }
     }
 }
