@@ -56,6 +56,64 @@ async fn select_for_update_pays_what_the_balance_covers_and_loses_no_update() {
     app.assert_invariants().await;
 }
 
+/// `FOR UPDATE` makes a transfer wait for whoever holds either wallet's row,
+/// for as long as they hold it: here another transaction holds the payer's
+/// row past `wallet_lock_wait_ms_max`. The transfer is answered 503 with
+/// nothing changed and its key free, and once the row is let go the same
+/// request with the same key pays, once.
+#[tokio::test]
+async fn select_for_update_waits_for_a_held_row_then_answers_busy_with_nothing_changed() {
+    let app = spawn_app(|settings| {
+        without_cooldown(settings);
+        settings.row_guard_mode = RowGuardMode::ForUpdate;
+        settings.signup_grant_minor = GRANT_MINOR;
+        settings.wallet_lock_wait_ms_max = 200;
+    })
+    .await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let mut holder = app.db.begin().await.expect("a transaction");
+    sqlx::query("SELECT id FROM wallets WHERE id = $1 FOR UPDATE")
+        .bind(alice.wallet_id)
+        .execute(&mut *holder)
+        .await
+        .expect("the row is held");
+
+    let key = new_key();
+    let response = app
+        .transfer_request(&alice, bob.wallet_id, DEBIT_MINOR, Some(&key))
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(response.status(), 503);
+    assert!(response.headers().contains_key("retry-after"));
+    let body: Value = response.json().await.expect("a problem body");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("Nothing was changed"),
+        "{body}"
+    );
+    assert_eq!(app.transfer_count().await, 0);
+    assert_eq!(app.balance(alice.wallet_id).await, GRANT_MINOR);
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_keys")
+        .fetch_one(&app.db)
+        .await
+        .expect("count");
+    assert_eq!(stored, 0, "the key went with the rolled-back transaction");
+
+    holder.rollback().await.expect("let go");
+    let response = app
+        .transfer_request(&alice, bob.wallet_id, DEBIT_MINOR, Some(&key))
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(response.status(), 201);
+    assert_eq!(app.balance(alice.wallet_id).await, GRANT_MINOR - DEBIT_MINOR);
+    assert_eq!(app.transfer_count().await, 1);
+    app.assert_invariants().await;
+}
+
 /// Optimistic versions take no lock: of debits that read the same version,
 /// one writes and the others find it moved. Each conflict is a 409 that
 /// changed nothing and stored nothing with its key, so a retry with the same

@@ -39,6 +39,9 @@ pub struct Sample {
     pub body: Option<Vec<u8>>,
     /// The transport failed (no status).
     pub transport_error: bool,
+    /// The status of every attempt the call made, in order (0 where the
+    /// transport failed); one unless the run retries.
+    pub attempt_statuses: Vec<u16>,
 }
 
 #[derive(Clone)]
@@ -46,25 +49,27 @@ pub struct Api {
     pub targets: Vec<String>,
     /// For `/healthz`, the one call that is not the API's.
     pub http: reqwest::Client,
-    /// The workspace's client, one per target, sending each request once:
-    /// the load test fires copies on purpose and counts every answer, so
-    /// nothing is retried for it.
+    /// The workspace's client, one per target. By default each request is
+    /// sent once: the load test fires copies on purpose and counts every
+    /// answer. With `attempts_max` above one, a call retries as the
+    /// library does (409, 429, 503; backoff with full jitter), each attempt
+    /// to the call's own target, and every attempt is counted.
     clients: Vec<Client>,
 }
 
 impl Api {
-    pub fn new(targets: Vec<String>, connections_per_host: usize) -> anyhow::Result<Self> {
+    pub fn new(targets: Vec<String>, connections_per_host: usize, attempts_max: u32) -> anyhow::Result<Self> {
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(connections_per_host)
             .timeout(Duration::from_secs(30))
             .build()?;
-        let once = RetryPolicy {
-            attempts_max: 1,
+        let policy = RetryPolicy {
+            attempts_max: attempts_max.max(1),
             ..RetryPolicy::default()
         };
         let clients = targets
             .iter()
-            .map(|target| Client::over_with(http.clone(), &[target.as_str()], once))
+            .map(|target| Client::over_with(http.clone(), &[target.as_str()], policy))
             .collect::<Result<_, _>>()?;
         Ok(Self {
             targets,
@@ -87,12 +92,12 @@ impl Api {
 
     pub async fn transfer(&self, users: &[User], planned: &Planned) -> Sample {
         let user = &users[planned.from];
-        let seen: Arc<Mutex<Option<AttemptSeen>>> = Arc::default();
+        let seen: Arc<Mutex<Vec<AttemptSeen>>> = Arc::default();
         let observer = seen.clone();
         let client = self.clients[planned.target]
             .with_token(&user.token)
             .observed_by(Arc::new(move |attempt: &AttemptSeen| {
-                *observer.lock().expect("the attempt") = Some(attempt.clone());
+                observer.lock().expect("the attempts").push(attempt.clone());
             }));
         let order = TransferOrder {
             from_wallet_id: user.wallet_id,
@@ -100,7 +105,8 @@ impl Api {
             amount_minor: planned.amount_minor,
         };
         let started = Instant::now();
-        // Whatever the call returns, the sample is the one request it sent.
+        // Whatever the call returns, the sample is what its attempts saw:
+        // the last one's answer, over the whole call's time.
         let _ = match &planned.key {
             Some(key) => {
                 let key = Uuid::parse_str(key).expect("the load test's keys are UUIDs");
@@ -108,25 +114,29 @@ impl Api {
             }
             None => client.transfer_without_key(&order).await,
         };
-        let attempt = seen.lock().expect("the attempt").take();
-        match attempt {
+        let latency = started.elapsed();
+        let mut attempts = std::mem::take(&mut *seen.lock().expect("the attempts"));
+        let attempt_statuses = attempts.iter().map(|a| a.status.unwrap_or(0)).collect();
+        match attempts.pop() {
             Some(attempt) if attempt.status.is_some() => Sample {
                 status: attempt.status.unwrap_or_default(),
                 decision: attempt.decision.as_deref().and_then(Decision::parse_header),
                 replayed: attempt.replayed,
-                latency: attempt.took,
+                latency,
                 key: planned.key.clone(),
                 body: planned.key.as_ref().map(|_| attempt.body),
                 transport_error: false,
+                attempt_statuses,
             },
             _ => Sample {
                 status: 0,
                 decision: None,
                 replayed: false,
-                latency: started.elapsed(),
+                latency,
                 key: planned.key.clone(),
                 body: None,
                 transport_error: true,
+                attempt_statuses,
             },
         }
     }
@@ -155,6 +165,7 @@ impl Api {
             key: None,
             body: None,
             transport_error,
+            attempt_statuses: vec![status],
         }
     }
 }

@@ -15,6 +15,8 @@ pub struct Probes {
     pub redis_url: Option<String>,
     pub metrics_url: Option<String>,
     pub database_url: Option<String>,
+    /// Read the transaction ids handed out from `database_url` too.
+    pub count_transaction_ids: bool,
     /// A pause before each sample, so that PostgreSQL has flushed its
     /// statistics (it does so at most every second, and within ten seconds
     /// of a backend going idle).
@@ -31,6 +33,11 @@ pub struct Costs {
     pub redis_commands: BTreeMap<String, u64>,
     pub redis_round_trips: u64,
     pub pg_transactions: i64,
+    /// Transaction ids handed out, server-wide, when asked for: one per
+    /// transaction that wrote, committed or rolled back, and one per
+    /// subtransaction that wrote.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pg_transaction_ids: Option<i64>,
 }
 
 #[derive(Default)]
@@ -39,11 +46,15 @@ pub struct Sample {
     redis_commands: BTreeMap<String, u64>,
     redis_round_trips: u64,
     pg_transactions: i64,
+    pg_transaction_ids: Option<i64>,
 }
 
 impl Probes {
     pub fn any(&self) -> bool {
-        !self.server_pids.is_empty() || self.redis_url.is_some() || self.metrics_url.is_some()
+        !self.server_pids.is_empty()
+            || self.redis_url.is_some()
+            || self.metrics_url.is_some()
+            || self.count_transaction_ids
     }
 
     pub async fn sample(&self) -> anyhow::Result<Sample> {
@@ -60,6 +71,9 @@ impl Probes {
         }
         if let Some(url) = &self.database_url {
             sample.pg_transactions = pg_transactions(url).await?;
+            if self.count_transaction_ids {
+                sample.pg_transaction_ids = Some(pg_transaction_ids(url).await?);
+            }
         }
         Ok(sample)
     }
@@ -81,6 +95,10 @@ impl Costs {
             redis_commands,
             redis_round_trips: after.redis_round_trips.saturating_sub(before.redis_round_trips),
             pg_transactions: after.pg_transactions - before.pg_transactions,
+            pg_transaction_ids: after
+                .pg_transaction_ids
+                .zip(before.pg_transaction_ids)
+                .map(|(after, before)| after - before),
         }
     }
 }
@@ -134,13 +152,28 @@ async fn metric(url: &str, name: &str) -> anyhow::Result<u64> {
 }
 
 async fn pg_transactions(url: &str) -> anyhow::Result<i64> {
-    use sqlx::Connection;
-    let mut connection = sqlx::PgConnection::connect(url).await?;
-    let count: i64 = sqlx::query_scalar(
+    pg_count(
+        url,
         "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database WHERE datname = current_database()",
     )
-    .fetch_one(&mut connection)
-    .await?;
+    .await
+}
+
+/// The next transaction id PostgreSQL will hand out: every transaction that
+/// writes takes one, at once, so the difference of two readings counts
+/// them exactly, with no statistics to wait for. Reading it takes none.
+async fn pg_transaction_ids(url: &str) -> anyhow::Result<i64> {
+    pg_count(
+        url,
+        "SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint",
+    )
+    .await
+}
+
+async fn pg_count(url: &str, query: &'static str) -> anyhow::Result<i64> {
+    use sqlx::Connection;
+    let mut connection = sqlx::PgConnection::connect(url).await?;
+    let count: i64 = sqlx::query_scalar(query).fetch_one(&mut connection).await?;
     connection.close().await?;
     Ok(count)
 }

@@ -15,6 +15,7 @@ pub mod invariants;
 pub mod payouts;
 pub mod report;
 pub mod scenarios;
+pub mod variants;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -93,6 +94,17 @@ pub struct RunArgs {
     /// PostgreSQL's statistics have been flushed.
     #[arg(long, default_value_t = 0)]
     pub settle_ms: u64,
+    /// Count the transaction ids PostgreSQL hands out over the run: one per
+    /// transaction that writes, and one per subtransaction that writes.
+    /// Read from `--database-url` at once, without waiting for statistics;
+    /// server-wide, so run it where nothing else writes.
+    #[arg(long)]
+    pub count_transaction_ids: bool,
+    /// Attempts per request: 1 sends each once; more retries as the client
+    /// library does (409, 429 and 503, with backoff and full jitter) and
+    /// counts every attempt.
+    #[arg(long, default_value_t = 1)]
+    pub attempts_max: u32,
 }
 
 impl RunArgs {
@@ -120,6 +132,8 @@ impl RunArgs {
             redis_url: None,
             metrics_url: None,
             settle_ms: 0,
+            count_transaction_ids: false,
+            attempts_max: 1,
         }
     }
 }
@@ -135,6 +149,9 @@ pub struct RunReport {
     /// What the run cost the server, when probes were given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub costs: Option<costs::Costs>,
+    /// Every request's sample, for a caller that sums several runs.
+    #[serde(skip)]
+    pub samples: Vec<client::Sample>,
 }
 
 pub fn print_findings(findings: Option<&invariants::Findings>) {
@@ -186,7 +203,11 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunReport> {
             _ => 100,
         }),
     };
-    let api = Api::new(args.targets.clone(), shape.concurrency.max(shape.copies) * 2)?;
+    let api = Api::new(
+        args.targets.clone(),
+        shape.concurrency.max(shape.copies) * 2,
+        args.attempts_max,
+    )?;
     let users = Arc::new(sign_up_users(&api, args.scenario.users_needed(&shape), args.quiet).await?);
 
     let bar = scenarios::progress(
@@ -205,6 +226,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunReport> {
         redis_url: args.redis_url.clone(),
         metrics_url: args.metrics_url.clone(),
         database_url: args.database_url.clone(),
+        count_transaction_ids: args.count_transaction_ids,
         settle: Duration::from_millis(args.settle_ms),
     };
     let before = match probes.any() {
@@ -254,6 +276,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunReport> {
         summary,
         invariants,
         costs,
+        samples,
     })
 }
 

@@ -2,7 +2,7 @@
 //! library's documentation and `--help`.
 
 use clap::{Parser, Subcommand};
-use wallet_loadtest::{RunArgs, demo, payouts, print_findings, report, run, verdict};
+use wallet_loadtest::{RunArgs, demo, payouts, print_findings, report, run, variants, verdict};
 
 #[derive(Parser)]
 #[command(
@@ -22,6 +22,11 @@ enum Command {
     /// Start instances in each configuration of the defense ladder, run the
     /// duplicate and race scenarios against each, and print what went wrong.
     Demo(demo::DemoArgs),
+    /// Start instances with each common alternative to a layer in turn
+    /// (`SELECT … FOR UPDATE`, optimistic versions, an advisory lock, a
+    /// Redis lock, the naive ones, the cooldown), fire the same bursts and
+    /// contention at each, and print the damage and the cost side by side.
+    Variants(variants::VariantsArgs),
     /// Measure payouts against running instances and their gateway: how
     /// fast they are accepted, how fast the outbox sends them, and how
     /// fast the gateway alone takes them.
@@ -43,6 +48,7 @@ async fn main() -> anyhow::Result<()> {
             verdict(report.invariants.as_ref(), args.expect_violations)
         }
         Command::Demo(args) => demo::run(&args).await?,
+        Command::Variants(args) => variants::run(&args).await?,
         Command::Payouts(args) => {
             let report = payouts::run(&args).await?;
             if args.json {

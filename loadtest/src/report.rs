@@ -30,6 +30,19 @@ pub struct Summary {
     pub cooldown_rejections_per_s: f64,
     pub replays_per_s: f64,
     pub transport_errors: u64,
+    /// Every request's whole time, retries and their waits included.
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// Attempts sent, retries included: as many as `requests` when the run
+    /// does not retry.
+    pub attempts: u64,
+    /// Attempts answered 409 (a key in flight, a version conflict).
+    pub conflict_answers: u64,
+    /// Attempts answered 5xx.
+    pub server_error_answers: u64,
+    /// Requests whose last attempt got no answer, or an answer worth
+    /// retrying (409, 429, 503): out of attempts, or never retried.
+    pub gave_up: u64,
     pub outcomes: Vec<OutcomeRow>,
 }
 
@@ -46,8 +59,13 @@ fn ms(micros: u64) -> f64 {
 
 pub fn summarize(samples: &[Sample], elapsed: Duration) -> Summary {
     let mut groups: BTreeMap<(String, String, u16), Histogram<u64>> = BTreeMap::new();
+    let mut every_request = new_histogram();
     let mut transport_errors = 0;
     for sample in samples {
+        let micros = u64::try_from(sample.latency.as_micros())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let _ = every_request.record(micros);
         if sample.transport_error {
             transport_errors += 1;
             continue;
@@ -56,9 +74,6 @@ pub fn summarize(samples: &[Sample], elapsed: Duration) -> Summary {
             Some(decision) => (decision.layer.to_string(), decision.outcome.to_string()),
             None => ("-".to_owned(), "-".to_owned()),
         };
-        let micros = u64::try_from(sample.latency.as_micros())
-            .unwrap_or(u64::MAX)
-            .max(1);
         let _ = groups
             .entry((layer, outcome, sample.status))
             .or_insert_with(new_histogram)
@@ -89,6 +104,13 @@ pub fn summarize(samples: &[Sample], elapsed: Duration) -> Summary {
         count(&|row| row.layer != "-" && (200..300).contains(&row.status) && row.outcome != "replayed");
     let cooldown = count(&|row| row.layer == "cooldown" && row.outcome == "rejected");
     let replays = count(&|row| row.outcome == "replayed");
+    let attempts_answered = |f: &dyn Fn(u16) -> bool| {
+        samples
+            .iter()
+            .flat_map(|sample| &sample.attempt_statuses)
+            .filter(|status| f(**status))
+            .count() as u64
+    };
     Summary {
         requests: samples.len() as u64,
         elapsed_s: seconds,
@@ -97,6 +119,15 @@ pub fn summarize(samples: &[Sample], elapsed: Duration) -> Summary {
         cooldown_rejections_per_s: cooldown as f64 / seconds,
         replays_per_s: replays as f64 / seconds,
         transport_errors,
+        p50_ms: ms(every_request.value_at_quantile(0.50)),
+        p99_ms: ms(every_request.value_at_quantile(0.99)),
+        attempts: attempts_answered(&|_| true),
+        conflict_answers: attempts_answered(&|status| status == 409),
+        server_error_answers: attempts_answered(&|status| status >= 500),
+        gave_up: samples
+            .iter()
+            .filter(|sample| sample.transport_error || wallet_client::may_succeed_later(sample.status))
+            .count() as u64,
         outcomes,
     }
 }

@@ -32,6 +32,9 @@ pub enum Scenario {
     Mixed,
     /// Every user pays into one wallet: contention on one row.
     HotWallet,
+    /// One wallet pays every other user at once: contention on the row
+    /// whose balance is checked.
+    HotPayer,
     /// Each worker repeats one keyed request: after the first, replays.
     Replay,
     /// `GET /healthz`: the HTTP ceiling of the same server and client.
@@ -51,9 +54,11 @@ impl Scenario {
     pub fn users_needed(self, options: &Shape) -> usize {
         match self {
             Scenario::Healthz => 0,
-            Scenario::Throughput | Scenario::Mixed | Scenario::HotWallet | Scenario::Replay => {
-                options.users.max(2)
-            }
+            Scenario::Throughput
+            | Scenario::Mixed
+            | Scenario::HotWallet
+            | Scenario::HotPayer
+            | Scenario::Replay => options.users.max(2),
             _ => 2 * options.rounds,
         }
     }
@@ -65,6 +70,7 @@ impl Scenario {
             Scenario::Throughput
                 | Scenario::Mixed
                 | Scenario::HotWallet
+                | Scenario::HotPayer
                 | Scenario::Replay
                 | Scenario::Healthz
         )
@@ -237,7 +243,8 @@ pub async fn run_for_duration(
 }
 
 /// Operation number `n` of a duration scenario. A sender is always the same
-/// worker's user, so one user's transfers never overlap in closed loop.
+/// worker's user, so one user's transfers never overlap in closed loop,
+/// except in `hot-payer`, where they are meant to.
 async fn one_operation(
     scenario: Scenario,
     api: &Api,
@@ -252,6 +259,7 @@ async fn one_operation(
     let count = users.len();
     let (from, to) = match scenario {
         Scenario::HotWallet => (1 + n % (count - 1), 0),
+        Scenario::HotPayer => (0, 1 + n % (count - 1)),
         _ => {
             let from = n % count;
             let offset = 1 + rand::thread_rng().gen_range(0..count - 1);

@@ -48,6 +48,7 @@ async fn every_scenario_keeps_the_invariants_across_two_instances() {
         Scenario::Throughput,
         Scenario::Mixed,
         Scenario::HotWallet,
+        Scenario::HotPayer,
         Scenario::Healthz,
     ] {
         let report = run(&args(scenario, &first, &second))
@@ -130,4 +131,47 @@ async fn the_cost_probes_count_what_the_run_cost() {
     );
     // Other tests share this Redis, so its count is a lower bound here.
     assert!(costs.redis_commands.values().sum::<u64>() >= costs.accepted);
+}
+
+/// With retries on, a call goes on as the client library does, and every
+/// attempt is counted: against optimistic versions, debits of one balance
+/// at once conflict, are retried with their keys, and land at most once
+/// each; the transaction ids PostgreSQL handed out are counted too.
+#[tokio::test]
+async fn retried_calls_count_every_attempt_and_keep_the_invariants() {
+    let (first, second) = two_instances(|settings| {
+        without_cooldown(settings);
+        settings.row_guard_mode = RowGuardMode::OptimisticVersion;
+        settings.naive_window_ms = 50;
+    })
+    .await;
+    let report = run(&RunArgs {
+        attempts_max: 6,
+        count_transaction_ids: true,
+        ..args(Scenario::Overdraw, &first, &second)
+    })
+    .await
+    .expect("the run");
+    let findings = report.invariants.as_ref().expect("checked");
+    assert!(findings.violations.is_empty(), "{:?}", findings.violations);
+    let summary = &report.summary;
+    assert!(
+        summary.conflict_answers > 0,
+        "debits that read together conflict: {summary:?}"
+    );
+    assert!(
+        summary.attempts > summary.requests,
+        "the conflicts were retried: {summary:?}"
+    );
+    let ids = report
+        .costs
+        .as_ref()
+        .and_then(|costs| costs.pg_transaction_ids)
+        .expect("counted");
+    assert!(
+        ids >= findings.new_transfers,
+        "each transfer wrote in a transaction of its own: {ids} ids, {} transfers",
+        findings.new_transfers
+    );
+    first.assert_invariants().await;
 }

@@ -337,17 +337,25 @@ async fn run_scenario(scenario: Scenario, targets: &[String], args: &DemoArgs) -
 
 /// The settings every instance of the ladder shares, and a rung's.
 fn spec(server: &Path, args: &DemoArgs, rung_settings: &[(&str, String)]) -> Spec {
-    let mut spec = Spec::new(server.to_owned(), &args.database_url, &args.redis_url, "demo")
-        .with("WALLET_SIGNUP_GRANT_MINOR", GRANT_MINOR)
-        .with("WALLET_ALLOW_UNSAFE_DEMO_MODES", true)
-        .with("WALLET_NAIVE_WINDOW_MS", 50)
-        .with("WALLET_IDEMPOTENCY_WAIT_MS_MAX", 5000)
-        // The transfer statement encloses the idempotency wait and the
-        // wallet-lock wait (3000 ms), plus a margin: the server refuses
-        // to start with less.
-        .with("WALLET_DB_STATEMENT_TIMEOUT_MS", 9000);
+    let mut spec = demonstration_spec(
+        Spec::new(server.to_owned(), &args.database_url, &args.redis_url, "demo"),
+        GRANT_MINOR,
+    )
+    .with("WALLET_NAIVE_WINDOW_MS", 50);
     for (name, value) in rung_settings {
         spec = spec.with(name, value);
     }
     spec
+}
+
+/// What every instance that demonstrates an unsafe mode needs: the modes
+/// allowed, each user's grant, and time for a copy to wait for its key.
+pub(crate) fn demonstration_spec(spec: Spec, grant_minor: i64) -> Spec {
+    spec.with("WALLET_SIGNUP_GRANT_MINOR", grant_minor)
+        .with("WALLET_ALLOW_UNSAFE_DEMO_MODES", true)
+        .with("WALLET_IDEMPOTENCY_WAIT_MS_MAX", 5000)
+        // The transfer statement encloses the idempotency wait and the
+        // wallet-lock wait (3000 ms), plus a margin: the server refuses
+        // to start with less.
+        .with("WALLET_DB_STATEMENT_TIMEOUT_MS", 9000)
 }
