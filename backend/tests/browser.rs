@@ -528,7 +528,38 @@ async fn the_race_lab_shows_each_layer_catch_what_it_catches() {
             "the landing picture's text leaves its box at {width} px"
         );
     }
+
+    // A comparison of the balance guards, from its form: picking the layer
+    // picks the burst that reaches it; the side-by-side page shows each
+    // alternative and fits both widths.
+    client.set_window_size(1280, 900).await.expect("wide window");
+    client.goto(&app.url("/race-lab")).await.expect("open race lab");
+    click(client, "#compared option[value=idempotency]").await;
+    let burst = client
+        .execute("return document.getElementById('compare-preset').value;", vec![])
+        .await
+        .expect("the burst");
+    assert_eq!(burst, json!("same-key"), "the layer's burst is picked with it");
+    click(client, "#compared option[value=row_guard]").await;
+    fill(client, "#compare-count", &COUNT.to_string()).await;
+    click(client, "#compare-fire").await;
+    let compared = text_of(client, "#comparison").await;
+    let address = client.current_url().await.expect("url");
+    assert_eq!(address.path(), "/race-lab/comparisons", "{address}");
+    for name in [
+        "SELECT … FOR UPDATE",
+        "optimistic version",
+        "read-decide-write (naive)",
+    ] {
+        assert!(compared.contains(name), "{name}: {compared}");
+    }
+    let png = client.screenshot().await.expect("screenshot");
+    std::fs::write(format!("{directory}/race-lab-compare.png"), png).expect("write screenshot");
     client.set_window_size(390, 900).await.expect("narrow window");
+    client.refresh().await.expect("reload");
+    text_of(client, "#comparison").await;
+    let overflow = sideways_scroll_px(client).await;
+    assert_eq!(overflow, json!(0), "the comparison scrolls sideways at 390 px");
 
     // The live feed, with the runs' decisions in it, fits the phone too;
     // lab amounts say they are lab money, and the real-only view hides them.

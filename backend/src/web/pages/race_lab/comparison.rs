@@ -29,7 +29,10 @@ struct ComparisonPage {
     requests: usize,
     /// What held still while the layer compared changed, in a sentence.
     held_still: &'static str,
-    rows: Vec<ComparisonRow>,
+    /// One column per alternative, in the order they were fired.
+    alternatives: Vec<Column>,
+    /// One row per measure, one cell per alternative.
+    measures: Vec<Measure>,
     compare: CompareForm,
     compare_choices: CompareChoices,
     /// Always `None` here: a comparison that could not start goes back to
@@ -38,21 +41,22 @@ struct ComparisonPage {
     requests_max: usize,
 }
 
-/// One alternative's run, in a row.
-struct ComparisonRow {
-    alternative: &'static str,
-    headline: String,
-    class: String,
-    moved: String,
-    stopped_by_cooldown: usize,
-    stopped_by_key: usize,
-    refused_by_balance: usize,
-    failed: usize,
-    conflicts: usize,
-    slowest: String,
-    /// The damage counted against the database, one sentence each.
-    damage: Vec<String>,
+/// An alternative's column: its name, and its run's own results.
+struct Column {
+    name: &'static str,
     run_id: uuid::Uuid,
+}
+
+/// One measure across the alternatives.
+struct Measure {
+    label: &'static str,
+    cells: Vec<Cell>,
+}
+
+struct Cell {
+    text: String,
+    /// `kept`, `broken` or `hidden` for a verdict; empty otherwise.
+    class: String,
 }
 
 /// The compare form as the visitor last set it.
@@ -304,7 +308,14 @@ pub async fn show_comparison(
                      layer was the service's own."
                 }
             },
-            rows: views.iter().map(|(id, view)| row(compared, *id, view)).collect(),
+            alternatives: views
+                .iter()
+                .map(|(run_id, view)| Column {
+                    name: compared.name_of(&Switches::parse(&view.switches_used).unwrap_or(Switches::ALL_ON)),
+                    run_id: *run_id,
+                })
+                .collect(),
+            measures: measures(&views),
             compare: form,
             compare_choices: CompareChoices::offered(),
             compare_problem: None,
@@ -313,28 +324,50 @@ pub async fn show_comparison(
     )
 }
 
-fn row(compared: Compared, run_id: uuid::Uuid, view: &RunView) -> ComparisonRow {
-    let used = Switches::parse(&view.switches_used).unwrap_or(Switches::ALL_ON);
-    let stage = |stage: Stage| {
-        view.funnel
-            .iter()
-            .find(|row| row.class == stage.class())
-            .map_or(0, |row| row.count)
+/// The measures of each run, side by side: the verdict, the money, where
+/// the requests stopped, and the damage counted against the database.
+fn measures(views: &[(uuid::Uuid, RunView)]) -> Vec<Measure> {
+    let plain = |text: String| Cell {
+        text,
+        class: String::new(),
     };
-    ComparisonRow {
-        alternative: compared.name_of(&used),
-        headline: view.headline.clone(),
-        class: view.headline_class.clone(),
-        moved: view.moved.clone(),
-        stopped_by_cooldown: stage(Stage::Cooldown),
-        stopped_by_key: stage(Stage::Key),
-        refused_by_balance: stage(Stage::Guard),
-        failed: stage(Stage::Other),
-        conflicts: view.conflicts,
-        slowest: view.slowest.clone(),
-        damage: view.damage.clone(),
-        run_id,
-    }
+    let across = |label: &'static str, cell: &dyn Fn(&RunView) -> Cell| Measure {
+        label,
+        cells: views.iter().map(|(_, view)| cell(view)).collect(),
+    };
+    let stage = |stage: Stage| {
+        move |view: &RunView| {
+            plain(
+                view.funnel
+                    .iter()
+                    .find(|row| row.class == stage.class())
+                    .map_or(0, |row| row.count)
+                    .to_string(),
+            )
+        }
+    };
+    vec![
+        across("What it showed", &|view| Cell {
+            text: view.headline.clone(),
+            class: view.headline_class.clone(),
+        }),
+        across("Money moved", &|view| plain(view.moved.clone())),
+        across("Requests that moved money", &stage(Stage::Moved)),
+        across("Stopped by the cooldown", &stage(Stage::Cooldown)),
+        across("Stopped by the key", &stage(Stage::Key)),
+        across("Refused by the balance check", &stage(Stage::Guard)),
+        across("Of those stopped, answered 409", &|view| {
+            plain(view.conflicts.to_string())
+        }),
+        across("No answer, or an error", &stage(Stage::Other)),
+        across("Slowest answer", &|view| plain(view.slowest.clone())),
+        across("Damage, counted against the database", &|view| {
+            plain(match view.damage.is_empty() {
+                true => "None".to_owned(),
+                false => view.damage.join("; "),
+            })
+        }),
+    ]
 }
 
 fn no_longer_kept(state: &AppState, session: Option<&crate::web::Session>) -> HttpResponse {
