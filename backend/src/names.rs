@@ -1,26 +1,34 @@
 //! Names people choose, and how two of them are compared.
 //!
 //! Money can be sent by name, so a name must mean one account to a person
-//! reading it. Three rules:
+//! reading it. Four rules:
 //!
-//! - **Refused characters:** control and format characters (zero-width
-//!   spaces, bidirectional overrides), unassigned and private-use code
-//!   points, and line or paragraph separators: they are invisible, or render
-//!   differently from one screen to the next.
+//! - **Allowed characters only:** each character of the name's NFKC form
+//!   must be allowed in identifiers by UTS #39 (`Identifier_Status=Allowed`:
+//!   letters, digits and marks of scripts in modern use, and `' - . : _ ·`),
+//!   or be a single space between words. An allowlist, because the characters that render
+//!   as nothing or as a blank keep growing (U+2800 BRAILLE PATTERN BLANK,
+//!   U+3164 HANGUL FILLER, U+1D159 a musical null notehead), and a denylist
+//!   of categories misses them. A combining mark must sit on a letter or a
+//!   digit, at most `MARKS_PER_CHARACTER_MAX` to one.
+//! - **One script, or a safe mix:** a name may mix Latin with at most one
+//!   other script in modern use, but never with Cyrillic or Greek, whose
+//!   letters copy Latin ones (UTS #39's *moderately restrictive* level).
 //! - **One key per name:** Unicode NFKC normalisation plus case folding, so
 //!   `bob`, `BOB` and `ｂｏｂ` are the same name. Lookups and sign-ins match on
 //!   the key (an exact match of the stored name wins, for accounts created
 //!   before keys existed).
 //! - **No look-alikes:** a name whose UTS #39 confusable skeleton equals an
-//!   existing name's is refused (`paypal` with a Cyrillic `а`, `bob1` next to
-//!   `bobl`).
+//!   existing name's is refused (`paypal` written all in Cyrillic, `bob1`
+//!   next to `bobl`).
 //!
 //! Both the key and the skeleton are unique in the schema
 //! (migrations/20261202000001_accounts.sql), so two sign-ups racing for
 //! look-alike names cannot both win.
 
 use unicode_normalization::UnicodeNormalization;
-use unicode_properties::{GeneralCategory, UnicodeGeneralCategory};
+use unicode_properties::{GeneralCategoryGroup, UnicodeGeneralCategory};
+use unicode_security::{GeneralSecurityProfile, RestrictionLevel, RestrictionLevelDetection};
 
 use crate::problem::Problem;
 
@@ -62,11 +70,40 @@ impl ComparableName {
                 Problem::validation("A name cannot start or end with a space.").detail_is_for_people()
             );
         }
-        if let Some(refused) = name.chars().find(|c| is_refused(*c)) {
+        // A blank other than a plain space would pass as one after NFKC.
+        if let Some(blank) = name.chars().find(|c| c.is_whitespace() && *c != ' ') {
             return Err(Problem::validation(format!(
-                "A name cannot contain invisible or unassigned characters (found U+{:04X}).",
+                "A name may hold plain spaces only. It cannot hold U+{:04X}.",
+                u32::from(blank)
+            ))
+            .detail_is_for_people());
+        }
+        // The rules read the name as NFKC makes it, as UTS #39 expects:
+        // `ｂｏｂ` is `bob`.
+        let normalised: String = name.nfkc().collect();
+        if normalised.trim() != normalised {
+            return Err(
+                Problem::validation("A name cannot start or end with a space.").detail_is_for_people()
+            );
+        }
+        if let Some(refused) = first_refused(&normalised) {
+            return Err(Problem::validation(format!(
+                "A name may hold letters, digits, the marks that go on them, single spaces between words and \
+                 ' - . : _ ·. It cannot hold U+{:04X}.",
                 u32::from(refused)
             ))
+            .detail_is_for_people());
+        }
+        if !normalised
+            .split(' ')
+            .collect::<String>()
+            .as_str()
+            .check_restriction_level(RestrictionLevel::ModeratelyRestrictive)
+        {
+            return Err(Problem::validation(
+                "A name cannot mix Latin letters with Cyrillic or Greek ones, or mix more than two scripts: such \
+                 names can copy another name letter for letter.",
+            )
             .detail_is_for_people());
         }
         let key = key_of(name);
@@ -79,17 +116,40 @@ impl ComparableName {
     }
 }
 
-fn is_refused(c: char) -> bool {
-    matches!(
-        c.general_category(),
-        GeneralCategory::Control
-            | GeneralCategory::Format
-            | GeneralCategory::Unassigned
-            | GeneralCategory::PrivateUse
-            | GeneralCategory::Surrogate
-            | GeneralCategory::LineSeparator
-            | GeneralCategory::ParagraphSeparator
-    )
+/// Combining marks one character may carry beyond what NFKC composes into
+/// it: enough for any language's letters, too few to pile marks into a
+/// blur.
+pub const MARKS_PER_CHARACTER_MAX: usize = 2;
+
+/// The first character the rules refuse, if any: one not allowed in
+/// identifiers, a space beside another, or a mark that sits on nothing, on
+/// a space, or on too many marks already.
+fn first_refused(name: &str) -> Option<char> {
+    let mut previous: Option<char> = None;
+    let mut marks_in_a_row = 0;
+    for c in name.chars() {
+        let is_mark = c.general_category_group() == GeneralCategoryGroup::Mark;
+        let allowed = match c {
+            ' ' => previous != Some(' '),
+            c if is_mark => {
+                marks_in_a_row += 1;
+                c.identifier_allowed()
+                    && marks_in_a_row <= MARKS_PER_CHARACTER_MAX
+                    && previous.is_some_and(|p| {
+                        p.is_alphanumeric() || p.general_category_group() == GeneralCategoryGroup::Mark
+                    })
+            }
+            c => c.identifier_allowed(),
+        };
+        if !allowed {
+            return Some(c);
+        }
+        if !is_mark {
+            marks_in_a_row = 0;
+        }
+        previous = Some(c);
+    }
+    None
 }
 
 /// The `WHERE` condition that finds a user by a typed name, on `users u`:
@@ -168,9 +228,12 @@ mod tests {
     #[test]
     fn look_alikes_share_a_skeleton() {
         let paypal = parse("paypal").expect("valid");
-        let cyrillic_a = parse("p\u{0430}ypal").expect("valid");
-        assert_ne!(paypal.key, cyrillic_a.key);
-        assert_eq!(paypal.skeleton, cyrillic_a.skeleton);
+        // All Cyrillic: one script, so allowed, and caught by its skeleton.
+        let cyrillic = parse("\u{0440}\u{0430}\u{0443}\u{0440}\u{0430}\u{04CF}").expect("valid");
+        assert_ne!(paypal.key, cyrillic.key);
+        assert_eq!(paypal.skeleton, cyrillic.skeleton);
+        // Mixed with Latin: refused outright.
+        assert!(parse("p\u{0430}ypal").is_err());
         assert_eq!(
             parse("bob1").expect("valid").skeleton,
             parse("bobl").expect("valid").skeleton

@@ -371,16 +371,25 @@ async fn sign_up_status(app: &TestApp, name: &str) -> (u16, Value) {
     problem(response).await
 }
 
-/// `bob`, `BOB`, `ｂｏｂ`, `bоb` with a Cyrillic о, and `bob` with a zero-width
-/// space are one name or no name: never a second account.
+/// `bob`, `BOB`, `ｂｏｂ`, `bоb` with a Cyrillic о, `bob` with a zero-width
+/// space, and `paypal` written all in Cyrillic are one name or no name:
+/// never a second account.
 #[tokio::test]
 async fn look_alike_names_are_one_account() {
     let app = spawn_app(|settings| settings.cooldown_ttl_ms = 1).await;
     app.sign_up("bob").await;
+    app.sign_up("paypal").await;
     for (name, status, kind) in [
         ("BOB", 409, "/problems/name-taken"),
         ("ｂｏｂ", 409, "/problems/name-taken"),
-        ("b\u{043E}b", 409, "/problems/name-taken"),
+        // All Cyrillic, one script: caught by its skeleton.
+        (
+            "\u{0440}\u{0430}\u{0443}\u{0440}\u{0430}\u{04CF}",
+            409,
+            "/problems/name-taken",
+        ),
+        // Latin mixed with Cyrillic: refused outright.
+        ("b\u{043E}b", 422, "/problems/validation-failed"),
         ("bob\u{200B}", 422, "/problems/validation-failed"),
         ("\u{202E}bob", 422, "/problems/validation-failed"),
         ("bob\u{0378}", 422, "/problems/validation-failed"),
@@ -392,7 +401,7 @@ async fn look_alike_names_are_one_account() {
             "{name:?}: {body}"
         );
     }
-    assert_eq!(app.count("SELECT count(*) FROM users").await, 1);
+    assert_eq!(app.count("SELECT count(*) FROM users").await, 2);
 
     // Sign-in and sending by name use the same comparison, and the page
     // shows the account's own name.
@@ -409,6 +418,115 @@ async fn look_alike_names_are_one_account() {
     assert!(review.contains("Send $1.00 to bob?"), "{review}");
     alice.confirm(&review).await;
     assert_eq!(app.balance(app.wallet_of("bob").await).await, 100_100);
+}
+
+/// Characters that render as nothing, as a blank, or as another script's
+/// letter make no second account of a name, wherever they are put: each is
+/// refused with a sentence, and nothing is written. The allowlist still lets
+/// people's names through.
+#[tokio::test]
+async fn names_hold_only_characters_allowed_in_identifiers() {
+    let app = spawn_app(|settings| {
+        settings.cooldown_ttl_ms = 1;
+        settings.account_limits_enabled = false;
+    })
+    .await;
+    const NAME: &str = "eve-nazlbjtd";
+    app.sign_up(NAME).await;
+    let refused = [
+        // Blanks and fillers.
+        '\u{2800}',
+        '\u{3164}',
+        '\u{115F}',
+        '\u{1160}',
+        '\u{FFA0}',
+        '\u{1680}',
+        '\u{180E}',
+        '\u{205F}',
+        // Invisible: zero-width, joiners, format and annotation characters.
+        '\u{200B}',
+        '\u{200C}',
+        '\u{200D}',
+        '\u{2060}',
+        '\u{FEFF}',
+        '\u{00AD}',
+        '\u{034F}',
+        '\u{061C}',
+        '\u{FFF9}',
+        '\u{1BCA0}',
+        '\u{1D173}',
+        // Musical and other symbols that draw nothing or a box.
+        '\u{1D159}',
+        '\u{FFFC}',
+        '\u{FFFD}',
+        '\u{1F600}',
+        // Bidirectional controls, separators, controls.
+        '\u{202E}',
+        '\u{2066}',
+        '\u{2028}',
+        '\u{2029}',
+        '\u{0007}',
+        '\u{007F}',
+        // Tags and variation selectors.
+        '\u{E0001}',
+        '\u{E0041}',
+        '\u{E007F}',
+        '\u{FE00}',
+        '\u{FE0F}',
+        '\u{E0100}',
+        // Private use and unassigned.
+        '\u{E000}',
+        '\u{F8FF}',
+        '\u{F0000}',
+        '\u{100000}',
+        '\u{0378}',
+        // Letters of another script that copy Latin ones.
+        '\u{0430}',
+        '\u{0435}',
+        '\u{03BF}',
+        '\u{0440}',
+    ];
+    assert!(refused.len() >= 40);
+    for c in refused {
+        let (middle, end) = NAME.split_at(7);
+        for name in [format!("{middle}{c}{end}"), format!("{NAME}{c}")] {
+            let (status, body) = sign_up_status(&app, &name).await;
+            assert_eq!(
+                (status, body["type"].as_str()),
+                (422, Some("/problems/validation-failed")),
+                "U+{:04X} in {name:?}: {body}",
+                u32::from(c)
+            );
+            let detail = body["detail"].as_str().unwrap_or_default();
+            assert!(detail.starts_with("A name "), "{detail}");
+        }
+    }
+    // Marks on nothing, on a space, or piled up.
+    for name in [
+        "\u{0301}eve",
+        "eve \u{0301}x",
+        "eve\u{0301}\u{0301}\u{0301}\u{0301}x",
+    ] {
+        assert_eq!(sign_up_status(&app, name).await.0, 422, "{name:?}");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM users").await, 1);
+
+    // People's names still pass: accents, one other script, a safe mix.
+    for name in [
+        "Zoë Ångström",
+        "O'Brien",
+        "Anne-Marie",
+        "Nguyễn Thị Minh",
+        "Мария Иванова",
+        "李小龙",
+        "山田 太郎",
+        "Δήμητρα",
+        "josé_2",
+    ] {
+        let (status, body) = sign_up_status(&app, name).await;
+        assert_eq!(status, 201, "{name:?}: {body}");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM users").await, 10);
 }
 
 /// Accounts without comparable names (as a hand-written insert or an
