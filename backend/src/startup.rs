@@ -236,6 +236,9 @@ impl Application {
 /// this origin (the pages have no inline script, style or handler), no
 /// other site may frame a page (clickjacking), browsers must not guess
 /// content types, and other sites are not told which page linked to them.
+/// Nothing is kept by a browser or a proxy: answers carry tokens, balances,
+/// transfers and decisions, and pages are a signed-in person's. Only the
+/// static files, which say otherwise themselves, may be cached.
 pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; style-src 'self'; \
      img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; \
      frame-ancestors 'none'";
@@ -246,6 +249,7 @@ fn security_headers() -> actix_web::middleware::DefaultHeaders {
         .add(("X-Frame-Options", "DENY"))
         .add(("X-Content-Type-Options", "nosniff"))
         .add(("Referrer-Policy", "same-origin"))
+        .add(("Cache-Control", "no-store"))
 }
 
 /// Applies pending migrations, then fills in what a migration cannot

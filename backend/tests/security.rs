@@ -760,3 +760,116 @@ async fn sslmode_in_the_database_url_is_honoured() {
         "connected in the clear despite sslmode=require"
     );
 }
+
+/// Every answer that carries a token, a balance, a transfer, a decision or
+/// a signed-in person's page tells browsers and proxies to keep nothing;
+/// the static files may be cached.
+#[tokio::test]
+async fn private_answers_are_never_cached() {
+    let app = spawn_app(|settings| settings.cooldown_ttl_ms = 1).await;
+    let no_store = |response: &reqwest::Response, what: &str| {
+        assert_eq!(
+            response
+                .headers()
+                .get("cache-control")
+                .map(|v| v.to_str().unwrap_or_default()),
+            Some("no-store"),
+            "{what}"
+        );
+    };
+    let signed_up = app
+        .client
+        .post(app.url("/api/v1/users"))
+        .json(&json!({ "name": "carol", "password": "correct horse battery" }))
+        .send()
+        .await
+        .expect("sign up");
+    assert_eq!(signed_up.status(), 201);
+    no_store(&signed_up, "a new account's token");
+    let signed_in = app
+        .client
+        .post(app.url("/api/v1/tokens"))
+        .json(&json!({ "name": "carol", "password": "correct horse battery" }))
+        .send()
+        .await
+        .expect("sign in");
+    no_store(&signed_in, "a token");
+
+    let (alice, bob) = app.alice_and_bob().await;
+    let transfer = app
+        .transfer_request(&alice, bob.wallet_id, 100, Some(&new_key()))
+        .send()
+        .await
+        .expect("transfer");
+    assert_eq!(transfer.status(), 201);
+    no_store(&transfer, "a transfer");
+    let body: Value = transfer.json().await.expect("json");
+    let transfer_id = body["id"].as_str().expect("an id").to_owned();
+    for path in [
+        format!("/api/v1/wallets/{}", alice.wallet_id),
+        format!("/api/v1/transfers/{transfer_id}"),
+        "/api/v1/transfers".to_owned(),
+        "/api/v1/decisions".to_owned(),
+        "/api/v1/wallets/not-a-wallet".to_owned(),
+    ] {
+        let response = app
+            .client
+            .get(app.url(&path))
+            .bearer_auth(&alice.token)
+            .send()
+            .await
+            .expect("get");
+        assert!(response.status().as_u16() < 500, "{path}");
+        no_store(&response, &path);
+    }
+
+    let mut visitor = wallet_testkit::visitor::signed_up(&app, "dave").await;
+    for path in ["/wallet", "/race-lab", "/feed"] {
+        let response = visitor.get_response(path).await;
+        assert_eq!(response.status(), 200, "{path}");
+        no_store(&response, path);
+    }
+    let style = visitor.get_response("/static/app.css").await;
+    assert_eq!(style.headers()["cache-control"], "public, max-age=300");
+}
+
+/// The latency histogram and the request spans are labelled with the route
+/// a request matched, as written in the route table: a transfer lands on
+/// its route's series, and a wallet read on its pattern, never on its id.
+#[tokio::test]
+async fn requests_are_labelled_with_the_route_they_matched() {
+    let app = spawn_app(|settings| settings.cooldown_ttl_ms = 1).await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let transfer = app
+        .transfer_request(&alice, bob.wallet_id, 100, Some(&new_key()))
+        .send()
+        .await
+        .expect("transfer");
+    assert_eq!(transfer.status(), 201);
+    let wallet = app
+        .client
+        .get(app.url(&format!("/api/v1/wallets/{}", alice.wallet_id)))
+        .bearer_auth(&alice.token)
+        .send()
+        .await
+        .expect("wallet");
+    assert_eq!(wallet.status(), 200);
+    let metrics = app.metrics().await;
+    let series = |method: &str, route: &str| {
+        metrics
+            .lines()
+            .find(|line| {
+                line.starts_with("wallet_http_request_duration_seconds_count")
+                    && line.contains(&format!(r#"method="{method}""#))
+                    && line.contains(&format!(r#"route="{route}""#))
+            })
+            .and_then(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+    };
+    assert_eq!(series("POST", "/api/v1/transfers"), Some(1.0), "{metrics}");
+    assert_eq!(series("GET", "/api/v1/wallets/{id}"), Some(1.0), "{metrics}");
+    assert_eq!(series("POST", "/api/v1/users"), Some(2.0), "{metrics}");
+    assert!(
+        !metrics.contains(&alice.wallet_id.to_string()),
+        "an id became a label"
+    );
+}

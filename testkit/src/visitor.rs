@@ -50,6 +50,13 @@ impl Visitor {
     }
 
     pub async fn get(&mut self, path: &str) -> (u16, String) {
+        let response = self.get_response(path).await;
+        let status = response.status().as_u16();
+        (status, response.text().await.expect("body"))
+    }
+
+    /// A page as the browser gets it, headers and all.
+    pub async fn get_response(&mut self, path: &str) -> reqwest::Response {
         let response = self
             .http
             .get(format!("{}{path}", self.base))
@@ -59,8 +66,7 @@ impl Visitor {
             .await
             .expect("send");
         self.keep_cookies(&response);
-        let status = response.status().as_u16();
-        (status, response.text().await.expect("body"))
+        response
     }
 
     pub async fn post(&mut self, path: &str, form: &[(&str, &str)]) -> reqwest::Response {
