@@ -66,9 +66,21 @@ route_table! {
     "/static/{file}" => GET site::static_file;
 }
 
-/// The methods `path` takes, if it is a public path. A `{…}` segment of a
-/// pattern matches any one segment.
+/// The methods `path` takes, if it is a public path.
 pub fn methods_of(path: &str) -> Option<&'static str> {
+    route_of(path).map(|(_, methods)| methods)
+}
+
+/// The route table's pattern that `path` matches, e.g.
+/// `/api/v1/wallets/{id}`: what metrics and spans are labelled with, from
+/// a fixed set, whatever the client sends.
+pub fn pattern_of(path: &str) -> Option<&'static str> {
+    route_of(path).map(|(pattern, _)| pattern)
+}
+
+/// The public route `path` matches, and its methods. A `{…}` segment of a
+/// pattern matches any one segment.
+fn route_of(path: &str) -> Option<(&'static str, &'static str)> {
     let matches = |pattern: &str| {
         let (mut want, mut have) = (pattern.split('/'), path.split('/'));
         loop {
@@ -82,7 +94,7 @@ pub fn methods_of(path: &str) -> Option<&'static str> {
     ROUTE_METHODS
         .iter()
         .find(|(pattern, _)| matches(pattern))
-        .map(|(_, methods)| *methods)
+        .copied()
 }
 
 /// The admin listener's routes: for operators and scrapers on the private

@@ -179,7 +179,7 @@ pub async fn trace_requests(
     let request_id = request_id_of(&request);
     // Both come from fixed sets, so that a client cannot mint metric series
     // (or span names) by inventing methods or paths.
-    let route = request.match_pattern().unwrap_or_else(|| "unmatched".to_owned());
+    let route = crate::router::pattern_of(request.path()).unwrap_or("unmatched");
     let method = method_label(request.method());
     let span = tracing::info_span!(
         "http.request",
@@ -217,7 +217,7 @@ pub async fn trace_requests(
     if let Some(metrics) = metrics {
         metrics
             .http_latency
-            .with_label_values(&[route.as_str(), method, status_class(status.as_u16())])
+            .with_label_values(&[route, method, status_class(status.as_u16())])
             .observe(started.elapsed().as_secs_f64());
     }
     let headers = response.headers_mut();
