@@ -13,6 +13,7 @@ pub mod decision;
 pub mod defense;
 pub mod deposit;
 pub mod domain;
+pub mod headers;
 pub mod kept_pages;
 pub mod listener;
 pub mod metrics;

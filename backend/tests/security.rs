@@ -873,3 +873,113 @@ async fn requests_are_labelled_with_the_route_they_matched() {
         "an id became a label"
     );
 }
+
+/// One rule for a UUID wherever one is read: the hyphenated form, in either
+/// case. A body's braced, URN and 32-hex forms are refused as a path's and
+/// a key's are; and a header that carries one value, sent twice, is
+/// refused before anything happens.
+#[tokio::test]
+async fn uuids_have_one_form_and_single_headers_come_once() {
+    let app = spawn_app(|settings| settings.cooldown_ttl_ms = 1).await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let to = bob.wallet_id;
+    for written in [
+        format!("{{{to}}}"),
+        format!("urn:uuid:{to}"),
+        to.simple().to_string(),
+    ] {
+        let response = app
+            .client
+            .post(app.url("/api/v1/transfers"))
+            .bearer_auth(&alice.token)
+            .header("idempotency-key", new_key())
+            .json(&json!({ "from_wallet_id": alice.wallet_id, "to_wallet_id": written, "amount_minor": 100 }))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(response.status(), 422, "{written}");
+        let body: Value = response.json().await.expect("json");
+        assert_eq!(body["errors"][0]["pointer"], "#/to_wallet_id", "{body}");
+        let path = app
+            .client
+            .get(app.url(&format!("/api/v1/wallets/{written}")))
+            .bearer_auth(&bob.token)
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(path.status(), 404, "{written}");
+        let key = app
+            .transfer_request(&alice, to, 100, Some(&written))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(key.status(), 422, "{written}");
+    }
+    assert_eq!(app.transfer_count().await, 0);
+
+    // Upper case is the same UUID in the body, the path and the key.
+    let upper = to.to_string().to_uppercase();
+    let key = new_key();
+    let response = app
+        .client
+        .post(app.url("/api/v1/transfers"))
+        .bearer_auth(&alice.token)
+        .header("idempotency-key", key.to_uppercase())
+        .json(&json!({ "from_wallet_id": alice.wallet_id, "to_wallet_id": upper, "amount_minor": 100 }))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status(), 201);
+    let replay = app
+        .transfer_request(&alice, to, 100, Some(&key))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(replay.status(), 201);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    let path = app
+        .client
+        .get(app.url(&format!("/api/v1/wallets/{upper}")))
+        .bearer_auth(&bob.token)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(path.status(), 200);
+    assert_eq!(app.transfer_count().await, 1);
+
+    // Single-valued headers, twice.
+    for (name, first, second) in [
+        ("idempotency-key", new_key(), new_key()),
+        (
+            "authorization",
+            format!("Bearer {}", alice.token),
+            format!("Bearer {}", bob.token),
+        ),
+        (
+            "race-lab-switches",
+            "cooldown=off".to_owned(),
+            "cooldown=on".to_owned(),
+        ),
+    ] {
+        let response = app
+            .client
+            .post(app.url("/api/v1/transfers"))
+            .bearer_auth(&alice.token)
+            .header(name, first)
+            .header(name, second)
+            .json(&json!({ "from_wallet_id": alice.wallet_id, "to_wallet_id": to, "amount_minor": 100 }))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(response.status(), 422, "{name}");
+        let body: Value = response.json().await.expect("json");
+        assert!(
+            body["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("once at most"),
+            "{name}: {body}"
+        );
+    }
+    assert_eq!(app.transfer_count().await, 1);
+}

@@ -34,9 +34,7 @@ impl TokenSigner {
         if !caller.via_session {
             return Ok(());
         }
-        let presented = request
-            .headers()
-            .get(CSRF_HEADER)
+        let presented = crate::headers::single(request, CSRF_HEADER)?
             .and_then(|value| value.to_str().ok())
             .unwrap_or("");
         if self.verify_csrf(caller, presented) {

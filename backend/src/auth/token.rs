@@ -136,7 +136,7 @@ impl TokenSigner {
     /// Reads `Authorization: Bearer …`, or else the session cookie, and
     /// verifies it. No I/O.
     pub fn verify_request(&self, request: &HttpRequest) -> Result<VerifiedToken, Problem> {
-        let Some(header) = request.headers().get(header::AUTHORIZATION) else {
+        let Some(header) = crate::headers::single(request, header::AUTHORIZATION.as_str())? else {
             let cookie = request
                 .cookie(SESSION_COOKIE)
                 .ok_or_else(|| Problem::unauthorized("Send Authorization: Bearer <token>."))?;

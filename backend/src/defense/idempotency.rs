@@ -72,8 +72,7 @@ impl IdempotencyKey {
     /// Reads the header. Missing is fine unless the deployment requires a
     /// key (then 400); present but malformed is always 422.
     pub fn from_request(request: &HttpRequest, required: bool) -> Result<Option<Self>, Problem> {
-        let mut values = request.headers().get_all(HEADER);
-        let Some(value) = values.next() else {
+        let Some(value) = crate::headers::single(request, HEADER)? else {
             if required {
                 return Err(Problem::bad_request(
                     "This deployment requires an Idempotency-Key header (a UUID) on every transfer.",
@@ -81,9 +80,6 @@ impl IdempotencyKey {
             }
             return Ok(None);
         };
-        if values.next().is_some() {
-            return Err(Problem::validation("Send exactly one Idempotency-Key header."));
-        }
         let value = value
             .to_str()
             .map_err(|_| Problem::validation("The Idempotency-Key header must be a UUID."))?;

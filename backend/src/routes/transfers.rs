@@ -96,7 +96,7 @@ fn lab_switches(
     state: &AppState,
     caller: &VerifiedToken,
 ) -> Result<Option<Switches>, Problem> {
-    let Some(value) = request.headers().get(race_lab::switches::HEADER) else {
+    let Some(value) = crate::headers::single(request, race_lab::switches::HEADER)? else {
         return Ok(None);
     };
     if !state.config.race_lab.switches_enabled {
@@ -113,10 +113,7 @@ fn lab_switches(
              row_guard=read_decide_write\" (each optional). Nothing was changed.",
         )
     })?;
-    let pass = request
-        .headers()
-        .get(race_lab::pass::HEADER)
-        .and_then(|pass| pass.to_str().ok());
+    let pass = crate::headers::single(request, race_lab::pass::HEADER)?.and_then(|pass| pass.to_str().ok());
     let accepted = state
         .lab_passes
         .accept(caller.user_id, pass, value)
