@@ -148,6 +148,8 @@ impl Application {
                 config.race_lab.passes_held_max,
             )),
             streams_per_user: Arc::default(),
+            streams_per_address: Arc::default(),
+            readiness: Arc::default(),
             instance_id,
             api_document: serde_json::to_vec(&openapi::document(&config))?.into(),
             config: Arc::new(config),

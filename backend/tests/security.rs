@@ -983,3 +983,72 @@ async fn uuids_have_one_form_and_single_headers_come_once() {
     }
     assert_eq!(app.transfer_count().await, 1);
 }
+
+/// `/readyz` is answered from a verdict at most `readiness_cache_ms` old:
+/// a hundred probes at once, from anyone, cost PostgreSQL one query.
+#[tokio::test]
+async fn readiness_probes_share_one_verdict_per_period() {
+    let (app, proxy) = spawn_app_behind_proxy(|settings| settings.readiness_cache_ms = 60_000).await;
+    proxy.record_statements();
+    let probes = (0..100).map(|_| app.client.get(app.url("/readyz")).send());
+    for response in futures::future::join_all(probes).await {
+        assert_eq!(response.expect("readyz").status(), 200);
+    }
+    let probes_run = proxy
+        .statements_run()
+        .iter()
+        .filter(|statement| statement.trim() == "SELECT 1")
+        .count();
+    assert_eq!(probes_run, 1, "{:?}", proxy.statements_run());
+
+    // With no cache, each probe asks.
+    let (app, proxy) = spawn_app_behind_proxy(|settings| settings.readiness_cache_ms = 0).await;
+    proxy.record_statements();
+    for _ in 0..3 {
+        assert_eq!(
+            app.client
+                .get(app.url("/readyz"))
+                .send()
+                .await
+                .expect("readyz")
+                .status(),
+            200
+        );
+    }
+    let probes_run = proxy
+        .statements_run()
+        .iter()
+        .filter(|statement| statement.trim() == "SELECT 1")
+        .count();
+    assert_eq!(probes_run, 3);
+}
+
+/// Live streams are bounded per client address as well as per user, and a
+/// stream that delivers nothing for `decision_stream_idle_s` ends.
+#[tokio::test]
+async fn streams_are_bounded_per_address_and_end_when_idle() {
+    let app = spawn_app(|settings| {
+        settings.decision_streams_per_address_max = 3;
+        settings.decision_stream_idle_s = 1;
+        settings.decision_stream_keepalive_ms = 200;
+    })
+    .await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let mut first = open_stream(&app, &alice).await;
+    let second = open_stream(&app, &alice).await;
+    let third = open_stream(&app, &bob).await;
+    for stream in [&first, &second, &third] {
+        assert_eq!(stream.status(), 200);
+    }
+    let (status, body) = problem(open_stream(&app, &bob).await).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("from your address"),
+        "{body}"
+    );
+    let (seen, _) = read_stream_until(&mut first, 5, |seen| seen.contains("event: end")).await;
+    assert!(seen.contains(r#"data: {"reason":"idle"}"#), "{seen}");
+}

@@ -115,8 +115,8 @@
         events.onerror = function () { status.textContent = "reconnecting…"; };
         events.addEventListener("decision", function (event) { row(JSON.parse(event.data)); });
         // The server ends a stream when the session ends (then reconnecting
-        // is pointless) or when it has lived its time (then the browser
-        // reconnects by itself and resumes where it stopped).
+        // is pointless), or when it has lived its time or been idle (then
+        // the browser reconnects by itself and resumes where it stopped).
         events.addEventListener("end", function (event) {
           if (JSON.parse(event.data).reason === "token") {
             events.close();

@@ -15,7 +15,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::auth::{self, VerifiedToken};
 use crate::decision::feed::{self, StoredEntry};
-use crate::decision::stream_slots::{StreamsPerUser, UserStreamSlot};
+use crate::decision::stream_slots::{StreamSlot, StreamsPer};
 use crate::domain::UserId;
 use crate::problem::{Problem, ProblemType};
 use crate::redis_store::StreamConnection;
@@ -131,9 +131,15 @@ struct LiveStream {
     last_id: String,
     token: VerifiedToken,
     opened: Instant,
+    /// When the stream last delivered an entry (or opened).
+    delivered: Instant,
     next_token_check: Instant,
     ended: bool,
-    _slots: (OwnedSemaphorePermit, UserStreamSlot),
+    _slots: (
+        OwnedSemaphorePermit,
+        StreamSlot<crate::domain::UserId>,
+        Option<StreamSlot<std::net::IpAddr>>,
+    ),
 }
 
 /// The Server-Sent Events response over the caller's stream.
@@ -151,7 +157,7 @@ async fn open_stream(
         .filter(|id| feed::is_stream_id(id))
         .map(str::to_owned);
 
-    let user_slot = StreamsPerUser::claim(
+    let user_slot = StreamsPer::claim(
         &state.streams_per_user,
         token.user_id,
         config.feed.streams_per_user_max,
@@ -167,6 +173,27 @@ async fn open_stream(
         .detail_is_for_people()
         .with_retry_after_s(1)
     })?;
+    let address_slot = match state.account_limits.client_address(request) {
+        Some(address) => Some(
+            StreamsPer::claim(
+                &state.streams_per_address,
+                address,
+                config.feed.streams_per_address_max,
+            )
+            .ok_or_else(|| {
+                Problem::new(
+                    ProblemType::TooManyStreams,
+                    format!(
+                        "{} live feeds are open from your address already. Close one and try again.",
+                        config.feed.streams_per_address_max
+                    ),
+                )
+                .detail_is_for_people()
+                .with_retry_after_s(1)
+            })?,
+        ),
+        None => None,
+    };
     let slot = state
         .stream_slots
         .clone()
@@ -195,6 +222,7 @@ async fn open_stream(
 
     let token_check = config.feed.stream_token_check;
     let lifetime = config.feed.stream_lifetime;
+    let idle = config.feed.stream_idle;
     let db = state.db.clone();
     let now = Instant::now();
     let live = LiveStream {
@@ -202,9 +230,10 @@ async fn open_stream(
         last_id: start,
         token,
         opened: now,
+        delivered: now,
         next_token_check: now + token_check,
         ended: false,
-        _slots: (slot, user_slot),
+        _slots: (slot, user_slot, address_slot),
     };
 
     // Each step blocks in Redis until new entries arrive or the next check
@@ -222,6 +251,10 @@ async fn open_stream(
                 live.ended = true;
                 return Some((Ok(end_event("lifetime")), live));
             }
+            if live.delivered.elapsed() >= idle {
+                live.ended = true;
+                return Some((Ok(end_event("idle")), live));
+            }
             if Instant::now() >= live.next_token_check {
                 live.next_token_check = Instant::now() + token_check;
                 let still_live = live.token.expires_at > chrono::Utc::now()
@@ -234,6 +267,7 @@ async fn open_stream(
             let until_due = live
                 .next_token_check
                 .min(live.opened + lifetime)
+                .min(live.delivered + idle)
                 .saturating_duration_since(Instant::now());
             let block_ms = keepalive.min(until_due).as_millis().max(1) as u64;
             let reply: Result<feed::XreadReply, _> = redis::cmd("XREAD")
@@ -259,6 +293,7 @@ async fn open_stream(
                     let data = serde_json::to_string(&stored.entry).unwrap_or_default();
                     chunk.push_str(&format!("id: {}\nevent: decision\ndata: {data}\n\n", stored.id));
                     live.last_id = stored.id;
+                    live.delivered = Instant::now();
                 }
             }
             if chunk.is_empty() {
@@ -269,7 +304,7 @@ async fn open_stream(
     });
     Ok(HttpResponse::Ok()
         .insert_header((header::CONTENT_TYPE, "text/event-stream"))
-        .insert_header((header::CACHE_CONTROL, "no-cache"))
+        .insert_header((header::CACHE_CONTROL, "no-store"))
         // Tells nginx not to buffer the stream.
         .insert_header(("X-Accel-Buffering", "no"))
         .streaming(events))
@@ -293,8 +328,8 @@ async fn newest_id(connection: &mut StreamConnection, key: &str) -> Result<Strin
 }
 
 /// The last event of a stream that the server ends: `reason` is `token`
-/// (revoked or expired: sign in again) or `lifetime` (reconnect with
-/// `Last-Event-ID`).
+/// (revoked or expired: sign in again), `lifetime` or `idle` (reconnect
+/// with `Last-Event-ID`).
 fn end_event(reason: &str) -> Bytes {
     Bytes::from(format!("event: end\ndata: {{\"reason\":\"{reason}\"}}\n\n"))
 }

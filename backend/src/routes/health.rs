@@ -14,7 +14,7 @@ pub async fn healthz() -> HttpResponse {
 }
 
 /// The admin listener's readiness report.
-#[derive(Serialize)]
+#[derive(Clone, Serialize)]
 pub struct Readiness {
     pub status: &'static str,
     pub postgres: &'static str,
@@ -25,7 +25,7 @@ pub struct Readiness {
 }
 
 /// Which defenses this instance runs, and how.
-#[derive(Serialize)]
+#[derive(Clone, Serialize)]
 pub struct DefenseMode {
     /// False when any layer is off or naive (a demonstration instance).
     pub safe: bool,
@@ -109,7 +109,33 @@ impl Readiness {
     }
 }
 
+/// A readiness verdict and when it was reached.
+#[derive(Clone)]
+pub struct Probed {
+    readiness: Readiness,
+    at: std::time::Instant,
+}
+
+/// The stores' readiness, probed at most once per `readiness_cache_ms` on
+/// this instance: probes that come while one is under way wait for it and
+/// share its verdict, so that anyone calling `/readyz` in a loop costs the
+/// stores nothing more.
 async fn probe(state: &AppState) -> Readiness {
+    let mut last = state.readiness.lock().await;
+    if let Some(probed) = last.as_ref()
+        && probed.at.elapsed() < state.config.http.readiness_cache
+    {
+        return probed.readiness.clone();
+    }
+    let readiness = probe_stores(state).await;
+    *last = Some(Probed {
+        readiness: readiness.clone(),
+        at: std::time::Instant::now(),
+    });
+    readiness
+}
+
+async fn probe_stores(state: &AppState) -> Readiness {
     let probe_timeout = state.config.database.acquire_wait_max;
     let postgres = tokio::time::timeout(probe_timeout, sqlx::query("SELECT 1").execute(&state.db)).await;
     let postgres_ok = matches!(postgres, Ok(Ok(_)));

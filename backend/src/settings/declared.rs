@@ -38,6 +38,10 @@ declare_settings! {
         oversized_body_drain_ms_max: u64 = 2_000, within 0..=60_000 "ms";
         /// How long in-flight requests get to finish after SIGTERM.
         shutdown_grace_s: u64 = 10, within 0..=3_600 "s";
+        /// How long a readiness verdict answers `/readyz`, so that probes
+        /// from anyone cost the stores one round trip each per period at
+        /// most; 0 probes on every call.
+        readiness_cache_ms: u64 = 1_000, within 0..=60_000 "ms";
         /// How log lines are written.
         log_format: LogFormat = LogFormat::Text;
         /// Names this process in the decision feed and the logs. Empty: the
@@ -370,11 +374,19 @@ declare_settings! {
         /// How often a live stream re-checks that its token is still valid; it
         /// ends when the token is revoked or expires.
         decision_stream_token_check_s: u64 = 5, within 1..=300 "s";
-        /// A live stream ends after this long; the client reconnects.
-        decision_stream_lifetime_s: u64 = 3_600, within 1..=86_400 "s";
+        /// A live stream ends after this long; the client reconnects (a
+        /// browser does so by itself, from the last entry it saw).
+        decision_stream_lifetime_s: u64 = 900, within 1..=86_400 "s";
+        /// A live stream that delivered no entry for this long ends; the
+        /// client reconnects when it wants more.
+        decision_stream_idle_s: u64 = 300, within 1..=86_400 "s";
         /// Live streams one user may hold on one instance at once. The feed
         /// page holds two (real transfers and lab runs).
         decision_streams_per_user_max: usize = 8, within 1..=1_000 "streams";
+        /// Live streams one client address may hold on one instance at
+        /// once, whoever is signed in: several people behind one address
+        /// share it.
+        decision_streams_per_address_max: usize = 16, within 1..=10_000 "streams";
     }
 
     section "Money and accounts" {

@@ -52,6 +52,7 @@ pub struct Http {
     pub oversized_body_drain_bytes_max: usize,
     pub oversized_body_drain_max: Duration,
     pub shutdown_grace: Duration,
+    pub readiness_cache: Duration,
     pub log_format: LogFormat,
     /// Empty: the host name and a random suffix.
     pub instance_id: String,
@@ -216,7 +217,9 @@ pub struct Feed {
     pub stream_keepalive: Duration,
     pub stream_token_check: Duration,
     pub stream_lifetime: Duration,
+    pub stream_idle: Duration,
     pub streams_per_user_max: usize,
+    pub streams_per_address_max: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -384,6 +387,7 @@ impl Http {
             oversized_body_drain_bytes_max: s.oversized_body_drain_bytes_max,
             oversized_body_drain_max: Duration::from_millis(s.oversized_body_drain_ms_max),
             shutdown_grace: Duration::from_secs(s.shutdown_grace_s),
+            readiness_cache: Duration::from_millis(s.readiness_cache_ms),
             log_format: s.log_format,
             instance_id: s.instance_id.clone(),
             trusted_proxies,
@@ -600,7 +604,9 @@ impl From<&Settings> for Feed {
             stream_keepalive: Duration::from_millis(s.decision_stream_keepalive_ms),
             stream_token_check: Duration::from_secs(s.decision_stream_token_check_s),
             stream_lifetime: Duration::from_secs(s.decision_stream_lifetime_s),
+            stream_idle: Duration::from_secs(s.decision_stream_idle_s),
             streams_per_user_max: s.decision_streams_per_user_max,
+            streams_per_address_max: s.decision_streams_per_address_max,
         }
     }
 }
