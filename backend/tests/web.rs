@@ -321,3 +321,73 @@ async fn a_first_visit_explains_itself_and_needs_one_account() {
     }
     app.assert_invariants().await;
 }
+
+/// The CSRF value of a form shown before sign-in is one the server made and
+/// signed: a cookie planted with a value of the attacker's choosing, sent
+/// with the same value in the form, is refused, and no account is made.
+#[tokio::test]
+async fn a_planted_pre_sign_in_csrf_cookie_is_refused() {
+    let app = spawn_app(|_| {}).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let planted = "0123456789abcdef0123456789abcdef";
+    for (cookie, field) in [
+        (planted.to_owned(), planted.to_owned()),
+        (format!("{planted}.00"), format!("{planted}.00")),
+    ] {
+        let response = http
+            .post(app.url("/signup"))
+            .header("cookie", format!("lw_csrf={cookie}"))
+            .form(&[
+                ("name", "mallory"),
+                ("password", "correct horse battery"),
+                ("csrf", &field),
+            ])
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(response.status(), 403, "{cookie}");
+        let page = response.text().await.expect("page");
+        assert!(page.contains("This form expired"), "{page}");
+    }
+    assert_eq!(
+        app.count("SELECT count(*) FROM users WHERE name = 'mallory'")
+            .await,
+        0
+    );
+
+    // The page replaces a planted cookie with one of its own, and that one
+    // works.
+    let mut visitor = Visitor::new(&app);
+    let response = visitor.get_response("/signup").await;
+    let set = response
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .find(|value| value.starts_with("lw_csrf="))
+        .expect("a CSRF cookie")
+        .to_owned();
+    assert!(!set.contains(planted));
+    let page = response.text().await.expect("page");
+    let csrf = hidden(&page, "csrf");
+    assert!(csrf.contains('.'), "nonce.mac: {csrf}");
+    let response = visitor
+        .post(
+            "/signup",
+            &[
+                ("name", "mallory"),
+                ("password", "correct horse battery"),
+                ("csrf", &csrf),
+            ],
+        )
+        .await;
+    assert_eq!(response.status(), 303);
+    assert_eq!(
+        app.count("SELECT count(*) FROM users WHERE name = 'mallory'")
+            .await,
+        1
+    );
+}

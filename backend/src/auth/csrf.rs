@@ -17,6 +17,38 @@ impl TokenSigner {
         hex::encode(mac.finalize().into_bytes())
     }
 
+    /// A CSRF value for a form shown before sign-in, where there is no
+    /// session to derive it from: a random nonce and a MAC of it, so that a
+    /// value this server did not make (a cookie planted from a sibling
+    /// domain, say) is refused.
+    pub fn pre_session_csrf(&self) -> String {
+        let nonce: [u8; 16] = rand::random();
+        let nonce = hex::encode(nonce);
+        let mac = self.pre_session_mac(&nonce);
+        format!("{nonce}.{mac}")
+    }
+
+    /// Whether `value` is one `pre_session_csrf` made, in constant time.
+    pub fn pre_session_csrf_is_ours(&self, value: &str) -> bool {
+        let Some((nonce, presented)) = value.split_once('.') else {
+            return false;
+        };
+        let Ok(presented) = hex::decode(presented) else {
+            return false;
+        };
+        let mut mac = self.mac();
+        mac.update(b"pre-session-csrf:");
+        mac.update(nonce.as_bytes());
+        mac.verify_slice(&presented).is_ok()
+    }
+
+    fn pre_session_mac(&self, nonce: &str) -> String {
+        let mut mac = self.mac();
+        mac.update(b"pre-session-csrf:");
+        mac.update(nonce.as_bytes());
+        hex::encode(mac.finalize().into_bytes())
+    }
+
     /// Checks a presented CSRF token in constant time.
     pub fn verify_csrf(&self, session: &VerifiedToken, presented: &str) -> bool {
         let Ok(presented) = hex::decode(presented.trim()) else {

@@ -9,10 +9,10 @@
 //! call the same REST endpoints as API clients, authenticated by that
 //! cookie (and, for transfers, the CSRF header).
 
+use crate::auth::TokenSigner;
 use actix_web::cookie::{Cookie, SameSite, time};
 use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, web};
-use rand::RngCore;
 
 use crate::auth::{self, VerifiedToken};
 use crate::state::AppState;
@@ -86,16 +86,15 @@ pub fn expired_session_cookie() -> Cookie<'static> {
     cookie
 }
 
-/// The pre-session CSRF value: the cookie's, or a new one to set.
-pub fn pre_session_csrf(request: &HttpRequest) -> (String, Option<Cookie<'static>>) {
-    if let Some(cookie) = request.cookie(PRE_SESSION_CSRF_COOKIE) {
-        if cookie.value().len() == 32 {
-            return (cookie.value().to_owned(), None);
-        }
+/// The pre-session CSRF value: the cookie's when this server made it, or a
+/// new one to set.
+pub fn pre_session_csrf(request: &HttpRequest, tokens: &TokenSigner) -> (String, Option<Cookie<'static>>) {
+    if let Some(cookie) = request.cookie(PRE_SESSION_CSRF_COOKIE)
+        && tokens.pre_session_csrf_is_ours(cookie.value())
+    {
+        return (cookie.value().to_owned(), None);
     }
-    let mut bytes = [0u8; 16];
-    rand::thread_rng().fill_bytes(&mut bytes);
-    let value = hex::encode(bytes);
+    let value = tokens.pre_session_csrf();
     let cookie = Cookie::build(PRE_SESSION_CSRF_COOKIE, value.clone())
         .path("/")
         .http_only(true)
@@ -105,11 +104,13 @@ pub fn pre_session_csrf(request: &HttpRequest) -> (String, Option<Cookie<'static
     (value, Some(cookie))
 }
 
-/// A form posted before sign-in carries the cookie's value.
-pub fn pre_session_csrf_ok(request: &HttpRequest, presented: &str) -> bool {
-    request
-        .cookie(PRE_SESSION_CSRF_COOKIE)
-        .is_some_and(|cookie| constant_time_eq(cookie.value().as_bytes(), presented.as_bytes()))
+/// A form posted before sign-in carries the cookie's value, and this
+/// server made that value.
+pub fn pre_session_csrf_ok(request: &HttpRequest, tokens: &TokenSigner, presented: &str) -> bool {
+    request.cookie(PRE_SESSION_CSRF_COOKIE).is_some_and(|cookie| {
+        constant_time_eq(cookie.value().as_bytes(), presented.as_bytes())
+            && tokens.pre_session_csrf_is_ours(cookie.value())
+    })
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

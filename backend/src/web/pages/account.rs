@@ -56,7 +56,7 @@ fn account_page(
     error: Option<String>,
     status: StatusCode,
 ) -> HttpResponse {
-    let (csrf, new_cookie) = site::pre_session_csrf(request);
+    let (csrf, new_cookie) = site::pre_session_csrf(request, &state.tokens);
     let title = if form == "signin" {
         "Sign in"
     } else {
@@ -134,7 +134,7 @@ async fn account_form(
     let again = |error: String, status| {
         account_page(request, state, form_kind, form.name.clone(), Some(error), status)
     };
-    if !site::pre_session_csrf_ok(request, &form.csrf) {
+    if !site::pre_session_csrf_ok(request, &state.tokens, &form.csrf) {
         return again(
             "This form expired. Please try again.".to_owned(),
             StatusCode::FORBIDDEN,
