@@ -198,6 +198,86 @@ async fn sign_ins_are_limited_per_name_across_addresses_and_instances() {
     );
 }
 
+/// Guesses at a name from rotating addresses end up refused, but never the
+/// owner at an address they signed in from: only failures count, keyed on
+/// the name and the address, and the name's own cap skips the owner's
+/// known address. Right passwords never use up anything.
+#[tokio::test]
+async fn guesses_from_elsewhere_never_lock_the_owner_out() {
+    let app = spawn_app(|settings| {
+        settings.account_limits_enabled = true;
+        settings.trusted_proxies = vec!["127.0.0.1".into()];
+        // One failure a minute per name: no refill within the test.
+        settings.signin_per_name_per_minute_max = 1;
+        settings.signin_per_name_and_address_per_minute_max = 3;
+    })
+    .await;
+    let second = spawn_second_instance(&app).await;
+    const HOME: &str = "203.0.113.7";
+    assert_eq!(sign_up_as(&app, "olivia", Some(HOME)).await.status(), 201);
+    // Right passwords from home, many times: nothing is used up.
+    for _ in 0..20 {
+        assert_eq!(
+            sign_in_as(&app, "olivia", "correct horse battery", HOME)
+                .await
+                .status(),
+            201
+        );
+    }
+
+    // Guesses from rotating addresses, on both instances, one per address.
+    let mut refused = 0;
+    for i in 0..30 {
+        let instance = if i % 2 == 0 { &app } else { &second };
+        let status = sign_in_as(
+            instance,
+            "olivia",
+            &format!("wrong guess {i}"),
+            &format!("198.51.100.{i}"),
+        )
+        .await
+        .status()
+        .as_u16();
+        assert!(status == 401 || status == 429, "{status}");
+        refused += usize::from(status == 429);
+    }
+    assert_eq!(refused, 29, "the name's cap let one guess through");
+    // A new address, even with the right password, waits for the cap.
+    assert_eq!(
+        sign_in_as(&app, "olivia", "correct horse battery", "198.51.100.200")
+            .await
+            .status(),
+        429
+    );
+    // The owner at home is let in, on either instance.
+    for instance in [&app, &second] {
+        assert_eq!(
+            sign_in_as(instance, "olivia", "correct horse battery", HOME)
+                .await
+                .status(),
+            201
+        );
+    }
+
+    // Wrong passwords at home count against the name from home.
+    for i in 0..3 {
+        assert_eq!(
+            sign_in_as(&app, "olivia", &format!("a typo, number {i}"), HOME)
+                .await
+                .status(),
+            401
+        );
+    }
+    assert_eq!(
+        sign_in_as(&app, "olivia", "correct horse battery", HOME)
+            .await
+            .status(),
+        429
+    );
+    let tokens = app.count("SELECT count(*) FROM api_tokens").await;
+    assert_eq!(tokens, 1 + 20 + 2, "a refused sign-in issued a token");
+}
+
 /// With Redis down, the limits follow the cooldown's policy.
 #[tokio::test]
 async fn account_limits_follow_the_redis_policy() {

@@ -7,7 +7,6 @@ use serde::{Deserialize, Serialize};
 use sqlx::AssertSqlSafe;
 use uuid::Uuid;
 
-use crate::account_limits::AccountAction;
 use crate::auth;
 use crate::domain::{UserId, WalletId};
 use crate::names::{self, ComparableName, MATCHES_NAME};
@@ -91,10 +90,7 @@ pub async fn sign_up(
 ) -> Result<HttpResponse, Problem> {
     let body = read_json_body(&request, payload, &state.config).await?;
     let (credentials, name) = Credentials::parse(&body, &state.config)?;
-    state
-        .account_limits
-        .check(AccountAction::SignUp, &request, &name.key)
-        .await?;
+    state.account_limits.check_sign_up(&request, &name.key).await?;
     let signed_up = create_user(&state, &name, credentials.password).await?;
     Ok(HttpResponse::Created().json(signed_up))
 }
@@ -165,11 +161,7 @@ pub async fn sign_in(
     let body = read_json_body(&request, payload, &state.config).await?;
     let (credentials, _) = Credentials::parse(&body, &state.config)
         .map_err(|_| Problem::unauthorized("Wrong name or password.").detail_is_for_people())?;
-    state
-        .account_limits
-        .check(AccountAction::SignIn, &request, &names::key_of(&credentials.name))
-        .await?;
-    let issued = issue_token_for(&state, credentials).await?;
+    let issued = sign_in_within_limits(&state, &request, credentials).await?;
     use secrecy::ExposeSecret;
     Ok(HttpResponse::Created().json(IssuedTokenBody {
         token: issued.token.expose_secret().to_owned(),
@@ -177,8 +169,31 @@ pub async fn sign_in(
     }))
 }
 
-/// Checks the password and stores a new token. Shared by the API and the
+/// A sign-in under the account limits: refused before the password is
+/// checked when one more failure would not be allowed; a wrong password is
+/// counted, a right one remembers the address. Shared by the API and the
 /// browser sign-in form.
+pub async fn sign_in_within_limits(
+    state: &AppState,
+    request: &HttpRequest,
+    credentials: Credentials,
+) -> Result<auth::IssuedToken, Problem> {
+    let limits = &state.account_limits;
+    let attempt = limits
+        .sign_in_may_try(request, &names::key_of(&credentials.name))
+        .await?;
+    let issued = issue_token_for(state, credentials).await;
+    match &issued {
+        Ok(_) => limits.sign_in_succeeded(&attempt).await,
+        Err(problem) if problem.status_code() == actix_web::http::StatusCode::UNAUTHORIZED => {
+            limits.sign_in_failed(&attempt).await
+        }
+        Err(_) => {}
+    }
+    issued
+}
+
+/// Checks the password and stores a new token.
 pub async fn issue_token_for(
     state: &AppState,
     credentials: Credentials,

@@ -432,12 +432,21 @@ declare_settings! {
         signup_per_address_per_hour_max: u32 = 20, within 1..=1_000_000 "attempts";
         /// Sign-ups under one name at once, refilled at this many per hour.
         signup_per_name_per_hour_max: u32 = 5, within 1..=1_000_000 "attempts";
-        /// Sign-ins from one client address at once, refilled at this many per
-        /// minute.
+        /// Failed sign-ins from one client address at once, refilled at this
+        /// many per minute. Sign-ins count only when the password is wrong,
+        /// and a refusal is 429 with `Retry-After`.
         signin_per_address_per_minute_max: u32 = 30, within 1..=1_000_000 "attempts";
-        /// Sign-ins to one name at once, refilled at this many per minute; a
-        /// refusal is 429 with `Retry-After`.
-        signin_per_name_per_minute_max: u32 = 10, within 1..=1_000_000 "attempts";
+        /// Failed sign-ins to one name from one client address at once,
+        /// refilled at this many per minute.
+        signin_per_name_and_address_per_minute_max: u32 = 10, within 1..=1_000_000 "attempts";
+        /// Failed sign-ins to one name from all addresses at once, refilled at
+        /// this many per minute. It does not apply at an address the name
+        /// signed in from within `signin_known_address_days`, so guesses from
+        /// elsewhere never lock the owner out there.
+        signin_per_name_per_minute_max: u32 = 60, within 1..=1_000_000 "attempts";
+        /// How long an address a name signed in from stays exempt from the
+        /// name's own limit.
+        signin_known_address_days: u64 = 30, within 1..=3_650 "days";
         /// Addresses or networks (CIDR) of the load balancers in front of the
         /// instances. Only from these is `X-Forwarded-For` believed.
         trusted_proxies: Vec<String> = Vec::new(),

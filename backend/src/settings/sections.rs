@@ -247,6 +247,8 @@ pub struct Accounts {
     pub signup_per_name_per_hour_max: u32,
     pub signin_per_address_per_minute_max: u32,
     pub signin_per_name_per_minute_max: u32,
+    pub signin_per_name_and_address_per_minute_max: u32,
+    pub signin_known_address: Duration,
 }
 
 impl Idempotency {
@@ -659,6 +661,8 @@ impl Accounts {
             signup_per_name_per_hour_max: s.signup_per_name_per_hour_max,
             signin_per_address_per_minute_max: s.signin_per_address_per_minute_max,
             signin_per_name_per_minute_max: s.signin_per_name_per_minute_max,
+            signin_per_name_and_address_per_minute_max: s.signin_per_name_and_address_per_minute_max,
+            signin_known_address: Duration::from_secs(s.signin_known_address_days * 86_400),
         }
     }
 }

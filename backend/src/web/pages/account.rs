@@ -7,8 +7,6 @@ use askama_web::WebTemplate;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
-use crate::account_limits::AccountAction;
-use crate::names::{self};
 use crate::problem::Problem;
 use crate::routes::users::{self, Credentials};
 use crate::state::AppState;
@@ -147,12 +145,12 @@ async fn account_form(
     let limits = &state.account_limits;
     let token: Result<SecretString, Problem> = async {
         if form_kind == "signin" {
-            let name_key = names::key_of(&credentials.name);
-            limits.check(AccountAction::SignIn, request, &name_key).await?;
-            Ok(users::issue_token_for(state, credentials).await?.token)
+            Ok(users::sign_in_within_limits(state, request, credentials)
+                .await?
+                .token)
         } else {
             let name = credentials.validate(&state.config)?;
-            limits.check(AccountAction::SignUp, request, &name.key).await?;
+            limits.check_sign_up(request, &name.key).await?;
             let signed_up = users::create_user(state, &name, credentials.password).await?;
             Ok(SecretString::from(signed_up.token))
         }
