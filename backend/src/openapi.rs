@@ -44,7 +44,7 @@ use crate::state::AppState;
         health::healthz,
         health::readyz,
     ),
-    components(schemas(crate::problem::Problem, crate::problem::FieldError)),
+    components(schemas(crate::problem::Problem, crate::problem::FieldError, crate::decision::feed::Source)),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
@@ -180,7 +180,20 @@ fn contract(document: &mut Value, config: &Config) {
             }
             add_links(responses, method, path);
             constrain_parameters(operation, config);
+            // An operation anyone may call says so, rather than leaving a
+            // reader (or a linter) to guess: signing up and in, the probes,
+            // and the provider's webhook, which its signature authenticates.
+            if operation.get("security").is_none() {
+                operation["security"] = json!([]);
+            }
         }
+    }
+    // Relative to wherever the document was fetched from: every instance
+    // serves it about itself.
+    document["servers"] = json!([{ "url": "/", "description": "The instance that served this document" }]);
+    if let Some(name) = document.pointer_mut("/components/schemas/Credentials/properties/name") {
+        name["minLength"] = json!(1);
+        name["maxLength"] = json!(config.accounts.user_name_chars_max);
     }
     if let Some(amount) = document.pointer_mut("/components/schemas/TransferBody/properties/amount_minor") {
         amount["minimum"] = json!(1);

@@ -642,3 +642,52 @@ async fn validation_problems_name_each_field() {
         assert!(!problem_body.to_string().contains("123456789"), "{problem_body}");
     }
 }
+
+/// The document says what a linter and a fuzzer need: every operation
+/// declares its security (public ones, `[]`), there is a server, every
+/// reference resolves, and a name's length is the one the server enforces,
+/// so that an empty name is not a schema-valid request.
+#[tokio::test]
+async fn the_document_declares_security_servers_and_the_names_rules() {
+    let app = spawn_app(|settings| settings.user_name_chars_max = 40).await;
+    let doc: Value = app.get_json("/api/openapi.json", None).await;
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for (method, operation) in item.as_object().expect("operations") {
+            assert!(
+                operation["security"].is_array(),
+                "{method} {path} declares no security"
+            );
+        }
+    }
+    assert_eq!(doc["paths"]["/api/v1/users"]["post"]["security"], json!([]));
+    assert_eq!(
+        doc["paths"]["/api/v1/transfers"]["post"]["security"],
+        json!([{ "bearer": [] }])
+    );
+    assert_eq!(doc["servers"][0]["url"], "/");
+    let name = &doc["components"]["schemas"]["Credentials"]["properties"]["name"];
+    assert_eq!(
+        (name["minLength"].as_u64(), name["maxLength"].as_u64()),
+        (Some(1), Some(40))
+    );
+
+    // Every `$ref` names a schema the document holds.
+    let text = doc.to_string();
+    for reference in text.split("\"$ref\":\"#/components/schemas/").skip(1) {
+        let name = reference.split('"').next().expect("a name");
+        assert!(
+            doc["components"]["schemas"].get(name).is_some(),
+            "#/components/schemas/{name} is referenced but not defined"
+        );
+    }
+
+    // What the schema now refuses, the server refuses too.
+    let empty = app
+        .client
+        .post(app.url("/api/v1/users"))
+        .json(&json!({ "name": "", "password": "correct horse battery" }))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(empty.status(), 422);
+}
