@@ -149,7 +149,6 @@ impl Application {
             )),
             streams_per_user: Arc::default(),
             streams_per_address: Arc::default(),
-            readiness: Arc::default(),
             instance_id,
             api_document: serde_json::to_vec(&openapi::document(&config))?.into(),
             config: Arc::new(config),
@@ -169,9 +168,14 @@ impl Application {
         let workers = state.config.http.workers;
         let grace_s = state.config.http.shutdown_grace.as_secs();
         let data = web::Data::new(state);
+        // One per instance, shared by its workers: probes within
+        // `readiness_cache_ms` of each other share one verdict.
+        let last_verdict = web::Data::new(crate::routes::health::LastVerdict::default());
         let server = HttpServer::new(move || {
             App::new()
                 .app_data(data.clone())
+                .app_data(last_verdict.clone())
+                .app_data(telemetry::RoutePatterns(router::pattern_of))
                 .app_data(web::FormConfig::default().error_handler(crate::web::pages::unreadable_form))
                 .wrap(security_headers())
                 .wrap(actix_web::middleware::from_fn(telemetry::trace_requests))

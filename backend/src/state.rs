@@ -30,9 +30,6 @@ pub struct AppState {
     /// ...and those each user holds on it.
     pub streams_per_user: Arc<crate::decision::stream_slots::StreamsPer<crate::domain::UserId>>,
     pub streams_per_address: Arc<crate::decision::stream_slots::StreamsPer<std::net::IpAddr>>,
-    /// The last readiness verdict and when it was reached: probes are
-    /// answered from it for `readiness_cache_ms`.
-    pub readiness: Arc<tokio::sync::Mutex<Option<crate::routes::health::Probed>>>,
     pub instance_id: Arc<str>,
     /// Where this instance's public listener answers from this host: the
     /// race lab fires its bursts at it, like any client.

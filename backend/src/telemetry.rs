@@ -168,6 +168,12 @@ fn request_id_of(request: &ServiceRequest) -> String {
         .unwrap_or_else(|| Uuid::new_v4().to_string())
 }
 
+/// Which route pattern a path matches (`router::pattern_of`), given to the
+/// app as data so that labelling a request needs no knowledge of the
+/// routes here.
+#[derive(Clone, Copy)]
+pub struct RoutePatterns(pub fn(&str) -> Option<&'static str>);
+
 /// The request middleware: a server span per request, the request id and
 /// trace id for handlers, `X-Request-Id` and `traceparent` on the response,
 /// and the request latency histogram.
@@ -179,7 +185,10 @@ pub async fn trace_requests(
     let request_id = request_id_of(&request);
     // Both come from fixed sets, so that a client cannot mint metric series
     // (or span names) by inventing methods or paths.
-    let route = crate::router::pattern_of(request.path()).unwrap_or("unmatched");
+    let route = request
+        .app_data::<RoutePatterns>()
+        .and_then(|patterns| (patterns.0)(request.path()))
+        .unwrap_or("unmatched");
     let method = method_label(request.method());
     let span = tracing::info_span!(
         "http.request",

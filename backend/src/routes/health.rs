@@ -79,8 +79,8 @@ pub struct ReadinessStatus {
 /// `/readyz` says why.
 #[utoipa::path(get, path = "/readyz", tag = "health",
     responses((status = 200, body = ReadinessStatus), (status = 503, body = ReadinessStatus)))]
-pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
-    let readiness = probe(&state).await;
+pub async fn readyz(state: web::Data<AppState>, last: web::Data<LastVerdict>) -> HttpResponse {
+    let readiness = probe(&state, &last).await;
     let body = ReadinessStatus {
         status: readiness.status,
     };
@@ -89,8 +89,8 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
 
 /// The admin listener's `/readyz`: the same verdict and status code, with
 /// each store's state, the fail-open count and the defense modes.
-pub async fn readyz_detailed(state: web::Data<AppState>) -> HttpResponse {
-    let readiness = probe(&state).await;
+pub async fn readyz_detailed(state: web::Data<AppState>, last: web::Data<LastVerdict>) -> HttpResponse {
+    let readiness = probe(&state, &last).await;
     answer(readiness.is_ready(), readiness)
 }
 
@@ -109,9 +109,12 @@ impl Readiness {
     }
 }
 
-/// A readiness verdict and when it was reached.
-#[derive(Clone)]
-pub struct Probed {
+/// The last readiness verdict of this instance and when it was reached:
+/// probes are answered from it for `readiness_cache_ms`.
+#[derive(Default)]
+pub struct LastVerdict(tokio::sync::Mutex<Option<Probed>>);
+
+struct Probed {
     readiness: Readiness,
     at: std::time::Instant,
 }
@@ -120,8 +123,8 @@ pub struct Probed {
 /// this instance: probes that come while one is under way wait for it and
 /// share its verdict, so that anyone calling `/readyz` in a loop costs the
 /// stores nothing more.
-async fn probe(state: &AppState) -> Readiness {
-    let mut last = state.readiness.lock().await;
+async fn probe(state: &AppState, last: &LastVerdict) -> Readiness {
+    let mut last = last.0.lock().await;
     if let Some(probed) = last.as_ref()
         && probed.at.elapsed() < state.config.http.readiness_cache
     {
