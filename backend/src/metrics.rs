@@ -53,7 +53,12 @@ pub struct Metrics {
     pub layer_latency: HistogramVec,
     /// Requests let through while Redis could not be asked.
     pub cooldown_fail_open: IntCounter,
-    pub feed_over_budget: IntGauge,
+    /// Entries the decision feed holds across every user's streams, as
+    /// its writer last counted them against `decision_feed_entries_max`.
+    pub feed_entries: IntGauge,
+    /// Streams removed whole, least recently written first, to keep the
+    /// feed within its budget.
+    pub feed_streams_removed: IntCounter,
     pub account_limits_fail_open: IntCounter,
     /// Decision feed entries dropped because the queue was full or Redis
     /// failed; the transfer itself was not affected.
@@ -198,9 +203,14 @@ impl Metrics {
             &["store", "state"],
         )
         .expect("static metric definition");
-        let feed_over_budget = IntGauge::new(
-            "decision_feed_over_budget",
-            "1 while Redis memory is at the decision feed's budget and feed entries are dropped",
+        let feed_entries = IntGauge::new(
+            "decision_feed_entries",
+            "Entries the decision feed holds across every user's streams, as last counted",
+        )
+        .expect("static metric definition");
+        let feed_streams_removed = IntCounter::new(
+            "decision_feed_streams_removed_total",
+            "Users' feed streams removed whole, least recently written first, to keep the feed within its budget",
         )
         .expect("static metric definition");
         let cooldown_degraded = IntGauge::new(
@@ -230,7 +240,8 @@ impl Metrics {
             Box::new(redis_round_trips.clone()),
             Box::new(pool_connections.clone()),
             Box::new(cooldown_degraded.clone()),
-            Box::new(feed_over_budget.clone()),
+            Box::new(feed_entries.clone()),
+            Box::new(feed_streams_removed.clone()),
         ] {
             registry
                 .register(collector)
@@ -254,7 +265,8 @@ impl Metrics {
             http_latency,
             layer_latency,
             cooldown_fail_open,
-            feed_over_budget,
+            feed_entries,
+            feed_streams_removed,
             account_limits_fail_open,
             feed_dropped,
             redis_round_trips,

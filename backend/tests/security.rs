@@ -338,110 +338,239 @@ async fn the_sign_in_form_is_limited_too_and_says_so() {
     );
 }
 
-/// The feed stops at its memory budget, below Redis's maxmemory, so a
-/// Redis with `noeviction` always has room for the cooldown's windows.
+/// The feed budgets its own entries, not Redis's memory: past the budget it
+/// removes the streams written least recently, so the newest decisions are
+/// always written, their owner is told on the feed page, and a Redis with
+/// `noeviction` keeps room for the cooldown's windows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_feed_at_its_budget_leaves_room_for_the_cooldown() {
-    const MIB: u64 = 1024 * 1024;
-    const REDIS_MAXMEMORY_BYTES: u64 = 4 * MIB;
+async fn the_feed_keeps_to_its_own_budget_by_removing_the_streams_written_least_recently() {
+    const BUDGET_ENTRIES: u64 = 1_000;
+    const CAP_ENTRIES: u64 = 100;
+    const REDIS_MAXMEMORY_BYTES: u64 = 4 * 1024 * 1024;
     let redis =
         tokio::task::spawn_blocking(|| private_stores::PrivateRedis::start_with(&["--maxmemory", "4mb"]))
             .await
             .expect("a private Redis");
     let app = spawn_app(|settings| {
         settings.redis_url = redis.url().into();
-        settings.decision_feed_redis_memory_bytes_max = 2 * MIB;
-        settings.decision_feed_memory_check_ms = 10;
-        settings.decision_feed_entries_per_user_max = 100_000;
+        settings.decision_feed_entries_max = BUDGET_ENTRIES;
+        settings.decision_feed_entries_per_user_max = CAP_ENTRIES;
+        settings.decision_feed_lab_entries_per_user_max = CAP_ENTRIES;
         settings.cooldown_ttl_ms = 3_600_000;
     })
     .await;
-    let (alice, bob) = app.alice_and_bob().await;
     let client = redis::Client::open(redis.url()).expect("url");
     let mut conn = client.get_multiplexed_async_connection().await.expect("redis");
-    let used_memory = |info: String| -> u64 {
-        info.lines()
-            .find_map(|line| line.strip_prefix("used_memory:"))
-            .and_then(|value| value.trim().parse().ok())
-            .expect("used_memory")
-    };
+    let stream_of = |user: &TestUser| format!("{}decisions:{}", app.redis_prefix, user.user_id);
 
-    // Alice's window is open for an hour: each further transfer of hers is
-    // a cooldown refusal, and each refusal a feed entry.
-    assert_eq!(app.transfer(&alice, bob.wallet_id, 1, None).await.status(), 201);
-    let mut over_budget = false;
-    for _ in 0..200 {
-        let requests = (0..64)
-            .map(|_| app.transfer_request(&alice, bob.wallet_id, 1, None))
-            .collect();
-        for response in fire_together(requests).await {
-            assert_eq!(response.status(), 429);
+    // Carol sends once, long before anyone else.
+    let (carol, bob) = (app.sign_up("carol").await, app.sign_up("bob").await);
+    assert_eq!(app.transfer(&carol, bob.wallet_id, 1, None).await.status(), 201);
+    wait_for_stream_length(&mut conn, &stream_of(&carol), 1).await;
+
+    // Then twelve others each fill a stream to its cap: 1,200 entries
+    // counted against a budget of 1,000. Each one's window is open for an
+    // hour, so every request after the first is a cooldown refusal.
+    let mut others = Vec::new();
+    for n in 0..12 {
+        let user = app.sign_up(&format!("filler-{n}")).await;
+        assert_eq!(app.transfer(&user, bob.wallet_id, 1, None).await.status(), 201);
+        for _ in 0..2 {
+            let burst = (0..64)
+                .map(|_| app.transfer_request(&user, bob.wallet_id, 1, None))
+                .collect();
+            for response in fire_together(burst).await {
+                assert_eq!(response.status(), 429);
+            }
         }
-        // Over the budget in earnest: a burst's own buffers can lift
-        // used_memory past it for a moment, so the feed's data must hold it
-        // there once the burst is over, as the test's idle connection sees.
-        let info: String = redis::cmd("INFO")
-            .arg("memory")
+        others.push(user);
+    }
+    let newest = others.last().expect("twelve");
+    wait_for_stream_length(&mut conn, &stream_of(newest), CAP_ENTRIES).await;
+
+    // Carol's stream went first, whole; the newest is all there.
+    let carol_exists: bool = redis::cmd("EXISTS")
+        .arg(stream_of(&carol))
+        .query_async(&mut conn)
+        .await
+        .expect("EXISTS");
+    assert!(!carol_exists, "the stream written least recently was kept");
+    let metrics = app.metrics().await;
+    let removed = metric_value(&metrics, "wallet_decision_feed_streams_removed_total");
+    assert!(
+        removed >= 2.0,
+        "1,300 entries against 1,000 remove at least two streams: {removed}"
+    );
+    let counted = metric_value(&metrics, "wallet_decision_feed_entries");
+    assert!(counted <= BUDGET_ENTRIES as f64, "counted {counted}");
+    assert!(
+        metrics.contains("wallet_decision_feed_dropped_total 0"),
+        "nothing was dropped"
+    );
+    // What Redis holds: each stream's cap is trimmed in whole nodes of up
+    // to 100 entries (`MAXLEN ~`), so a stream may hold that many more.
+    let streams: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}decisions:*", app.redis_prefix))
+        .query_async(&mut conn)
+        .await
+        .expect("KEYS");
+    let streams: Vec<&String> = streams.iter().filter(|key| !key.ends_with(":removed")).collect();
+    let mut held = 0;
+    for stream in &streams {
+        let length: u64 = redis::cmd("XLEN")
+            .arg(*stream)
             .query_async(&mut conn)
             .await
-            .expect("INFO");
-        if used_memory(info) >= 2 * MIB && app.metrics().await.contains("wallet_decision_feed_over_budget 1")
-        {
-            over_budget = true;
-            break;
-        }
+            .expect("XLEN");
+        held += length;
     }
-    assert!(over_budget, "the feed never reached its budget");
+    assert!(
+        held <= BUDGET_ENTRIES + 100 * streams.len() as u64,
+        "{held} entries in {} streams",
+        streams.len()
+    );
 
-    // More decisions: dropped, not written.
+    // Carol's feed page says what went and why.
+    let mut carol_browser = visitor::signed_in(&app, "carol").await;
+    let (status, page) = carol_browser.get("/feed").await;
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("The decisions on your real transfers before"),
+        "{page}"
+    );
+    assert!(
+        page.contains("were removed. The feed keeps at most 1,000 entries"),
+        "{page}"
+    );
+    assert!(page.contains("written to least recently"), "{page}");
+    let (_, newest_page) = visitor::signed_in(&app, &newest.name).await.get("/feed").await;
+    assert!(!newest_page.contains("were removed"), "{newest_page}");
+
+    // And her next decision is written like anyone's: the feed is not silenced.
+    assert_eq!(app.transfer(&carol, bob.wallet_id, 1, None).await.status(), 429);
+    wait_for_stream_length(&mut conn, &stream_of(&carol), 1).await;
+
+    // Redis kept room for the cooldown: a newcomer's window is taken.
     let info: String = redis::cmd("INFO")
         .arg("memory")
         .query_async(&mut conn)
         .await
         .expect("INFO");
-    let at_budget = used_memory(info);
-    for _ in 0..10 {
-        let requests = (0..64)
-            .map(|_| app.transfer_request(&alice, bob.wallet_id, 1, None))
-            .collect();
-        fire_together(requests).await;
-    }
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    let info: String = redis::cmd("INFO")
-        .arg("memory")
-        .query_async(&mut conn)
-        .await
-        .expect("INFO");
-    let after = used_memory(info);
+    let used: u64 = info
+        .lines()
+        .find_map(|line| line.strip_prefix("used_memory:"))
+        .and_then(|value| value.trim().parse().ok())
+        .expect("used_memory");
     assert!(
-        after < REDIS_MAXMEMORY_BYTES,
-        "Redis reached maxmemory: {after} bytes"
+        used < REDIS_MAXMEMORY_BYTES,
+        "Redis reached maxmemory: {used} bytes"
     );
-    assert!(
-        after <= at_budget + MIB / 4,
-        "the feed kept writing: {at_budget} -> {after}"
-    );
-    assert!(
-        !app.metrics()
-            .await
-            .contains("wallet_decision_feed_dropped_total 0")
-    );
-
-    // The cooldown still takes windows.
-    let carol = app.sign_up("carol").await;
-    let response = app.transfer(&carol, bob.wallet_id, 1, None).await;
+    let dave = app.sign_up("dave").await;
+    let response = app.transfer(&dave, bob.wallet_id, 1, None).await;
     assert_eq!(response.status(), 201);
     assert_eq!(
         response.headers()["defense-decision"],
         "layer=row_guard, outcome=accepted",
         "the cooldown was skipped (degraded) rather than taken"
     );
-    let windows: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{}cooldown:*", app.redis_prefix))
-        .query_async(&mut conn)
+    assert_eq!(app.transfer(&dave, bob.wallet_id, 1, None).await.status(), 429);
+}
+
+/// Another tenant's keys filling the same Redis past the old 64 MiB
+/// budget leave the feed writing: it counts its own entries only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tenants_keys_in_redis_do_not_silence_the_feed() {
+    const OTHER_TENANTS_MIB: usize = 80;
+    let redis = tokio::task::spawn_blocking(private_stores::PrivateRedis::start)
         .await
-        .expect("KEYS");
-    assert_eq!(windows.len(), 2, "alice's and carol's windows: {windows:?}");
+        .expect("a private Redis");
+    let client = redis::Client::open(redis.url()).expect("url");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("redis");
+    let mebibyte = vec![b'x'; 1024 * 1024];
+    for n in 0..OTHER_TENANTS_MIB {
+        let () = redis::cmd("SET")
+            .arg(format!("another-tenant:blob:{n}"))
+            .arg(&mebibyte)
+            .query_async(&mut conn)
+            .await
+            .expect("SET");
+    }
+    let app = spawn_app(|settings| settings.redis_url = redis.url().into()).await;
+    let (alice, bob) = app.alice_and_bob().await;
+    assert_eq!(app.transfer(&alice, bob.wallet_id, 1, None).await.status(), 201);
+    let stream = format!("{}decisions:{}", app.redis_prefix, alice.user_id);
+    wait_for_stream_length(&mut conn, &stream, 1).await;
+    let page: Value = app.get_json("/api/v1/decisions", Some(&alice)).await;
+    assert_eq!(page["items"].as_array().expect("items").len(), 1, "{page}");
+    assert!(
+        app.metrics()
+            .await
+            .contains("wallet_decision_feed_dropped_total 0")
+    );
+}
+
+/// Entries this server had to drop are owned up to on the feed page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_feed_page_says_when_this_server_dropped_entries_and_why() {
+    let app = spawn_app(|settings| {
+        settings.decision_feed_queue_entries_max = 1;
+        settings.cooldown_ttl_ms = 3_600_000;
+    })
+    .await;
+    let mut alice_browser = visitor::signed_up(&app, "alice").await;
+    let (_, page) = alice_browser.get("/feed").await;
+    assert!(
+        !page.contains("out of the feed"),
+        "nothing was dropped yet: {page}"
+    );
+    let (carol, bob) = (app.sign_up("carol").await, app.sign_up("bob").await);
+    let mut dropped = 0.0;
+    for _ in 0..20 {
+        let burst = (0..64)
+            .map(|_| app.transfer_request(&carol, bob.wallet_id, 1, None))
+            .collect();
+        fire_together(burst).await;
+        dropped = metric_value(&app.metrics().await, "wallet_decision_feed_dropped_total");
+        if dropped > 0.0 {
+            break;
+        }
+    }
+    assert!(dropped > 0.0, "a queue of one never overflowed");
+    let (_, page) = alice_browser.get("/feed").await;
+    assert!(page.contains("This server left"), "{page}");
+    assert!(
+        page.contains("decisions came faster than it could write them (it holds up to 1 waiting)"),
+        "{page}"
+    );
+    assert!(
+        page.contains("the transfers themselves were made or refused as their answers said"),
+        "{page}"
+    );
+}
+
+async fn wait_for_stream_length(conn: &mut redis::aio::MultiplexedConnection, stream: &str, at_least: u64) {
+    let mut length = 0;
+    for _ in 0..200 {
+        length = redis::cmd("XLEN")
+            .arg(stream)
+            .query_async(conn)
+            .await
+            .expect("XLEN");
+        if length >= at_least {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("{stream} holds {length} entries, not {at_least}");
+}
+
+/// An unlabelled metric's value in a scrape.
+fn metric_value(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in the scrape"))
 }
 
 async fn open_stream(app: &TestApp, user: &TestUser) -> reqwest::Response {

@@ -27,9 +27,6 @@ pub fn test_settings(database_url: &str, redis_prefix: &str) -> Settings {
         // Tests sign up many users from 127.0.0.1; the limits' own tests
         // switch them on.
         account_limits_enabled: false,
-        // The shared Redis holds every test's keys; the budget's own test
-        // runs on a Redis of its own.
-        decision_feed_redis_memory_bytes_max: 1024 * 1024 * 1024,
         // Tests count users and wallets; the demo recipient's own test
         // names one.
         demo_recipient_name: String::new(),

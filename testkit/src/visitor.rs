@@ -91,13 +91,24 @@ pub fn hidden(html: &str, name: &str) -> String {
 }
 
 pub async fn signed_up(app: &TestApp, name: &str) -> Visitor {
+    through_account_form(app, "/signup", name).await
+}
+
+/// A browser signed in as someone already signed up (e.g. through the API).
+pub async fn signed_in(app: &TestApp, name: &str) -> Visitor {
+    through_account_form(app, "/signin", name).await
+}
+
+/// Fills in the sign-up or sign-in form with the test password; checks
+/// that it leads to the wallet with a strict session cookie.
+async fn through_account_form(app: &TestApp, form: &str, name: &str) -> Visitor {
     let mut visitor = Visitor::new(app);
-    let (status, page) = visitor.get("/signup").await;
+    let (status, page) = visitor.get(form).await;
     assert_eq!(status, 200);
     let csrf = hidden(&page, "csrf");
     let response = visitor
         .post(
-            "/signup",
+            form,
             &[
                 ("name", name),
                 ("password", "correct horse battery"),
@@ -105,7 +116,7 @@ pub async fn signed_up(app: &TestApp, name: &str) -> Visitor {
             ],
         )
         .await;
-    assert_eq!(response.status(), 303);
+    assert_eq!(response.status(), 303, "{form} as {name}");
     assert_eq!(response.headers()["location"], "/wallet");
     let cookie = response
         .headers()

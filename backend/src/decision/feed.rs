@@ -20,15 +20,15 @@
 //! background task writes batches to Redis. A full queue or a Redis error
 //! drops entries and counts them (`wallet_decision_feed_dropped_total`).
 //!
-//! **The feed can never fill Redis.** Redis runs with `noeviction`, so a
-//! full Redis would refuse the cooldown's `SET NX` too, and under
-//! `fail_open` switch the first layer off for everyone. Besides each
-//! stream's cap and expiry, the writer reads Redis's `used_memory` at most
-//! every `decision_feed_memory_check_ms`, and while it is at or above
-//! `decision_feed_redis_memory_bytes_max` it drops entries instead of
-//! writing them (counted, and the `wallet_decision_feed_over_budget` gauge
-//! is 1). Set the budget below `maxmemory` with room for the cooldown's
-//! keys and for what the writer can add between two checks.
+//! **The feed can never fill Redis, and no one's burst silences anyone
+//! else's feed.** Redis runs with `noeviction`, so a full Redis would refuse
+//! the cooldown's `SET NX` too, and under `fail_open` switch the first layer
+//! off for everyone. So the feed budgets its own footprint, not Redis's
+//! memory, which other tenants share: after each batch, one script counts the
+//! entries it holds under this deployment's key prefix (each stream at most its
+//! cap) and, past `decision_feed_entries_max`, removes whole streams, written
+//! least recently first. New decisions are always written; what goes is the
+//! oldest, and its owner's feed page says when and why.
 
 use std::time::Duration;
 
@@ -174,6 +174,8 @@ pub struct DecisionFeed {
     key_prefix: String,
     command_timeout: Duration,
     metrics: Metrics,
+    drops: std::sync::Arc<DropLog>,
+    drop_notice: Duration,
 }
 
 /// What the writer task needs: the feed's section, and where and how
@@ -184,69 +186,166 @@ struct WriterSettings {
     command_timeout: Duration,
 }
 
-/// The feed's share of Redis memory, checked now and then.
-struct MemoryBudget {
-    bytes_max: u64,
-    check_every: Duration,
-    last_checked: Option<std::time::Instant>,
-    over: bool,
+/// Counts a batch against the feed's budget and picks the streams to
+/// remove, atomically, so that writers on every instance share one count.
+///
+/// KEYS[1]: the feed's streams by last write, a sorted set. KEYS[2]: the
+/// entries each stream holds (at most its cap), and under `total` their sum.
+/// ARGV: now in ms; the last write before which a stream has surely expired,
+/// in ms; the budget; how many expired streams to forget at most; the two
+/// keys' lifetime in s; then, per stream written, its name, the entries
+/// added and its cap. Returns the total, then the names of the streams to
+/// remove, least recently written first.
+const COUNT_FOOTPRINT: &str = r"
+local streams, entries = KEYS[1], KEYS[2]
+local total = tonumber(redis.call('HGET', entries, 'total') or '0')
+local function forget(name)
+  total = total - tonumber(redis.call('HGET', entries, name) or '0')
+  redis.call('HDEL', entries, name)
+  redis.call('ZREM', streams, name)
+end
+for i = 6, #ARGV, 3 do
+  local name = ARGV[i]
+  local before = tonumber(redis.call('HGET', entries, name) or '0')
+  local after = math.min(before + tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]))
+  redis.call('HSET', entries, name, after)
+  redis.call('ZADD', streams, ARGV[1], name)
+  total = total + after - before
+end
+for _, name in ipairs(redis.call('ZRANGEBYSCORE', streams, '-inf', '(' .. ARGV[2], 'LIMIT', 0, ARGV[4])) do
+  forget(name)
+end
+local removed = {}
+while total > tonumber(ARGV[3]) do
+  local oldest = redis.call('ZRANGE', streams, 0, 0)
+  if #oldest == 0 then break end
+  forget(oldest[1])
+  removed[#removed + 1] = oldest[1]
+end
+if total < 0 then total = 0 end
+redis.call('HSET', entries, 'total', total)
+redis.call('EXPIRE', streams, ARGV[5])
+redis.call('EXPIRE', entries, ARGV[5])
+return {total, removed}
+";
+
+/// Expired streams the count forgets per batch, at most, so that one batch
+/// never does unbounded work after a quiet hour.
+const EXPIRED_FORGOTTEN_PER_BATCH_MAX: usize = 1_000;
+
+/// A stream's name in the footprint's keys: its user, and `lab` for the
+/// race lab's.
+fn footprint_name(user: UserId, source: Source) -> String {
+    match source {
+        Source::Real => user.to_string(),
+        Source::Lab => format!("{user}:lab"),
+    }
 }
 
-impl MemoryBudget {
-    /// Whether Redis is at or above the budget, asking it when the last
-    /// answer is older than the check interval. If Redis cannot say, the
-    /// last answer stands (the write itself will then fail and be counted).
-    async fn is_exceeded(&mut self, store: &RedisStore, timeout: Duration, metrics: &Metrics) -> bool {
-        if self
-            .last_checked
-            .is_some_and(|at| at.elapsed() < self.check_every)
-        {
-            return self.over;
-        }
-        self.last_checked = Some(std::time::Instant::now());
-        let info = async {
-            let mut conn = store.get().await?;
-            redis::cmd("INFO")
-                .arg("memory")
-                .query_async::<redis::Value>(&mut conn)
-                .await
-                .map_err(|e| e.to_string())
-        };
-        if let Ok(Ok(reply)) = tokio::time::timeout(timeout, info).await
-            && let Some(used) = used_memory(&reply)
-        {
-            let over = used >= self.bytes_max;
-            if over && !self.over {
-                tracing::warn!(
-                    used_bytes = used,
-                    budget_bytes = self.bytes_max,
-                    "Redis memory is at the decision feed's budget; feed entries are dropped until it is not"
-                );
+fn parse_footprint_name(name: &str) -> Option<(UserId, Source)> {
+    let (user, source) = match name.strip_suffix(":lab") {
+        Some(user) => (user, Source::Lab),
+        None => (name, Source::Real),
+    };
+    Some((UserId(Uuid::try_parse(user).ok()?), source))
+}
+
+/// The footprint's two keys. The hash tag keeps them in one slot of a
+/// cluster, as the script needs.
+fn footprint_keys(prefix: &str) -> [String; 2] {
+    [
+        format!("{prefix}{{decision-feed}}:streams"),
+        format!("{prefix}{{decision-feed}}:entries"),
+    ]
+}
+
+/// When each of a user's streams was last removed to keep the feed within
+/// its budget, a hash of `real` and `lab` to a time in ms.
+fn removed_key(prefix: &str, user: UserId) -> String {
+    format!("{prefix}decisions:{user}:removed")
+}
+
+/// Why this server dropped entries instead of writing them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// Decisions came faster than the writer could send them.
+    QueueFull,
+    /// Redis failed or did not answer in time.
+    RedisFailed,
+}
+
+/// Entries this server dropped for one reason, recently.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Drops {
+    pub reason: DropReason,
+    pub entries: u64,
+    pub first: DateTime<Utc>,
+    pub last: DateTime<Utc>,
+}
+
+/// This server's recent drops, one record per reason, for the feed page.
+#[derive(Default)]
+struct DropLog {
+    by_reason: std::sync::Mutex<Vec<Drops>>,
+}
+
+impl DropLog {
+    /// Adds `entries` to the reason's record, or starts a new one when the
+    /// last is older than `notice`.
+    fn record(&self, reason: DropReason, entries: u64, notice: Duration) {
+        let now = Utc::now();
+        let mut by_reason = self
+            .by_reason
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match by_reason.iter_mut().find(|drops| drops.reason == reason) {
+            Some(drops) if now - drops.last <= time_delta(notice) => {
+                drops.entries += entries;
+                drops.last = now;
             }
-            self.over = over;
-            metrics.feed_over_budget.set(i64::from(over));
+            Some(drops) => {
+                *drops = Drops {
+                    reason,
+                    entries,
+                    first: now,
+                    last: now,
+                };
+            }
+            None => by_reason.push(Drops {
+                reason,
+                entries,
+                first: now,
+                last: now,
+            }),
         }
-        self.over
+    }
+
+    fn recent(&self, notice: Duration) -> Vec<Drops> {
+        let now = Utc::now();
+        let by_reason = self
+            .by_reason
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        by_reason
+            .iter()
+            .filter(|drops| now - drops.last <= time_delta(notice))
+            .cloned()
+            .collect()
     }
 }
 
-/// The largest `used_memory` in an `INFO memory` reply: one server's text,
-/// or, from a cluster, one text per node.
-fn used_memory(reply: &redis::Value) -> Option<u64> {
-    use redis::Value;
-    match reply {
-        Value::BulkString(bytes) => used_memory_in(&String::from_utf8_lossy(bytes)),
-        Value::VerbatimString { text, .. } | Value::SimpleString(text) => used_memory_in(text),
-        Value::Array(items) | Value::Set(items) => items.iter().filter_map(used_memory).max(),
-        Value::Map(pairs) => pairs.iter().filter_map(|(_, value)| used_memory(value)).max(),
-        _ => None,
-    }
+fn time_delta(span: Duration) -> chrono::TimeDelta {
+    chrono::TimeDelta::from_std(span).unwrap_or(chrono::TimeDelta::MAX)
 }
 
-fn used_memory_in(text: &str) -> Option<u64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix("used_memory:"))
-        .and_then(|value| value.trim().parse().ok())
+/// What a user's feed page says is missing, and why.
+#[derive(Debug, Default)]
+pub struct Gaps {
+    /// The user's streams removed to keep the feed within its budget, and
+    /// when: entries before that time are gone.
+    pub removed: Vec<(Source, DateTime<Utc>)>,
+    /// Entries this server dropped lately, anyone's.
+    pub dropped: Vec<Drops>,
 }
 
 impl DecisionFeed {
@@ -259,6 +358,7 @@ impl DecisionFeed {
         redis: &crate::settings::Redis,
         metrics: Metrics,
     ) -> Self {
+        let drops = std::sync::Arc::new(DropLog::default());
         let queue = store.clone().map(|store| {
             let (sender, receiver) = mpsc::channel(feed.queue_entries_max);
             let settings = WriterSettings {
@@ -266,7 +366,13 @@ impl DecisionFeed {
                 key_prefix: redis.key_prefix.clone(),
                 command_timeout: redis.command_timeout,
             };
-            tokio::spawn(write_batches(receiver, store, settings, metrics.clone()));
+            tokio::spawn(write_batches(
+                receiver,
+                store,
+                settings,
+                metrics.clone(),
+                drops.clone(),
+            ));
             sender
         });
         Self {
@@ -276,6 +382,8 @@ impl DecisionFeed {
             key_prefix: redis.key_prefix.clone(),
             command_timeout: redis.command_timeout,
             metrics,
+            drops,
+            drop_notice: feed.drop_notice,
         }
     }
 
@@ -284,6 +392,7 @@ impl DecisionFeed {
         let Some(queue) = &self.queue else { return };
         if queue.try_send((user, entry)).is_err() {
             self.metrics.feed_dropped.inc();
+            self.drops.record(DropReason::QueueFull, 1, self.drop_notice);
         }
     }
 
@@ -330,6 +439,41 @@ impl DecisionFeed {
     }
 }
 
+impl DecisionFeed {
+    /// What is missing from `user`'s feed, and why: their streams removed
+    /// to keep the feed within its budget, and what this server dropped
+    /// lately. If Redis cannot say, only the latter.
+    pub async fn gaps(&self, user: UserId) -> Gaps {
+        let mut gaps = Gaps {
+            removed: Vec::new(),
+            dropped: self.drops.recent(self.drop_notice),
+        };
+        let Some(store) = &self.store else { return gaps };
+        let read = async {
+            let mut conn = store.get().await?;
+            redis::cmd("HGETALL")
+                .arg(removed_key(&self.key_prefix, user))
+                .query_async::<Vec<(String, i64)>>(&mut conn)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        if let Ok(Ok(fields)) = tokio::time::timeout(self.command_timeout, read).await {
+            for (source, at_ms) in fields {
+                let source = if source == "lab" {
+                    Source::Lab
+                } else {
+                    Source::Real
+                };
+                if let Some(at) = DateTime::from_timestamp_millis(at_ms) {
+                    gaps.removed.push((source, at));
+                }
+            }
+            gaps.removed.sort_by_key(|(source, _)| *source == Source::Lab);
+        }
+        gaps
+    }
+}
+
 pub fn stream_key(prefix: &str, user: UserId, source: Source) -> String {
     match source {
         Source::Real => format!("{prefix}decisions:{user}"),
@@ -363,59 +507,76 @@ pub fn decode((id, fields): RawEntry) -> Option<StoredEntry> {
     Some(StoredEntry { id, entry })
 }
 
-/// The writer: drains the queue in batches and sends each batch to Redis
-/// in one pipeline. Ends when every sender is gone (the app stopped).
+/// The writer: drains the queue in batches, sends each batch to Redis in
+/// one pipeline, then keeps the feed within its budget. Ends when every
+/// sender is gone (the app stopped).
 async fn write_batches(
     mut receiver: mpsc::Receiver<(UserId, FeedEntry)>,
     store: RedisStore,
     settings: WriterSettings,
     metrics: Metrics,
+    drops: std::sync::Arc<DropLog>,
 ) {
-    let retention_s = (settings.feed.retention + 2 * EXPIRY_REFRESH_INTERVAL).as_secs();
-    let mut expiry = ExpiryMemo::new();
-    let mut budget = MemoryBudget {
-        bytes_max: settings.feed.redis_memory_bytes_max,
-        check_every: settings.feed.memory_check_interval,
-        last_checked: None,
-        over: false,
+    let mut writer = Writer {
+        retention_s: (settings.feed.retention + 2 * EXPIRY_REFRESH_INTERVAL).as_secs(),
+        expiry: ExpiryMemo::new(),
+        count_footprint: redis::Script::new(COUNT_FOOTPRINT),
+        store,
+        settings,
     };
     let mut batch = Vec::with_capacity(WRITE_BATCH_ENTRIES_MAX);
     while receiver.recv_many(&mut batch, WRITE_BATCH_ENTRIES_MAX).await > 0 {
-        if budget
-            .is_exceeded(&store, settings.command_timeout, &metrics)
-            .await
-        {
+        let timeout = writer.settings.command_timeout;
+        let failure = match tokio::time::timeout(timeout, writer.write(&batch)).await {
+            Ok(Ok(added)) => {
+                writer.keep_within_budget(added, &metrics).await;
+                None
+            }
+            Ok(Err(error)) => Some(error),
+            Err(_) => Some("timed out".to_owned()),
+        };
+        if let Some(error) = failure {
             metrics.feed_dropped.inc_by(batch.len() as u64);
-            batch.clear();
-            continue;
+            drops.record(
+                DropReason::RedisFailed,
+                batch.len() as u64,
+                writer.settings.feed.drop_notice,
+            );
+            tracing::warn!(
+                error,
+                entries = batch.len(),
+                "decision feed write failed; entries dropped"
+            );
         }
-        // One pipeline for the batch; on a cluster, one per stream, so
-        // that each pipeline's keys live in one hash slot.
-        let mut pipes: Vec<redis::Pipeline> = Vec::new();
-        let mut per_stream: std::collections::HashMap<(UserId, Source), usize> =
-            std::collections::HashMap::new();
-        let mut expiring: std::collections::HashMap<(UserId, Source), (usize, String)> =
-            std::collections::HashMap::new();
-        for (user, entry) in &batch {
+        batch.clear();
+    }
+}
+
+struct Writer {
+    store: RedisStore,
+    settings: WriterSettings,
+    /// Each stream's (and the footprint keys') lifetime after a write.
+    retention_s: u64,
+    expiry: ExpiryMemo,
+    count_footprint: redis::Script,
+}
+
+impl Writer {
+    /// Appends the batch to its streams; returns how many entries each
+    /// stream got.
+    async fn write(
+        &mut self,
+        batch: &[(UserId, FeedEntry)],
+    ) -> Result<std::collections::HashMap<(UserId, Source), u64>, String> {
+        let mut pipes = Pipelines::new(self.store.is_cluster());
+        let mut added: std::collections::HashMap<(UserId, Source), u64> = std::collections::HashMap::new();
+        for (user, entry) in batch {
             let stream = (*user, Source::of(entry));
-            let index = if store.is_cluster() {
-                *per_stream.entry(stream).or_insert_with(|| {
-                    pipes.push(redis::pipe());
-                    pipes.len() - 1
-                })
-            } else {
-                if pipes.is_empty() {
-                    pipes.push(redis::pipe());
-                }
-                0
-            };
-            let key = stream_key(&settings.key_prefix, *user, stream.1);
-            let cap = match stream.1 {
-                Source::Real => settings.feed.entries_per_user_max,
-                Source::Lab => settings.feed.lab_entries_per_user_max,
-            };
+            let key = stream_key(&self.settings.key_prefix, *user, stream.1);
+            let cap = self.cap(stream.1);
             let json = serde_json::to_string(entry).unwrap_or_default();
-            pipes[index]
+            pipes
+                .for_key(&key)
                 .cmd("XADD")
                 .arg(&key)
                 .arg("MAXLEN")
@@ -425,48 +586,161 @@ async fn write_batches(
                 .arg("d")
                 .arg(json)
                 .ignore();
-            expiring.insert(stream, (index, key));
+            *added.entry(stream).or_default() += 1;
         }
         // At most one EXPIRE per stream and interval, not per entry.
         let now = std::time::Instant::now();
-        expiring.retain(|stream, _| expiry.needs_refresh(*stream, now));
-        for (index, key) in expiring.values() {
-            pipes[*index].cmd("EXPIRE").arg(key).arg(retention_s).ignore();
-        }
-        let write = async {
-            let mut conn = store.get().await?;
-            for pipe in &pipes {
-                pipe.query_async::<()>(&mut conn)
-                    .await
-                    .map_err(|e| e.to_string())?;
+        for stream in added.keys() {
+            if self.expiry.needs_refresh(*stream, now) {
+                let key = stream_key(&self.settings.key_prefix, stream.0, stream.1);
+                pipes
+                    .for_key(&key)
+                    .cmd("EXPIRE")
+                    .arg(&key)
+                    .arg(self.retention_s)
+                    .ignore();
             }
-            Ok::<_, String>(())
+        }
+        pipes.send(&self.store).await?;
+        Ok(added)
+    }
+
+    fn cap(&self, source: Source) -> u64 {
+        match source {
+            Source::Real => self.settings.feed.entries_per_user_max,
+            Source::Lab => self.settings.feed.lab_entries_per_user_max,
+        }
+    }
+
+    /// Counts what the batch added and removes the streams written least
+    /// recently while the feed is past its budget. A failure here loses
+    /// nothing: the next batch counts again.
+    async fn keep_within_budget(
+        &self,
+        added: std::collections::HashMap<(UserId, Source), u64>,
+        metrics: &Metrics,
+    ) {
+        let prefix = &self.settings.key_prefix;
+        let now = Utc::now();
+        let surely_expired = now - time_delta(self.settings.feed.retention + 2 * EXPIRY_REFRESH_INTERVAL);
+        let [streams_key, entries_key] = footprint_keys(prefix);
+        let mut invocation = self.count_footprint.prepare_invoke();
+        invocation
+            .key(streams_key)
+            .key(entries_key)
+            .arg(now.timestamp_millis())
+            .arg(surely_expired.timestamp_millis())
+            .arg(self.settings.feed.entries_max)
+            .arg(EXPIRED_FORGOTTEN_PER_BATCH_MAX)
+            .arg(self.retention_s);
+        for ((user, source), entries) in &added {
+            invocation
+                .arg(footprint_name(*user, *source))
+                .arg(*entries)
+                .arg(self.cap(*source));
+        }
+        let removed = async {
+            let mut conn = self.store.get().await?;
+            let (total, removed) = invocation
+                .invoke_async::<(i64, Vec<String>)>(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            metrics.feed_entries.set(total);
+            let mut pipes = Pipelines::new(self.store.is_cluster());
+            for (user, source) in removed.iter().filter_map(|name| parse_footprint_name(name)) {
+                let stream = stream_key(prefix, user, source);
+                pipes.for_key(&stream).cmd("DEL").arg(&stream).ignore();
+                let marker = removed_key(prefix, user);
+                let field = match source {
+                    Source::Real => "real",
+                    Source::Lab => "lab",
+                };
+                pipes
+                    .for_key(&marker)
+                    .cmd("HSET")
+                    .arg(&marker)
+                    .arg(field)
+                    .arg(now.timestamp_millis())
+                    .ignore()
+                    .cmd("EXPIRE")
+                    .arg(&marker)
+                    .arg(self.retention_s)
+                    .ignore();
+            }
+            pipes.send(&self.store).await?;
+            Ok::<_, String>(removed.len())
         };
-        match tokio::time::timeout(settings.command_timeout, write).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => {
-                metrics.feed_dropped.inc_by(batch.len() as u64);
-                tracing::warn!(
-                    error,
-                    entries = batch.len(),
-                    "decision feed write failed; entries dropped"
+        match tokio::time::timeout(self.settings.command_timeout, removed).await {
+            Ok(Ok(0)) => {}
+            Ok(Ok(streams)) => {
+                metrics.feed_streams_removed.inc_by(streams as u64);
+                tracing::info!(
+                    streams,
+                    budget_entries = self.settings.feed.entries_max,
+                    "the decision feed reached its budget; the streams written least recently were removed"
                 );
             }
-            Err(_) => {
-                metrics.feed_dropped.inc_by(batch.len() as u64);
-                tracing::warn!(
-                    entries = batch.len(),
-                    "decision feed write timed out; entries dropped"
-                );
-            }
+            Ok(Err(error)) => tracing::warn!(error, "the decision feed could not count its footprint"),
+            Err(_) => tracing::warn!("the decision feed's count of its footprint timed out"),
         }
-        batch.clear();
+    }
+}
+
+/// Commands on several keys: one pipeline on a single server; on a
+/// cluster, one per key, so that each pipeline's keys live in one slot.
+struct Pipelines {
+    cluster: bool,
+    pipes: Vec<redis::Pipeline>,
+    by_key: std::collections::HashMap<String, usize>,
+}
+
+impl Pipelines {
+    fn new(cluster: bool) -> Self {
+        Self {
+            cluster,
+            pipes: Vec::new(),
+            by_key: std::collections::HashMap::new(),
+        }
+    }
+
+    fn for_key(&mut self, key: &str) -> &mut redis::Pipeline {
+        let index = if self.cluster {
+            match self.by_key.get(key) {
+                Some(index) => *index,
+                None => {
+                    self.pipes.push(redis::pipe());
+                    self.by_key.insert(key.to_owned(), self.pipes.len() - 1);
+                    self.pipes.len() - 1
+                }
+            }
+        } else {
+            if self.pipes.is_empty() {
+                self.pipes.push(redis::pipe());
+            }
+            0
+        };
+        &mut self.pipes[index]
+    }
+
+    async fn send(&self, store: &RedisStore) -> Result<(), String> {
+        if self.pipes.is_empty() {
+            return Ok(());
+        }
+        let mut conn = store.get().await?;
+        for pipe in &self.pipes {
+            pipe.query_async::<()>(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{EXPIRY_REFRESH_INTERVAL, ExpiryMemo, Source, is_stream_id, used_memory};
+    use super::{
+        EXPIRY_REFRESH_INTERVAL, ExpiryMemo, Source, footprint_name, is_stream_id, parse_footprint_name,
+    };
     use crate::domain::UserId;
 
     #[test]
@@ -490,20 +764,15 @@ mod tests {
     }
 
     #[test]
-    fn used_memory_is_read_from_one_server_or_a_cluster() {
-        use redis::Value;
-        let node = |bytes: u64| {
-            Value::BulkString(
-                format!("# Memory\r\nused_memory:{bytes}\r\nused_memory_human:1M\r\n").into_bytes(),
-            )
-        };
-        assert_eq!(used_memory(&node(1_048_576)), Some(1_048_576));
-        let cluster = Value::Map(vec![
-            (Value::SimpleString("a:7101".into()), node(10)),
-            (Value::SimpleString("b:7102".into()), node(30)),
-        ]);
-        assert_eq!(used_memory(&cluster), Some(30));
-        assert_eq!(used_memory(&Value::Nil), None);
+    fn a_footprint_name_is_read_back_as_its_stream() {
+        let user = UserId(uuid::Uuid::new_v4());
+        for source in [Source::Real, Source::Lab] {
+            assert_eq!(
+                parse_footprint_name(&footprint_name(user, source)),
+                Some((user, source))
+            );
+        }
+        assert_eq!(parse_footprint_name("total"), None);
     }
 
     #[test]

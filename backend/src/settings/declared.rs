@@ -357,12 +357,14 @@ declare_settings! {
         /// A user's stream expires this long (up to two minutes more) after
         /// its last entry; its expiry is refreshed at most once a minute.
         decision_feed_retention_hours: u64 = 1, within 1..=720 "hours";
-        /// The feed stops writing while Redis's `used_memory` is at or above
-        /// this, so that it can never fill Redis and refuse the cooldown.
-        decision_feed_redis_memory_bytes_max: u64 = 64 * 1024 * 1024,
-            within (1024 * 1024)..=(1024 * 1024 * 1024 * 1024) "bytes";
-        /// How often the feed writer reads `used_memory`, at most.
-        decision_feed_memory_check_ms: u64 = 250, within 10..=60_000 "ms";
+        /// The feed's own footprint: entries across every user's streams
+        /// under this deployment's key prefix. Past it, the streams written
+        /// least recently are removed whole, so new decisions are always
+        /// written and the feed can never fill Redis. About 490 bytes each.
+        decision_feed_entries_max: u64 = 100_000, within 1_000..=100_000_000 "entries";
+        /// The feed page tells a visitor about entries this server dropped
+        /// (a full queue, Redis refusing a write) for this long after.
+        decision_feed_drop_notice_s: u64 = 600, within 1..=86_400 "s";
         /// Largest `limit` on `GET /api/v1/decisions`.
         decisions_page_entries_max: usize = 200, within 1..=1_000 "entries";
         /// Concurrent live streams (`/api/v1/decisions/stream`) per instance;

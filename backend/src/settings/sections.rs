@@ -210,8 +210,8 @@ pub struct Feed {
     pub entries_per_user_max: u64,
     pub lab_entries_per_user_max: u64,
     pub retention: Duration,
-    pub redis_memory_bytes_max: u64,
-    pub memory_check_interval: Duration,
+    pub entries_max: u64,
+    pub drop_notice: Duration,
     pub page_entries_max: usize,
     pub streams_max: usize,
     pub stream_keepalive: Duration,
@@ -313,6 +313,11 @@ impl Config {
         check.require(
             self.race_lab.requests_in_flight_max >= self.race_lab.requests_max,
             "race_lab_requests_in_flight_max must be at least race_lab_requests_max, or no full run could start",
+        );
+        check.require(
+            self.feed.entries_max >= self.feed.entries_per_user_max + self.feed.lab_entries_per_user_max,
+            "decision_feed_entries_max must be at least decision_feed_entries_per_user_max + \
+             decision_feed_lab_entries_per_user_max, or one user's streams could remove themselves",
         );
         let unsafe_modes = self.unsafe_modes();
         check.require(
@@ -599,8 +604,8 @@ impl From<&Settings> for Feed {
             // An hour count out of bounds is reported and the `Config`
             // thrown away; saturating keeps it from overflowing meanwhile.
             retention: Duration::from_secs(s.decision_feed_retention_hours.saturating_mul(3_600)),
-            redis_memory_bytes_max: s.decision_feed_redis_memory_bytes_max,
-            memory_check_interval: Duration::from_millis(s.decision_feed_memory_check_ms),
+            entries_max: s.decision_feed_entries_max,
+            drop_notice: Duration::from_secs(s.decision_feed_drop_notice_s),
             page_entries_max: s.decisions_page_entries_max,
             streams_max: s.decision_streams_max,
             stream_keepalive: Duration::from_millis(s.decision_stream_keepalive_ms),

@@ -15,6 +15,7 @@ use askama_web::WebTemplate;
 use serde::{Deserialize, Serialize};
 
 use crate::auth;
+use crate::decision::feed::{DropReason, Gaps, Source};
 use crate::kept_pages::{self, Kind};
 use crate::race_lab::presets::{KeyStrategy, Preset};
 use crate::race_lab::run::{self, RunError, RunRequest};
@@ -99,6 +100,8 @@ struct FeedPage {
     lab_wallets: String,
     /// The deployment's currency, for every other transfer.
     currency: String,
+    /// What is missing from the feed, and why, in sentences.
+    gaps: Vec<String>,
 }
 
 /// `GET /race-lab`: the form, as the visitor last set it when they come
@@ -556,6 +559,45 @@ pub async fn feed(request: HttpRequest, state: web::Data<AppState>) -> HttpRespo
                 .collect::<Vec<_>>()
                 .join(","),
             currency: session.currency.clone(),
+            gaps: gaps_in_words(&state.feed.gaps(session.token.user_id).await, &state.config.feed),
         },
     )
+}
+
+/// The feed's gaps as the page tells them to a visitor.
+fn gaps_in_words(gaps: &Gaps, feed: &crate::settings::Feed) -> Vec<String> {
+    let time = |at: &chrono::DateTime<chrono::Utc>| at.format("%H:%M:%S UTC on %Y-%m-%d").to_string();
+    let removed = gaps.removed.iter().map(|(source, at)| {
+        let which = match source {
+            Source::Real => "your real transfers",
+            Source::Lab => "your race-lab runs",
+        };
+        format!(
+            "The decisions on {which} before {} were removed. The feed keeps at most {} entries across everyone's \
+             streams, and when it is full it removes the streams written to least recently. Decisions since then \
+             appear as usual, and your money was not affected.",
+            time(at),
+            money::group_thousands(feed.entries_max),
+        )
+    });
+    let dropped = gaps.dropped.iter().map(|drops| {
+        let why = match drops.reason {
+            DropReason::QueueFull => format!(
+                "decisions came faster than it could write them (it holds up to {} waiting)",
+                money::group_thousands(feed.queue_entries_max as u64)
+            ),
+            DropReason::RedisFailed => "Redis, where the feed is kept, failed or did not answer in time".to_owned(),
+        };
+        let entries = match drops.entries {
+            1 => "1 decision".to_owned(),
+            n => format!("{} decisions", money::group_thousands(n)),
+        };
+        format!(
+            "This server left {entries} out of the feed between {} and {}, because {why}. Yours may be among them; \
+             the transfers themselves were made or refused as their answers said.",
+            time(&drops.first),
+            time(&drops.last),
+        )
+    });
+    removed.chain(dropped).collect()
 }
