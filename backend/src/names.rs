@@ -116,6 +116,12 @@ impl ComparableName {
     }
 }
 
+/// The rules' spacing, as the OpenAPI document's pattern (ECMA-262): words
+/// of non-blank characters, one plain space between two. The rest of the
+/// rules are beyond a regular expression; `ComparableName::parse` applies
+/// them all.
+pub const SPACING_PATTERN: &str = r"^\S+( \S+)*$";
+
 /// Combining marks one character may carry beyond what NFKC composes into
 /// it: enough for any language's letters, too few to pile marks into a
 /// blur.

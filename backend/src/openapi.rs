@@ -194,6 +194,7 @@ fn contract(document: &mut Value, config: &Config) {
     if let Some(name) = document.pointer_mut("/components/schemas/Credentials/properties/name") {
         name["minLength"] = json!(1);
         name["maxLength"] = json!(config.accounts.user_name_chars_max);
+        name["pattern"] = json!(crate::names::SPACING_PATTERN);
     }
     if let Some(amount) = document.pointer_mut("/components/schemas/TransferBody/properties/amount_minor") {
         amount["minimum"] = json!(1);

@@ -645,8 +645,8 @@ async fn validation_problems_name_each_field() {
 
 /// The document says what a linter and a fuzzer need: every operation
 /// declares its security (public ones, `[]`), there is a server, every
-/// reference resolves, and a name's length is the one the server enforces,
-/// so that an empty name is not a schema-valid request.
+/// reference resolves, and a name's length and spacing are the ones the
+/// server enforces, so that an empty name is not a schema-valid request.
 #[tokio::test]
 async fn the_document_declares_security_servers_and_the_names_rules() {
     let app = spawn_app(|settings| settings.user_name_chars_max = 40).await;
@@ -681,13 +681,31 @@ async fn the_document_declares_security_servers_and_the_names_rules() {
         );
     }
 
-    // What the schema now refuses, the server refuses too.
-    let empty = app
-        .client
-        .post(app.url("/api/v1/users"))
-        .json(&json!({ "name": "", "password": "correct horse battery" }))
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(empty.status(), 422);
+    // What the schema refuses, the server refuses too; and the names it
+    // lets through that follow the rest of the rules are taken.
+    let spacing =
+        regex::Regex::new(name["pattern"].as_str().expect("a pattern")).expect("a regular expression");
+    let sign_up = |name: &str| {
+        app.client
+            .post(app.url("/api/v1/users"))
+            .json(&json!({ "name": name, "password": "correct horse battery" }))
+            .send()
+    };
+    for refused in [
+        "",
+        " zoe",
+        "zoe ",
+        "zo  e",
+        "zo\te",
+        "zo\u{a0}e",
+        "zo\u{3000}e",
+        "zo\ne",
+    ] {
+        assert!(!spacing.is_match(refused), "{refused:?}");
+        assert_eq!(sign_up(refused).await.expect("send").status(), 422, "{refused:?}");
+    }
+    for taken in ["zoë ana", "o'brien-2", "李 小龍"] {
+        assert!(spacing.is_match(taken), "{taken:?}");
+        assert_eq!(sign_up(taken).await.expect("send").status(), 201, "{taken:?}");
+    }
 }

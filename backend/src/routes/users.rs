@@ -18,7 +18,13 @@ use crate::state::AppState;
 #[derive(Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Credentials {
-    /// 1 to 64 characters; leading and trailing spaces are not allowed.
+    /// Letters, digits, the marks that go on them and `' - . : _ ·` (the
+    /// characters Unicode allows in identifiers, UTS #39, read after NFKC),
+    /// with single plain spaces between words. Latin may not mix with
+    /// Cyrillic or Greek, nor a name with more than two scripts, and a name
+    /// that looks like an existing one is refused. The pattern says the
+    /// part a regular expression can: no blank at either end, no two blanks
+    /// together, no blank but a plain space.
     pub name: String,
     /// 8 to 128 characters.
     #[schema(value_type = String, format = Password)]
