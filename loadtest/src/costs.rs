@@ -14,6 +14,8 @@ pub struct Probes {
     pub server_pids: Vec<u32>,
     pub redis_url: Option<String>,
     pub metrics_url: Option<String>,
+    /// A `pg-wire` counter between the server and PostgreSQL.
+    pub pg_wire_url: Option<String>,
     pub database_url: Option<String>,
     /// Read the transaction ids handed out from `database_url` too.
     pub count_transaction_ids: bool,
@@ -32,6 +34,12 @@ pub struct Costs {
     /// `INFO commandstats` deltas; commands run by scripts count too.
     pub redis_commands: BTreeMap<String, u64>,
     pub redis_round_trips: u64,
+    /// Round trips to PostgreSQL counted on the wire, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pg_round_trips: Option<u64>,
+    /// Statements prepared on the wire (`Parse`), when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pg_parses: Option<u64>,
     pub pg_transactions: i64,
     /// Transaction ids handed out, server-wide, when asked for: one per
     /// transaction that wrote, committed or rolled back, and one per
@@ -45,6 +53,7 @@ pub struct Sample {
     cpu_us: u64,
     redis_commands: BTreeMap<String, u64>,
     redis_round_trips: u64,
+    pg_wire: Option<crate::pg_wire::WireCounts>,
     pg_transactions: i64,
     pg_transaction_ids: Option<i64>,
 }
@@ -54,6 +63,7 @@ impl Probes {
         !self.server_pids.is_empty()
             || self.redis_url.is_some()
             || self.metrics_url.is_some()
+            || self.pg_wire_url.is_some()
             || self.count_transaction_ids
     }
 
@@ -68,6 +78,9 @@ impl Probes {
         }
         if let Some(url) = &self.metrics_url {
             sample.redis_round_trips = metric(url, "wallet_redis_round_trips_total").await?;
+        }
+        if let Some(url) = &self.pg_wire_url {
+            sample.pg_wire = Some(crate::pg_wire::counts(url).await?);
         }
         if let Some(url) = &self.database_url {
             sample.pg_transactions = pg_transactions(url).await?;
@@ -94,6 +107,14 @@ impl Costs {
             server_cpu_us: after.cpu_us.saturating_sub(before.cpu_us),
             redis_commands,
             redis_round_trips: after.redis_round_trips.saturating_sub(before.redis_round_trips),
+            pg_round_trips: after
+                .pg_wire
+                .zip(before.pg_wire)
+                .map(|(after, before)| after.round_trips.saturating_sub(before.round_trips)),
+            pg_parses: after
+                .pg_wire
+                .zip(before.pg_wire)
+                .map(|(after, before)| after.parses.saturating_sub(before.parses)),
             pg_transactions: after.pg_transactions - before.pg_transactions,
             pg_transaction_ids: after
                 .pg_transaction_ids

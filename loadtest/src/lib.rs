@@ -13,6 +13,7 @@ pub mod costs;
 pub mod demo;
 pub mod invariants;
 pub mod payouts;
+pub mod pg_wire;
 pub mod report;
 pub mod scenarios;
 pub mod variants;
@@ -90,6 +91,10 @@ pub struct RunArgs {
     /// `/metrics`).
     #[arg(long)]
     pub metrics_url: Option<String>,
+    /// Count the server's PostgreSQL round trips over the run, on the wire:
+    /// the counts `wallet-loadtest pg-wire` serves at this URL.
+    #[arg(long)]
+    pub pg_wire_url: Option<String>,
     /// With the cost probes: pause this long before each sample, so that
     /// PostgreSQL's statistics have been flushed.
     #[arg(long, default_value_t = 0)]
@@ -131,6 +136,7 @@ impl RunArgs {
             server_pids: Vec::new(),
             redis_url: None,
             metrics_url: None,
+            pg_wire_url: None,
             settle_ms: 0,
             count_transaction_ids: false,
             attempts_max: 1,
@@ -225,6 +231,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunReport> {
         server_pids: args.server_pids.clone(),
         redis_url: args.redis_url.clone(),
         metrics_url: args.metrics_url.clone(),
+        pg_wire_url: args.pg_wire_url.clone(),
         database_url: args.database_url.clone(),
         count_transaction_ids: args.count_transaction_ids,
         settle: Duration::from_millis(args.settle_ms),

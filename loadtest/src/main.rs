@@ -2,7 +2,7 @@
 //! library's documentation and `--help`.
 
 use clap::{Parser, Subcommand};
-use wallet_loadtest::{RunArgs, demo, payouts, print_findings, report, run, variants, verdict};
+use wallet_loadtest::{RunArgs, demo, payouts, pg_wire, print_findings, report, run, variants, verdict};
 
 #[derive(Parser)]
 #[command(
@@ -31,6 +31,9 @@ enum Command {
     /// fast they are accepted, how fast the outbox sends them, and how
     /// fast the gateway alone takes them.
     Payouts(payouts::PayoutArgs),
+    /// Stand between a server and PostgreSQL and count the round trips it
+    /// makes, on the wire (for the benchmark's cost per transfer).
+    PgWire(pg_wire::WireArgs),
 }
 
 #[tokio::main]
@@ -49,6 +52,10 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Demo(args) => demo::run(&args).await?,
         Command::Variants(args) => variants::run(&args).await?,
+        Command::PgWire(args) => {
+            pg_wire::serve(&args).await?;
+            true
+        }
         Command::Payouts(args) => {
             let report = payouts::run(&args).await?;
             if args.json {
