@@ -17,7 +17,8 @@
 //!
 //! Writing never slows or breaks a transfer: `publish` only puts the entry
 //! on a bounded in-process queue (`decision_feed_queue_entries_max`); a
-//! background task writes batches to Redis. A full queue or a Redis error
+//! background task writes what is queued every `decision_feed_write_interval_ms`,
+//! so that no request wakes it. A full queue or a Redis error
 //! drops entries and counts them (`wallet_decision_feed_dropped_total`).
 //!
 //! **The feed can never fill Redis, and no one's burst silences anyone
@@ -525,7 +526,14 @@ async fn write_batches(
         settings,
     };
     let mut batch = Vec::with_capacity(WRITE_BATCH_ENTRIES_MAX);
-    while receiver.recv_many(&mut batch, WRITE_BATCH_ENTRIES_MAX).await > 0 {
+    // A tick, not a wake-up per entry: a request's `try_send` wakes a task
+    // parked in `recv`, which under load was one more thread wake-up for
+    // every transfer. A task asleep on its timer is not woken by senders.
+    let mut ticks = tokio::time::interval(writer.settings.feed.write_interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut backlog = false;
+    while let Some(()) = next_batch(&mut receiver, &mut batch, &mut ticks, backlog).await {
+        backlog = batch.len() == WRITE_BATCH_ENTRIES_MAX;
         let timeout = writer.settings.command_timeout;
         let failure = match tokio::time::timeout(timeout, writer.write(&batch)).await {
             Ok(Ok(added)) => {
@@ -549,6 +557,39 @@ async fn write_batches(
             );
         }
         batch.clear();
+    }
+}
+
+/// Takes what is queued, at most a batch: at once after a full batch (a
+/// backlog), otherwise at the next tick; when nothing was queued at a tick,
+/// waits for an entry and gathers for one more interval. `None` once every
+/// sender is gone and the queue is empty.
+async fn next_batch(
+    receiver: &mut mpsc::Receiver<(UserId, FeedEntry)>,
+    batch: &mut Vec<(UserId, FeedEntry)>,
+    ticks: &mut tokio::time::Interval,
+    mut backlog: bool,
+) -> Option<()> {
+    loop {
+        if !backlog {
+            ticks.tick().await;
+        }
+        while batch.len() < WRITE_BATCH_ENTRIES_MAX {
+            match receiver.try_recv() {
+                Ok(entry) => batch.push(entry),
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) if batch.is_empty() => return None,
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+            }
+        }
+        if !batch.is_empty() {
+            return Some(());
+        }
+        // Idle: park until an entry comes, rather than tick for nothing;
+        // then gather for one interval.
+        batch.push(receiver.recv().await?);
+        ticks.reset();
+        backlog = false;
     }
 }
 

@@ -348,6 +348,10 @@ declare_settings! {
         /// In-process queue between requests and the feed writer; entries
         /// beyond it are dropped (and counted), never waited for.
         decision_feed_queue_entries_max: usize = 10_000, within 1..=1_000_000 "entries";
+        /// The feed writer sends what is queued this often, rather than
+        /// being woken by every request; an entry reaches readers this much
+        /// later at most. The queue must hold what arrives in one interval.
+        decision_feed_write_interval_ms: u64 = 10, within 1..=1_000 "ms";
         /// Length cap of each user's feed stream of real transfers in Redis.
         decision_feed_entries_per_user_max: u64 = 500, within 1..=100_000 "entries";
         /// Length cap of each user's feed stream of race-lab requests, kept

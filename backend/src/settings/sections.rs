@@ -207,6 +207,7 @@ pub struct RaceLab {
 pub struct Feed {
     pub enabled: bool,
     pub queue_entries_max: usize,
+    pub write_interval: Duration,
     pub entries_per_user_max: u64,
     pub lab_entries_per_user_max: u64,
     pub retention: Duration,
@@ -599,6 +600,7 @@ impl From<&Settings> for Feed {
         Self {
             enabled: s.decision_feed_enabled,
             queue_entries_max: s.decision_feed_queue_entries_max,
+            write_interval: Duration::from_millis(s.decision_feed_write_interval_ms),
             entries_per_user_max: s.decision_feed_entries_per_user_max,
             lab_entries_per_user_max: s.decision_feed_lab_entries_per_user_max,
             // An hour count out of bounds is reported and the `Config`
