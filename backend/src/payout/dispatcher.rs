@@ -140,7 +140,8 @@ impl Dispatcher {
             http.request.method = "POST",
             payout.id = %row.payout_id,
         );
-        let traceparent = telemetry::traceparent_of(&call_span);
+        // Without recorded spans, the gateway still gets the request's trace.
+        let traceparent = telemetry::traceparent_of(&call_span).or_else(|| row.traceparent.clone());
         self.gateway
             .send(&key, &payout, traceparent.as_deref())
             .instrument(call_span)
@@ -187,6 +188,7 @@ impl Dispatcher {
         };
         let span = tracing::Span::current();
         let trace_id = telemetry::traceparent_of(&span)
+            .or_else(|| row.traceparent.clone())
             .and_then(|traceparent| traceparent.get(3..35).map(str::to_owned))
             .unwrap_or_default();
         self.state.feed.publish(

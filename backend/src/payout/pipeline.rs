@@ -130,7 +130,9 @@ pub async fn through_the_layers(
     };
 
     // Layers 2 and 3: the claim and the hold, with the outbox row.
-    let traceparent = telemetry::traceparent_of(&tracing::Span::current());
+    // The current span's when spans are recorded, else the request's.
+    let traceparent =
+        telemetry::traceparent_of(&tracing::Span::current()).or_else(|| context.traceparent.clone());
     let call = PayoutCall {
         caller,
         request: &request,

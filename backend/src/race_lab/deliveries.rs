@@ -109,6 +109,7 @@ async fn one_delivery(
     let context = RequestContext {
         request_id: Uuid::new_v4().to_string(),
         trace_id: "0".repeat(32),
+        traceparent: None,
         started: Instant::now(),
     };
     let sent = released.elapsed();
