@@ -121,7 +121,8 @@ stop_server
 # between the server and PostgreSQL; a run of its own, so that the proxy's
 # own cost stays out of the figures above.
 wire_port=$((port + 3)); wire_stats_port=$((port + 4))
-pg_host_port=$(python3 -c "from urllib.parse import urlsplit; u = urlsplit('$db_url'); print(f'{u.hostname}:{u.port or 5432}')")
+pg_host_port=$(python3 -c "import socket; from urllib.parse import urlsplit; u = urlsplit('$db_url'); \
+  print(f'{socket.gethostbyname(u.hostname or \"127.0.0.1\")}:{u.port or 5432}')")
 proxied_url=$(python3 -c "from urllib.parse import urlsplit, urlunsplit; u = urlsplit('$db_url'); \
   print(urlunsplit(u._replace(netloc=u.netloc.replace(f'{u.hostname}:{u.port}' if u.port else u.hostname, '127.0.0.1:$wire_port'), query='sslmode=disable')))")
 "$loadtest" pg-wire --listen "127.0.0.1:$wire_port" --upstream "$pg_host_port" \
@@ -178,7 +179,7 @@ replay_rps=$(f replay "round(d['replays_per_s'])")
 cpu_us=$(f throughput-32 "round(d['costs']['server_cpu_us'] / max(d['costs']['accepted'], 1))")
 healthz_cpu_us=$(f healthz "round(d['costs']['server_cpu_us'] / max(d['costs']['accepted'], 1), 1)")
 pg_trips=$(f wire "round(d['costs']['pg_round_trips'] / max(d['costs']['accepted'], 1), 2)")
-pg_parses=$(f wire "round(d['costs']['pg_parses'] / max(d['costs']['accepted'], 1), 3)")
+pg_messages=$(f wire "round(d['costs']['pg_query_messages'] / max(d['costs']['accepted'], 1), 2)")
 wrk_accepted=$(json "$work/wrk.json" "round(d['by_status'].get('201', 0) / d['seconds'])")
 wrk_answers=$(json "$work/wrk.json" "', '.join(f'{k}: {v}' for k, v in sorted(d['by_status'].items()))")
 wrk_p50=$(json "$work/wrk.json" "d['p50_ms']"); wrk_p99=$(json "$work/wrk.json" "d['p99_ms']")
@@ -240,7 +241,7 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "| server CPU (user + system, \`/proc/PID/stat\`), sign-ups excluded | $cpu_us µs | — |"
   echo "| the same, against one \`GET /healthz\` ($healthz_cpu_us µs, same server, same run) | $(ratio "$cpu_us" "$healthz_cpu_us")× | ≤ 5× |"
   echo "| PostgreSQL round trips, on the wire (\`wallet-loadtest pg-wire\`: each \`Sync\` or simple \`Query\`; a separate run through the counter) | $pg_trips | 1 |"
-  echo "| statements prepared on the wire (\`Parse\`), the same run | $pg_parses | 0 once warm |"
+  echo "| statement messages on the wire (a cached statement is a \`Bind\` and an \`Execute\`), the same run | $pg_messages | 2 |"
   echo "| Redis commands (\`INFO commandstats\`, commands run by scripts included: $redis_by_cmd) | $redis_cmds | ≤ 2 |"
   echo "| Redis round trips (the server's \`wallet_redis_round_trips_total\`, feed batches included) | $redis_trips | 1 on the request path |"
   echo "| PostgreSQL statements (\`pg_stat_database\` transactions: each statement is its own) | $pg_xacts | 1 |"

@@ -37,9 +37,9 @@ pub struct Costs {
     /// Round trips to PostgreSQL counted on the wire, when asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pg_round_trips: Option<u64>,
-    /// Statements prepared on the wire (`Parse`), when asked for.
+    /// Messages that carry or run a statement, on the wire, when asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub pg_parses: Option<u64>,
+    pub pg_query_messages: Option<u64>,
     pub pg_transactions: i64,
     /// Transaction ids handed out, server-wide, when asked for: one per
     /// transaction that wrote, committed or rolled back, and one per
@@ -111,10 +111,10 @@ impl Costs {
                 .pg_wire
                 .zip(before.pg_wire)
                 .map(|(after, before)| after.round_trips.saturating_sub(before.round_trips)),
-            pg_parses: after
+            pg_query_messages: after
                 .pg_wire
                 .zip(before.pg_wire)
-                .map(|(after, before)| after.parses.saturating_sub(before.parses)),
+                .map(|(after, before)| after.query_messages.saturating_sub(before.query_messages)),
             pg_transactions: after.pg_transactions - before.pg_transactions,
             pg_transaction_ids: after
                 .pg_transaction_ids

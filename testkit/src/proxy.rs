@@ -43,7 +43,12 @@ struct ReplyFault {
 
 impl CountingProxy {
     pub async fn start(upstream: SocketAddr) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), upstream).await
+    }
+
+    /// As `start`, listening on `listen` (the benchmark's fixed port).
+    pub async fn start_on(listen: SocketAddr, upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind(listen).await.expect("bind proxy");
         let port = listener.local_addr().expect("addr").port();
         let refusing = Arc::new(AtomicBool::new(false));
         let wire = Wire::default();
