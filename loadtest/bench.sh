@@ -6,16 +6,20 @@
 #   loadtest/bench.sh                 # DURATION_S=10 per measurement
 #
 # Ceilings: pgbench calling the service's own transfer() directly (the
-# database alone doing exactly the service's work) and answering replays
-# with it, pgbench running the transfer as plain statements (8, 32, 64
-# clients, and one hot wallet), redis-benchmark on SET NX PX, and the
-# server's own /healthz under the same load generator. Service: accepted
-# transfers/s and latency at 8, 32 and 64 clients, one hot wallet, cooldown
-# rejections/s (with the PostgreSQL transactions they caused), replays/s,
-# the server's peak RSS, and what one accepted transfer costs outside
-# PostgreSQL: server CPU, Redis commands and round trips, PostgreSQL
-# statements. Payouts: accepted/s against transfers/s, and the outbox's
-# sustained sending rate against the bank gateway simulator's own.
+# database alone doing exactly the service's work: 8, 32, 64 clients, and
+# 10^3, 10^5, 10^6 wallets) and answering replays with it, pgbench running
+# the transfer as plain statements (8, 32, 64 clients, and one hot wallet),
+# redis-benchmark on SET NX PX, and the server's own /healthz under the same
+# load generator. Service: accepted transfers/s and latency at 8, 32, 128
+# and 512 clients and at 32 clients on each wallet count (charted in
+# docs/scaling.svg), the same load from wrk as a second generator, one hot
+# wallet, cooldown rejections/s (with the PostgreSQL transactions they
+# caused), replays/s, the server's peak RSS, and what one accepted transfer
+# costs outside PostgreSQL: server CPU (also against one /healthz request),
+# Redis commands and round trips, PostgreSQL statements, and PostgreSQL
+# round trips counted on the wire. Payouts: accepted/s against transfers/s,
+# and the outbox's sustained sending rate against the bank gateway
+# simulator's own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -59,9 +63,17 @@ pg_hot=$(pgbench "$db_url" -n -M prepared -c 32 -j 2 -T "$duration" --max-tries=
     -D n=$wallets -D hot=1 -f loadtest/pgbench/transfer.sql 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
 
 say "pgbench: the service's transfer() called directly (the database alone)"
+pg_fn_at() { # clients, wallets
+  pgbench "$db_url" -n -M prepared -c "$1" -j 2 -T "$duration" --max-tries=10 \
+      -D n="$2" -D hot=0 -f loadtest/pgbench/transfer_fn.sql 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p'
+}
 psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
-pg_fn=$(pgbench "$db_url" -n -M prepared -c 32 -j 2 -T "$duration" --max-tries=10 \
-    -D n=$wallets -D hot=0 -f loadtest/pgbench/transfer_fn.sql 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
+declare -A pg_fn_by_clients
+# PostgreSQL's default max_connections (100) is the reason pgbench stops at 64.
+for clients in 8 32 64; do
+  pg_fn_by_clients[$clients]=$(pg_fn_at "$clients" "$wallets")
+done
+pg_fn=${pg_fn_by_clients[32]}
 say "pgbench: replays answered by transfer() directly"
 psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
 psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/replay_setup.sql >/dev/null
@@ -73,19 +85,20 @@ redis_ops=$(redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -q -c 32 -n 300000 -r 
     SET "bench:cooldown:__rand_int__" token NX PX 5000 | tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -n 1 | cut -d' ' -f1)
 
 # --- The service --------------------------------------------------------------
-start_server() { # extra environment for the instance
-  psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
+start_server() { # extra environment for the instance; KEEP_WALLETS=1 keeps the table as it is
+  [ -n "${KEEP_WALLETS:-}" ] || psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
   env DATABASE_URL="$db_url" REDIS_URL="$REDIS_URL" PORT=$port RUST_LOG=warn WALLET_ADMIN_HTTP_ADDR=127.0.0.1:$admin_port \
       WALLET_ACCOUNT_LIMITS_ENABLED=false \
       WALLET_TOKEN_SIGNING_KEY=bench-signing-key-bench-signing-key-0000 \
       WALLET_REDIS_KEY_PREFIX="bench:$(date +%s%N):" "$@" \
       "$server" serve > "$work/server.log" 2>&1 &
   server_pid=$!
-  for _ in $(seq 1 100); do curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && return 0; sleep 0.1; done
+  for _ in $(seq 1 300); do curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && return 0; sleep 0.1; done
   echo "the server did not start; see $work/server.log" >&2; exit 1
 }
 stop_server() { kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; }
 trap 'stop_server' EXIT
+
 target=http://127.0.0.1:$port
 run() { # name, then wallet-loadtest run arguments
   local name=$1; shift
@@ -97,7 +110,7 @@ run() { # name, then wallet-loadtest run arguments
 start_server WALLET_COOLDOWN_TTL_MS=1
 say "HTTP ceiling: /healthz (and the server's CPU per request)"
 run healthz healthz --concurrency 32 --server-pid "$server_pid"
-for clients in 8 32 64; do
+for clients in 8 32 128 512; do
   say "service: throughput at $clients clients"
   costs=()
   # At 32 clients, also what each transfer costs outside PostgreSQL,
@@ -136,6 +149,19 @@ run wire throughput --concurrency 32 --users 64 --pg-wire-url "http://127.0.0.1:
 stop_server
 kill "$wire_pid" 2>/dev/null || true
 trap 'stop_server' EXIT
+
+# Scaling with the wallets table: 10^5 and 10^6 wallets (10^3 is the run
+# above), the database alone and the service at 32 clients on each.
+declare -A pg_fn_by_wallets
+pg_fn_by_wallets[$wallets]=$pg_fn
+for many in 100000 1000000; do
+  say "scaling: $many wallets, the database alone then the service"
+  psql "$db_url" -q -v n=$many -f loadtest/pgbench/setup.sql >/dev/null
+  pg_fn_by_wallets[$many]=$(pg_fn_at 32 "$many")
+  KEEP_WALLETS=1 start_server WALLET_COOLDOWN_TTL_MS=1
+  run "wallets-$many" throughput --concurrency 32 --users 64
+  stop_server
+done
 
 # Cooldown rejections: a long window and two users, so all but each user's
 # first request are refused at the edge. PostgreSQL's transaction counter
@@ -206,7 +232,9 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
     echo "| pgbench, the transfer as plain statements, $clients clients | ${pg_tps[$clients]} transfers/s |"
   done
   echo "| pgbench, one hot wallet, 32 clients | $pg_hot transfers/s |"
-  echo "| pgbench, the service's \`transfer()\` called directly (the database alone), 32 clients | $pg_fn transfers/s |"
+  for clients in 8 32 64; do
+    echo "| pgbench, the service's \`transfer()\` called directly (the database alone), $clients clients | ${pg_fn_by_clients[$clients]} transfers/s |"
+  done
   echo "| pgbench, replays answered by \`transfer()\` directly, 32 clients | $pg_replay replays/s |"
   echo "| redis-benchmark, \`SET … NX PX\`, 32 clients | $redis_ops ops/s |"
   echo "| the server's \`GET /healthz\`, 32 clients, same load generator | $healthz_rps requests/s |"
@@ -215,7 +243,7 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo
   echo "| measurement | figure | ceiling | ratio | target |"
   echo "|---|---|---|---|---|"
-  for clients in 8 32 64; do
+  for clients in 8 32; do
     target="—"; [ "$clients" = 32 ] && target="≥ 1.0"
     echo "| accepted transfers/s, $clients clients (p50 $(pct "throughput-$clients" p50_ms) ms, p99 $(pct "throughput-$clients" p99_ms) ms) | $(accepted "throughput-$clients") | ${pg_tps[$clients]} (statements) | $(ratio "$(accepted "throughput-$clients")" "${pg_tps[$clients]}") | $target |"
   done
@@ -230,6 +258,26 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "| server peak RSS under load | $((rss_kib / 1024)) MiB | | | ≤ 64 MiB |"
   echo "| accepted payouts/s, 32 clients (p50 $(f payouts "round(d['p50_ms'], 1)") ms, p99 $(f payouts "round(d['p99_ms'], 1)") ms), against accepted transfers/s | $(f payouts "round(d['accepted_per_s'])") | $(accepted throughput-32) | $(ratio "$(f payouts "d['accepted_per_s']")" "$(accepted throughput-32)") | — |"
   echo "| payouts the outbox sent per second, sustained over $(f payouts "round(d['dispatch_seconds'], 1)") s, against the gateway alone | $(f payouts "round(d['dispatched_per_s'])") | $(f payouts "round(d['gateway_per_s'])") (gateway) | $(ratio "$(f payouts "d['dispatched_per_s']")" "$(f payouts "d['gateway_per_s']")") | — |"
+  echo
+  echo "## Scaling"
+  echo
+  echo "The service at 32 clients keeps 16 PostgreSQL connections whatever the number of clients; pgbench holds one"
+  echo "connection per client, and PostgreSQL's default \`max_connections\` (100) stops it past 64. Chart:"
+  echo "[\`scaling.svg\`](scaling.svg)."
+  echo
+  echo "| clients | accepted transfers/s | p50 | p99 | the database alone (\`transfer()\`) | ratio |"
+  echo "|---|---|---|---|---|---|"
+  for clients in 8 32 128 512; do
+    alone=${pg_fn_by_clients[$clients]:-}
+    echo "| $clients | $(accepted "throughput-$clients") | $(pct "throughput-$clients" p50_ms) ms | $(pct "throughput-$clients" p99_ms) ms | ${alone:-— (past max_connections)} | $([ -n "$alone" ] && ratio "$(accepted "throughput-$clients")" "$alone" || echo —) |"
+  done
+  echo
+  echo "| wallets | accepted transfers/s, 32 clients | p50 | p99 | the database alone (\`transfer()\`) | ratio |"
+  echo "|---|---|---|---|---|---|"
+  for many in 1000 100000 1000000; do
+    name="wallets-$many"; [ "$many" = "$wallets" ] && name=throughput-32
+    echo "| $many | $(accepted "$name") | $(pct "$name" p50_ms) ms | $(pct "$name" p99_ms) ms | ${pg_fn_by_wallets[$many]} | $(ratio "$(accepted "$name")" "${pg_fn_by_wallets[$many]}") |"
+  done
   echo
   echo "## What one accepted transfer costs outside PostgreSQL"
   echo
@@ -256,12 +304,12 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo '```sh'
   echo "pgbench \"\$DB\" -n -M prepared -c {8,32,64} -j 2 -T $duration --max-tries=10 -D n=$wallets -D hot=0 -f loadtest/pgbench/transfer.sql"
   echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration --max-tries=10 -D n=$wallets -D hot=1 -f loadtest/pgbench/transfer.sql"
-  echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration --max-tries=10 -D n=$wallets -D hot=0 -f loadtest/pgbench/transfer_fn.sql"
+  echo "pgbench \"\$DB\" -n -M prepared -c {8,32,64} -j 2 -T $duration --max-tries=10 -D n={1000,100000,1000000} -D hot=0 -f loadtest/pgbench/transfer_fn.sql"
   echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration -D n=$wallets -f loadtest/pgbench/replay_fn.sql  # after replay_setup.sql"
   echo "redis-benchmark -q -c 32 -n 300000 -r 1000000 SET 'bench:cooldown:__rand_int__' token NX PX 5000"
   echo "WALLET_COOLDOWN_TTL_MS=1 wallet-server serve"
   echo "wallet-loadtest run healthz --concurrency 32 --duration-s $duration --server-pid PID"
-  echo "wallet-loadtest run throughput --concurrency {8,32,64} --users {16,64,128} --duration-s $duration"
+  echo "wallet-loadtest run throughput --concurrency {8,32,128,512} --users {16,64,256,1024} --duration-s $duration"
   echo "  # at 32: --server-pid PID --redis-url URL --metrics-url ADMIN/metrics --settle-ms 11000"
   echo "loadtest/wrk/sign_up.py URL 200 > users.txt"
   echo "wrk -t2 -c32 -d${duration}s -s loadtest/wrk/transfers.lua URL -- users.txt"
@@ -281,4 +329,7 @@ if [ -f docs/benchmarks-analysis.md ]; then
   { echo; cat docs/benchmarks-analysis.md; } >> "$out.new"
 fi
 mv "$out.new" "$out"
+loadtest/scaling_chart.py "$work" docs/scaling.svg \
+    "8:${pg_fn_by_clients[8]},32:${pg_fn_by_clients[32]},64:${pg_fn_by_clients[64]}" \
+    "1000:${pg_fn_by_wallets[1000]},100000:${pg_fn_by_wallets[100000]},1000000:${pg_fn_by_wallets[1000000]}"
 cat "$out"
