@@ -69,24 +69,6 @@ async fn after_the_cooldown() {
     tokio::time::sleep(Duration::from_millis(SHORT_COOLDOWN_MS + 50)).await;
 }
 
-async fn metric(app: &TestApp, series: &str) -> f64 {
-    let text = app
-        .client
-        .get(app.admin_url("/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
-    text.lines()
-        .find_map(|line| {
-            line.strip_prefix(series)
-                .and_then(|rest| rest.trim().parse().ok())
-        })
-        .unwrap_or(0.0)
-}
-
 #[tokio::test]
 async fn a_payout_is_held_then_sent_once_and_settled_and_its_retry_replays_the_202() {
     let gateway = gateway(&["--latency-ms", "20"]).await;
@@ -341,7 +323,11 @@ async fn answers_lost_after_sending_are_retried_with_the_same_key_and_each_payou
         expected,
         "each payout sent exactly once"
     );
-    assert!(metric(&app, "wallet_payout_attempts_total{answer=\"unknown\"}").await >= 5.0);
+    assert!(
+        app.metric("wallet_payout_attempts_total{answer=\"unknown\"}")
+            .await
+            >= 5.0
+    );
     assert!(money_invariant_violations(&app.db).await.is_empty());
 }
 
@@ -374,7 +360,7 @@ async fn the_gateway_down_past_the_retries_leaves_payouts_needing_attention_unti
     assert_eq!(app.held_minor().await, 5_000, "an unknown outcome keeps its hold");
     assert_eq!(app.balance(alice.wallet_id).await, 97_000);
     assert_eq!(app.outbox_rows().await, 0);
-    assert!(metric(&app, "wallet_payouts_needs_attention_total").await >= 2.0);
+    assert!(app.metric("wallet_payouts_needs_attention_total").await >= 2.0);
 
     gateway.kill();
     gateway.start_again(&[]).await;
@@ -422,8 +408,12 @@ async fn two_instances_racing_for_the_outbox_send_each_payout_once_even_without_
     expected.sort();
     assert_eq!(sendings(&gateway).await, expected);
     let dispatched_by_each = [
-        metric(&first, "wallet_payout_attempts_total{answer=\"sent\"}").await,
-        metric(&second, "wallet_payout_attempts_total{answer=\"sent\"}").await,
+        first
+            .metric("wallet_payout_attempts_total{answer=\"sent\"}")
+            .await,
+        second
+            .metric("wallet_payout_attempts_total{answer=\"sent\"}")
+            .await,
     ];
     assert_eq!(
         dispatched_by_each.iter().sum::<f64>(),

@@ -395,16 +395,16 @@ async fn the_feed_keeps_to_its_own_budget_by_removing_the_streams_written_least_
         .await
         .expect("EXISTS");
     assert!(!carol_exists, "the stream written least recently was kept");
-    let metrics = app.metrics().await;
-    let removed = metric_value(&metrics, "wallet_decision_feed_streams_removed_total");
+    let removed = app.metric("wallet_decision_feed_streams_removed_total").await;
     assert!(
         removed >= 2.0,
         "1,300 entries against 1,000 remove at least two streams: {removed}"
     );
-    let counted = metric_value(&metrics, "wallet_decision_feed_entries");
+    let counted = app.metric("wallet_decision_feed_entries").await;
     assert!(counted <= BUDGET_ENTRIES as f64, "counted {counted}");
-    assert!(
-        metrics.contains("wallet_decision_feed_dropped_total 0"),
+    assert_eq!(
+        app.metric("wallet_decision_feed_dropped_total").await,
+        0.0,
         "nothing was dropped"
     );
     // What Redis holds: each stream's cap is trimmed in whole nodes of up
@@ -530,7 +530,7 @@ async fn the_feed_page_says_when_this_server_dropped_entries_and_why() {
             .map(|_| app.transfer_request(&carol, bob.wallet_id, 1, None))
             .collect();
         fire_together(burst).await;
-        dropped = metric_value(&app.metrics().await, "wallet_decision_feed_dropped_total");
+        dropped = app.metric("wallet_decision_feed_dropped_total").await;
         if dropped > 0.0 {
             break;
         }
@@ -562,15 +562,6 @@ async fn wait_for_stream_length(conn: &mut redis::aio::MultiplexedConnection, st
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
     panic!("{stream} holds {length} entries, not {at_least}");
-}
-
-/// An unlabelled metric's value in a scrape.
-fn metric_value(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|value| value.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in the scrape"))
 }
 
 async fn open_stream(app: &TestApp, user: &TestUser) -> reqwest::Response {

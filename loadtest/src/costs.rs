@@ -102,19 +102,17 @@ impl Costs {
                 (delta > 0).then(|| (name.clone(), delta))
             })
             .collect();
+        let wire = after
+            .pg_wire
+            .zip(before.pg_wire)
+            .map(|(after, before)| after.since(&before));
         Self {
             accepted,
             server_cpu_us: after.cpu_us.saturating_sub(before.cpu_us),
             redis_commands,
             redis_round_trips: after.redis_round_trips.saturating_sub(before.redis_round_trips),
-            pg_round_trips: after
-                .pg_wire
-                .zip(before.pg_wire)
-                .map(|(after, before)| after.round_trips.saturating_sub(before.round_trips)),
-            pg_query_messages: after
-                .pg_wire
-                .zip(before.pg_wire)
-                .map(|(after, before)| after.query_messages.saturating_sub(before.query_messages)),
+            pg_round_trips: wire.map(|wire| wire.round_trips),
+            pg_query_messages: wire.map(|wire| wire.query_messages),
             pg_transactions: after.pg_transactions - before.pg_transactions,
             pg_transaction_ids: after
                 .pg_transaction_ids

@@ -43,6 +43,16 @@ pub struct WireCounts {
     pub query_messages: u64,
 }
 
+impl WireCounts {
+    /// What was counted between `before` and these counts.
+    pub fn since(&self, before: &WireCounts) -> WireCounts {
+        WireCounts {
+            round_trips: self.round_trips.saturating_sub(before.round_trips),
+            query_messages: self.query_messages.saturating_sub(before.query_messages),
+        }
+    }
+}
+
 /// Runs the proxy until the process is stopped.
 pub async fn serve(args: &WireArgs) -> anyhow::Result<()> {
     let stats = TcpListener::bind(args.stats_listen)

@@ -63,6 +63,17 @@ impl TestApp {
             .expect("metrics text")
     }
 
+    /// One series' value at the admin listener's `/metrics`, e.g.
+    /// `wallet_payout_attempts_total{answer="sent"}`; 0 while it is absent
+    /// (a labelled series appears when it is first counted).
+    pub async fn metric(&self, series: &str) -> f64 {
+        self.metrics()
+            .await
+            .lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
     /// Two fresh users, the cast of most tests.
     pub async fn alice_and_bob(&self) -> (TestUser, TestUser) {
         (self.sign_up("alice").await, self.sign_up("bob").await)

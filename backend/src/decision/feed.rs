@@ -154,6 +154,21 @@ impl Source {
     fn of(entry: &FeedEntry) -> Self {
         if entry.lab { Source::Lab } else { Source::Real }
     }
+
+    /// As the API's `source` parameter and the removal marker's fields
+    /// spell it.
+    fn as_str(self) -> &'static str {
+        match self {
+            Source::Real => "real",
+            Source::Lab => "lab",
+        }
+    }
+
+    fn named(name: &str) -> Option<Self> {
+        [Source::Real, Source::Lab]
+            .into_iter()
+            .find(|source| source.as_str() == name)
+    }
 }
 
 /// An entry with its position in the stream (the cursor for `after`).
@@ -234,16 +249,16 @@ return {total, removed}
 /// never does unbounded work after a quiet hour.
 const EXPIRED_FORGOTTEN_PER_BATCH_MAX: usize = 1_000;
 
-/// A stream's name in the footprint's keys: its user, and `lab` for the
-/// race lab's.
-fn footprint_name(user: UserId, source: Source) -> String {
+/// A stream's name: its user, and `lab` for the race lab's. Its key is the
+/// name under the prefix; the footprint's keys list it by name.
+fn stream_name(user: UserId, source: Source) -> String {
     match source {
         Source::Real => user.to_string(),
         Source::Lab => format!("{user}:lab"),
     }
 }
 
-fn parse_footprint_name(name: &str) -> Option<(UserId, Source)> {
+fn parse_stream_name(name: &str) -> Option<(UserId, Source)> {
     let (user, source) = match name.strip_suffix(":lab") {
         Some(user) => (user, Source::Lab),
         None => (name, Source::Real),
@@ -460,12 +475,9 @@ impl DecisionFeed {
         };
         if let Ok(Ok(fields)) = tokio::time::timeout(self.command_timeout, read).await {
             for (source, at_ms) in fields {
-                let source = if source == "lab" {
-                    Source::Lab
-                } else {
-                    Source::Real
-                };
-                if let Some(at) = DateTime::from_timestamp_millis(at_ms) {
+                if let (Some(source), Some(at)) =
+                    (Source::named(&source), DateTime::from_timestamp_millis(at_ms))
+                {
                     gaps.removed.push((source, at));
                 }
             }
@@ -476,10 +488,7 @@ impl DecisionFeed {
 }
 
 pub fn stream_key(prefix: &str, user: UserId, source: Source) -> String {
-    match source {
-        Source::Real => format!("{prefix}decisions:{user}"),
-        Source::Lab => format!("{prefix}decisions:{user}:lab"),
-    }
+    format!("{prefix}decisions:{}", stream_name(user, source))
 }
 
 /// Accepts stream ids only (`<ms>-<seq>`, each a number Redis can hold),
@@ -676,7 +685,7 @@ impl Writer {
             .arg(self.retention_s);
         for ((user, source), entries) in &added {
             invocation
-                .arg(footprint_name(*user, *source))
+                .arg(stream_name(*user, *source))
                 .arg(*entries)
                 .arg(self.cap(*source));
         }
@@ -688,19 +697,15 @@ impl Writer {
                 .map_err(|e| e.to_string())?;
             metrics.feed_entries.set(total);
             let mut pipes = Pipelines::new(self.store.is_cluster());
-            for (user, source) in removed.iter().filter_map(|name| parse_footprint_name(name)) {
+            for (user, source) in removed.iter().filter_map(|name| parse_stream_name(name)) {
                 let stream = stream_key(prefix, user, source);
                 pipes.for_key(&stream).cmd("DEL").arg(&stream).ignore();
                 let marker = removed_key(prefix, user);
-                let field = match source {
-                    Source::Real => "real",
-                    Source::Lab => "lab",
-                };
                 pipes
                     .for_key(&marker)
                     .cmd("HSET")
                     .arg(&marker)
-                    .arg(field)
+                    .arg(source.as_str())
                     .arg(now.timestamp_millis())
                     .ignore()
                     .cmd("EXPIRE")
@@ -779,9 +784,7 @@ impl Pipelines {
 
 #[cfg(test)]
 mod tests {
-    use super::{
-        EXPIRY_REFRESH_INTERVAL, ExpiryMemo, Source, footprint_name, is_stream_id, parse_footprint_name,
-    };
+    use super::{EXPIRY_REFRESH_INTERVAL, ExpiryMemo, Source, is_stream_id, parse_stream_name, stream_name};
     use crate::domain::UserId;
 
     #[test]
@@ -805,15 +808,15 @@ mod tests {
     }
 
     #[test]
-    fn a_footprint_name_is_read_back_as_its_stream() {
+    fn a_stream_name_is_read_back_as_its_stream() {
         let user = UserId(uuid::Uuid::new_v4());
         for source in [Source::Real, Source::Lab] {
             assert_eq!(
-                parse_footprint_name(&footprint_name(user, source)),
+                parse_stream_name(&stream_name(user, source)),
                 Some((user, source))
             );
         }
-        assert_eq!(parse_footprint_name("total"), None);
+        assert_eq!(parse_stream_name("total"), None);
     }
 
     #[test]
