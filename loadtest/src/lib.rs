@@ -9,8 +9,11 @@
 //! `--expect-violations`, its absence does.
 
 pub mod client;
+pub mod closed_loop;
+pub mod commands;
 pub mod costs;
 pub mod demo;
+pub mod deposits;
 pub mod invariants;
 pub mod payouts;
 pub mod pg_wire;

@@ -2,7 +2,9 @@
 //! library's documentation and `--help`.
 
 use clap::{Parser, Subcommand};
-use wallet_loadtest::{RunArgs, demo, payouts, pg_wire, print_findings, report, run, variants, verdict};
+use wallet_loadtest::{
+    RunArgs, commands, demo, deposits, payouts, pg_wire, print_findings, report, run, variants, verdict,
+};
 
 #[derive(Parser)]
 #[command(
@@ -31,6 +33,13 @@ enum Command {
     /// fast they are accepted, how fast the outbox sends them, and how
     /// fast the gateway alone takes them.
     Payouts(payouts::PayoutArgs),
+    /// Measure deposits against running instances: signed first
+    /// deliveries of new events, credited per second.
+    Deposits(deposits::DepositArgs),
+    /// Measure the command consumers of running instances: publish a
+    /// backlog of transfer commands and time until every one has its
+    /// outcome.
+    Commands(commands::CommandArgs),
     /// Stand between a server and PostgreSQL and count the round trips it
     /// makes, on the wire (for the benchmark's cost per transfer).
     PgWire(pg_wire::WireArgs),
@@ -64,6 +73,24 @@ async fn main() -> anyhow::Result<()> {
                 payouts::print(&report);
             }
             report.left_in_outbox == 0
+        }
+        Command::Deposits(args) => {
+            let report = deposits::run(&args).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                deposits::print(&report);
+            }
+            report.credited.succeeded > 0
+        }
+        Command::Commands(args) => {
+            let report = commands::run(&args).await?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                commands::print(&report);
+            }
+            report.left == 0
         }
     };
     if !ok {

@@ -14,10 +14,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
-use wallet_client::{Client, RetryPolicy};
+
+use crate::closed_loop::{self, Load, Tally};
 
 #[derive(clap::Args, Clone)]
 pub struct PayoutArgs {
@@ -30,12 +32,9 @@ pub struct PayoutArgs {
     /// The gateway the instances send to (`payout_gateway_url`).
     #[arg(long)]
     pub gateway_url: String,
-    #[arg(long, default_value_t = 64)]
-    pub users: usize,
-    #[arg(long, default_value_t = 32)]
-    pub concurrency: usize,
-    #[arg(long, default_value_t = 10.0)]
-    pub duration_s: f64,
+    /// The accounts paying out, the workers, the duration.
+    #[command(flatten)]
+    pub load: Load,
     /// How long to wait for the outbox to send everything accepted.
     #[arg(long, default_value_t = 300)]
     pub drain_s_max: u64,
@@ -45,15 +44,17 @@ pub struct PayoutArgs {
 
 #[derive(Debug, Serialize)]
 pub struct PayoutReport {
-    pub accepted: u64,
-    pub accepted_per_s: f64,
-    pub p50_ms: f64,
-    pub p99_ms: f64,
-    /// Answers other than 202, by status.
-    pub other_answers: Vec<(u16, u64)>,
+    /// The 202s, and the other answers by status.
+    pub accepted: Tally,
     pub dispatched_per_s: f64,
     /// From the first acceptance to the last payout leaving the outbox.
     pub dispatch_seconds: f64,
+    /// Payouts that left the outbox after the acceptance ended, per second
+    /// until the last: the dispatchers' rate on a backlog, with the machine
+    /// to themselves.
+    pub drained_per_s: f64,
+    /// How many the dispatchers had left to send when the acceptance ended.
+    pub backlog: i64,
     /// Payouts still in the outbox when the wait ended.
     pub left_in_outbox: i64,
     pub gateway_per_s: f64,
@@ -61,32 +62,19 @@ pub struct PayoutReport {
 
 pub async fn run(args: &PayoutArgs) -> anyhow::Result<PayoutReport> {
     let db = PgPool::connect(&args.database_url).await?;
-    let targets: Vec<&str> = args.targets.iter().map(String::as_str).collect();
-    let client = Client::over(&targets, RetryPolicy::default())?;
-    let run = &Uuid::new_v4().simple().to_string()[..8];
-    let mut people = Vec::new();
-    for index in 0..args.users.max(1) {
-        let password = Uuid::new_v4().simple().to_string();
-        people.push(client.sign_up(&format!("bench-{run}-{index}"), &password).await?);
-    }
+    let people = Arc::new(closed_loop::sign_up(&args.targets, args.load.users).await?);
     let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(args.concurrency)
+        .pool_max_idle_per_host(args.load.concurrency)
         .build()?;
-    let people = Arc::new(people);
-    let duration = Duration::from_secs_f64(args.duration_s);
-
-    let started = Instant::now();
-    let workers = (0..args.concurrency).map(|worker| {
-        let (http, people, targets) = (http.clone(), people.clone(), args.targets.clone());
-        tokio::spawn(async move {
-            let mut answers: Vec<(u16, Duration)> = Vec::new();
-            let mut n = worker;
-            while started.elapsed() < duration {
+    let duration = args.load.duration();
+    let targets = Arc::new(args.targets.clone());
+    let tally = closed_loop::run(args.load.concurrency, duration, 202, {
+        let (http, people) = (http.clone(), people.clone());
+        move |n: usize| {
+            let (http, people, targets) = (http.clone(), people.clone(), targets.clone());
+            async move {
                 let person = &people[n % people.len()];
-                let target = &targets[n % targets.len()];
-                let sent = Instant::now();
-                let status = http
-                    .post(format!("{target}/api/v1/payouts"))
+                http.post(format!("{}/api/v1/payouts", targets[n % targets.len()]))
                     .bearer_auth(&person.token)
                     .header("Idempotency-Key", Uuid::new_v4().to_string())
                     .json(&serde_json::json!({
@@ -94,69 +82,63 @@ pub async fn run(args: &PayoutArgs) -> anyhow::Result<PayoutReport> {
                     }))
                     .send()
                     .await
-                    .map_or(0, |response| response.status().as_u16());
-                answers.push((status, sent.elapsed()));
-                n += 1;
+                    .map_or(0, |response| response.status().as_u16())
             }
-            answers
-        })
-    });
-    let mut answers = Vec::new();
-    for worker in futures::future::join_all(workers).await {
-        answers.extend(worker?);
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    let mut latencies: Vec<Duration> = answers
-        .iter()
-        .filter(|(status, _)| *status == 202)
-        .map(|(_, took)| *took)
-        .collect();
-    latencies.sort();
-    let percentile = |p: f64| {
-        latencies
-            .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
-            .map_or(0.0, |took| took.as_secs_f64() * 1000.0)
-    };
-    let mut other_answers: Vec<(u16, u64)> = Vec::new();
-    for (status, _) in answers.iter().filter(|(status, _)| *status != 202) {
-        match other_answers.iter_mut().find(|(seen, _)| seen == status) {
-            Some((_, count)) => *count += 1,
-            None => other_answers.push((*status, 1)),
         }
-    }
-    let accepted = latencies.len() as u64;
+    })
+    .await?;
     let users: Vec<Uuid> = people.iter().map(|person| person.user_id).collect();
-    let (dispatch_seconds, left_in_outbox) = drain(&db, &users, args.drain_s_max).await?;
-    let gateway_per_s = gateway_ceiling(&http, &args.gateway_url, args.concurrency, duration).await;
+    let accepting_ended: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&db).await?;
+    let drained = drain(&db, &users, accepting_ended, args.drain_s_max).await?;
+    let gateway_per_s = gateway_ceiling(&http, &args.gateway_url, args.load.concurrency, duration).await;
     Ok(PayoutReport {
-        accepted,
-        accepted_per_s: accepted as f64 / elapsed,
-        p50_ms: percentile(0.5),
-        p99_ms: percentile(0.99),
-        other_answers,
-        dispatched_per_s: accepted as f64 / dispatch_seconds.max(f64::EPSILON),
-        dispatch_seconds,
-        left_in_outbox,
+        dispatched_per_s: tally.succeeded as f64 / drained.seconds.max(f64::EPSILON),
+        accepted: tally,
+        dispatch_seconds: drained.seconds,
+        drained_per_s: drained.backlog as f64 / drained.backlog_seconds.max(f64::EPSILON),
+        backlog: drained.backlog,
+        left_in_outbox: drained.left,
         gateway_per_s,
     })
 }
 
-/// Waits until the users' payouts have all left the outbox; the seconds
-/// from the first one's creation to the last one's leaving, and how many
-/// were left when the wait ended.
-async fn drain(db: &PgPool, users: &[Uuid], drain_s_max: u64) -> anyhow::Result<(f64, i64)> {
+/// How the outbox drained.
+#[derive(sqlx::FromRow)]
+struct Drained {
+    /// From the first payout's creation to the last one's leaving.
+    seconds: f64,
+    /// Payouts still there when the acceptance ended.
+    backlog: i64,
+    /// From the acceptance's end to the last one's leaving.
+    backlog_seconds: f64,
+    /// Payouts still there when the wait ended.
+    left: i64,
+}
+
+/// Waits until the users' payouts have all left the outbox, at most
+/// `drain_s_max` seconds.
+async fn drain(
+    db: &PgPool,
+    users: &[Uuid],
+    accepting_ended: DateTime<Utc>,
+    drain_s_max: u64,
+) -> anyhow::Result<Drained> {
     let deadline = Instant::now() + Duration::from_secs(drain_s_max);
     loop {
-        let (left, seconds): (i64, Option<f64>) = sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE state IN ('pending', 'sent')),
-                    extract(epoch FROM max(updated_at) - min(created_at))::double precision
+        let drained: Drained = sqlx::query_as(
+            "SELECT coalesce(extract(epoch FROM max(updated_at) - min(created_at)), 0)::double precision
+                        AS seconds,
+                    count(*) FILTER (WHERE state IN ('pending', 'sent') OR updated_at > $2) AS backlog,
+                    coalesce(extract(epoch FROM max(updated_at) - $2), 0)::double precision AS backlog_seconds,
+                    count(*) FILTER (WHERE state IN ('pending', 'sent')) AS left
                FROM payouts WHERE user_id = ANY($1)",
         )
         .bind(users)
+        .bind(accepting_ended)
         .fetch_one(db)
         .await?;
-        if left == 0 || Instant::now() > deadline {
-            return Ok((seconds.unwrap_or(0.0), left));
+        if drained.left == 0 || Instant::now() > deadline {
+            return Ok(drained);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -200,10 +182,20 @@ async fn gateway_ceiling(
 pub fn print(report: &PayoutReport) {
     println!(
         "payouts accepted: {} ({:.0}/s, p50 {:.1} ms, p99 {:.1} ms; other answers {:?})",
-        report.accepted, report.accepted_per_s, report.p50_ms, report.p99_ms, report.other_answers
+        report.accepted.succeeded,
+        report.accepted.per_s,
+        report.accepted.p50_ms,
+        report.accepted.p99_ms,
+        report.accepted.other_answers
     );
     println!(
-        "dispatched: {:.0}/s over {:.1} s ({} left in the outbox); the gateway alone: {:.0}/s",
-        report.dispatched_per_s, report.dispatch_seconds, report.left_in_outbox, report.gateway_per_s
+        "dispatched: {:.0}/s over {:.1} s, the {} left when the acceptance ended at {:.0}/s ({} left in the \
+         outbox); the gateway alone: {:.0}/s",
+        report.dispatched_per_s,
+        report.dispatch_seconds,
+        report.backlog,
+        report.drained_per_s,
+        report.left_in_outbox,
+        report.gateway_per_s
     );
 }

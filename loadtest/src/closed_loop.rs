@@ -1,0 +1,115 @@
+//! Closed-loop workers for the entry points measured beside transfers
+//! (payouts, deposits), and what their answers add up to. Each worker sends
+//! one request, waits for its answer, and sends the next, until the
+//! duration is over.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use uuid::Uuid;
+use wallet_client::{Client, RetryPolicy, SignedUp};
+
+/// The shape of a closed-loop run: the accounts it sends as, how many
+/// workers, for how long.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Load {
+    /// Accounts to spread the requests over.
+    #[arg(long, default_value_t = 64)]
+    pub users: usize,
+    /// Closed-loop workers.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+    #[arg(long, default_value_t = 10.0)]
+    pub duration_s: f64,
+}
+
+impl Load {
+    pub fn duration(&self) -> Duration {
+        Duration::from_secs_f64(self.duration_s)
+    }
+}
+
+/// What the workers saw: the answers with `success` status, per second and
+/// with their latency, and every other answer by status (0: no answer).
+#[derive(Debug, Serialize)]
+pub struct Tally {
+    pub succeeded: u64,
+    pub per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub other_answers: Vec<(u16, u64)>,
+}
+
+/// Runs `concurrency` workers for `duration`; request `n` is
+/// `send(n)`, which answers the status it got (0 for none).
+pub async fn run<SendOne, Answer>(
+    concurrency: usize,
+    duration: Duration,
+    success: u16,
+    send: SendOne,
+) -> anyhow::Result<Tally>
+where
+    SendOne: Fn(usize) -> Answer + Clone + Send + 'static,
+    Answer: Future<Output = u16> + Send,
+{
+    let started = Instant::now();
+    let workers = (0..concurrency.max(1)).map(|worker| {
+        let send = send.clone();
+        tokio::spawn(async move {
+            let mut answers: Vec<(u16, Duration)> = Vec::new();
+            let mut n = worker;
+            while started.elapsed() < duration {
+                let sent = Instant::now();
+                let status = send(n).await;
+                answers.push((status, sent.elapsed()));
+                n += concurrency.max(1);
+            }
+            answers
+        })
+    });
+    let mut answers = Vec::new();
+    for worker in futures::future::join_all(workers).await {
+        answers.extend(worker?);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut latencies: Vec<Duration> = answers
+        .iter()
+        .filter(|(status, _)| *status == success)
+        .map(|(_, took)| *took)
+        .collect();
+    latencies.sort();
+    let percentile = |p: f64| {
+        latencies
+            .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
+            .map_or(0.0, |took| took.as_secs_f64() * 1000.0)
+    };
+    let mut other_answers: Vec<(u16, u64)> = Vec::new();
+    for (status, _) in answers.iter().filter(|(status, _)| *status != success) {
+        match other_answers.iter_mut().find(|(seen, _)| seen == status) {
+            Some((_, count)) => *count += 1,
+            None => other_answers.push((*status, 1)),
+        }
+    }
+    other_answers.sort();
+    Ok(Tally {
+        succeeded: latencies.len() as u64,
+        per_s: latencies.len() as f64 / elapsed,
+        p50_ms: percentile(0.5),
+        p99_ms: percentile(0.99),
+        other_answers,
+    })
+}
+
+/// Signs `users` people up through `targets`, named after this run.
+pub async fn sign_up(targets: &[String], users: usize) -> anyhow::Result<Vec<SignedUp>> {
+    let targets: Vec<&str> = targets.iter().map(String::as_str).collect();
+    let client = Client::over(&targets, RetryPolicy::default())?;
+    let run = &Uuid::new_v4().simple().to_string()[..8];
+    let mut people = Vec::new();
+    for index in 0..users.max(1) {
+        let password = Uuid::new_v4().simple().to_string();
+        people.push(client.sign_up(&format!("bench-{run}-{index}"), &password).await?);
+    }
+    Ok(people)
+}
