@@ -12,14 +12,17 @@
 # redis-benchmark on SET NX PX, and the server's own /healthz under the same
 # load generator. Service: accepted transfers/s and latency at 8, 32, 128
 # and 512 clients and at 32 clients on each wallet count (charted in
-# docs/scaling.svg), the same load from wrk as a second generator, one hot
+# docs/scaling.svg) and with the idempotency table at size (KEYS_AT_SIZE),
+# the same load from wrk as a second generator, one hot
 # wallet, cooldown rejections/s (with the PostgreSQL transactions they
 # caused), replays/s, the server's peak RSS, and what one accepted transfer
 # costs outside PostgreSQL: server CPU (also against one /healthz request),
 # Redis commands and round trips, PostgreSQL statements, and PostgreSQL
-# round trips counted on the wire. Payouts: accepted/s against transfers/s,
-# and the outbox's sustained sending rate against the bank gateway
-# simulator's own.
+# round trips counted on the wire. The other entry points, each against
+# pgbench calling the same SQL function: deposits credited/s, a backlog of
+# broker commands applied/s, payouts accepted/s, the outbox's sending rate
+# on a backlog against payout_take() and payout_settle() alone, and its
+# sustained rate against the bank gateway simulator's own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -87,10 +90,11 @@ redis_ops=$(redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -q -c 32 -n 300000 -r 
 # --- The service --------------------------------------------------------------
 start_server() { # extra environment for the instance; KEEP_WALLETS=1 keeps the table as it is
   [ -n "${KEEP_WALLETS:-}" ] || psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
+  redis_prefix="bench:$(date +%s%N):"
   env DATABASE_URL="$db_url" REDIS_URL="$REDIS_URL" PORT=$port RUST_LOG=warn WALLET_ADMIN_HTTP_ADDR=127.0.0.1:$admin_port \
       WALLET_ACCOUNT_LIMITS_ENABLED=false \
       WALLET_TOKEN_SIGNING_KEY=bench-signing-key-bench-signing-key-0000 \
-      WALLET_REDIS_KEY_PREFIX="bench:$(date +%s%N):" "$@" \
+      WALLET_REDIS_KEY_PREFIX="$redis_prefix" "$@" \
       "$server" serve > "$work/server.log" 2>&1 &
   server_pid=$!
   for _ in $(seq 1 300); do curl -fs "http://127.0.0.1:$port/readyz" >/dev/null 2>&1 && return 0; sleep 0.1; done
@@ -163,6 +167,19 @@ for many in 100000 1000000; do
   stop_server
 done
 
+# The idempotency table at size: KEYS_AT_SIZE completed keys spread over
+# the 1,000 users (a day at the measured rate is more: the analysis says
+# why this size), the database alone and the service at 32 clients on it.
+keys_at_size=${KEYS_AT_SIZE:-10000000}
+say "scaling: $keys_at_size idempotency keys, the database alone then the service"
+psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
+psql "$db_url" -q -v n=$wallets -v keys="$keys_at_size" -f loadtest/pgbench/keys_fill.sql >/dev/null
+keys_table=$(psql "$db_url" -Atqc "SELECT pg_size_pretty(pg_total_relation_size('idempotency_keys'))")
+pg_fn_at_keys=$(pg_fn_at 32 "$wallets")
+KEEP_WALLETS=1 start_server WALLET_COOLDOWN_TTL_MS=1
+run keys-at-size throughput --concurrency 32 --users 64
+stop_server
+
 # Cooldown rejections: a long window and two users, so all but each user's
 # first request are refused at the edge. PostgreSQL's transaction counter
 # shows what the refusals cost the database.
@@ -174,7 +191,36 @@ run cooldown throughput --concurrency 32 --users 2
 sleep 11; after=$(xacts)
 stop_server
 
-# Payouts, through the bank gateway simulator on a database of its own.
+# --- The other entry points, each against the database alone -------------------
+# Deposits (a provider's webhooks), commands (a broker's backlog) and
+# payouts, each beside pgbench calling the same SQL function the service
+# calls, with the same arguments, on the same table (1000 wallets and the
+# clearing wallets the money moves through).
+entry_points_setup() {
+  psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
+  psql "$db_url" -q -f loadtest/pgbench/clearing_setup.sql >/dev/null
+}
+pg_entry_point() { # clients, script
+  pgbench "$db_url" -n -M prepared -c "$1" -j 2 -T "$duration" --max-tries=10 \
+      -D n=$wallets -f "loadtest/pgbench/$2" 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p'
+}
+# The consumers apply one command per partition at a time: as many clients.
+partitions=4
+say "pgbench: deposit(), broker_command() and payout() called directly (the database alone)"
+entry_points_setup
+pg_deposit=$(pg_entry_point 32 deposit_fn.sql)
+pg_command=$(pg_entry_point "$partitions" command_fn.sql)
+pg_payout=$(pg_entry_point 32 payout_fn.sql)
+# The dispatcher's work on the backlog payout_fn.sql left in the outbox, a
+# batch (the server's default payout_dispatch_batch_rows_max) at a time.
+dispatch_batch=16
+outbox_rows=$(psql "$db_url" -Atqc "SELECT count(*) FROM payout_outbox")
+dispatch_batches=$(((outbox_rows + dispatch_batch - 1) / dispatch_batch))
+pg_dispatch_tps=$(pgbench "$db_url" -n -M prepared -c 1 -t "$dispatch_batches" -D batch=$dispatch_batch \
+    -f loadtest/pgbench/dispatch_fn.sql 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
+pg_dispatch=$(python3 -c "print(round($pg_dispatch_tps * $outbox_rows / $dispatch_batches))")
+
+# The service, through the bank gateway simulator on a database of its own.
 gateway_port=$((port + 2))
 psql "$PG_SERVER_URL" -qc "DROP DATABASE IF EXISTS ${db_name}_gateway WITH (FORCE)" >/dev/null
 psql "$PG_SERVER_URL" -qc "CREATE DATABASE ${db_name}_gateway" >/dev/null
@@ -183,7 +229,17 @@ target/release/wallet-sim gateway --listen "127.0.0.1:$gateway_port" \
 gateway_pid=$!
 trap 'stop_server; kill "$gateway_pid" 2>/dev/null || true' EXIT
 wait_for_port "$gateway_port" "the gateway simulator"
-start_server WALLET_COOLDOWN_TTL_MS=1 WALLET_PAYOUT_GATEWAY_URL="http://127.0.0.1:$gateway_port"
+provider_secret=bench-provider-secret-bench-provider-secret
+entry_points_setup
+KEEP_WALLETS=1 start_server WALLET_COOLDOWN_TTL_MS=1 WALLET_PAYOUT_GATEWAY_URL="http://127.0.0.1:$gateway_port" \
+    WALLET_PROVIDER_WEBHOOK_SECRETS="$provider_secret" WALLET_COMMANDS_PARTITIONS=$partitions
+say "service: deposits"
+LOADTEST_PROVIDER_SECRET=$provider_secret "$loadtest" deposits --target "$target" \
+    --concurrency 32 --users 64 --duration-s "$duration" --json > "$work/deposits.json"
+say "service: a backlog of commands"
+"$loadtest" commands --target "$target" --database-url "$db_url" --redis-url "$REDIS_URL" \
+    --redis-prefix "$redis_prefix" --partitions $partitions --users 64 --commands $((duration * 300)) \
+    --json > "$work/commands.json"
 say "service: payouts, then the gateway alone"
 "$loadtest" payouts --target "$target" --database-url "$db_url" --gateway-url "http://127.0.0.1:$gateway_port" \
     --concurrency 32 --users 64 --duration-s "$duration" --json > "$work/payouts.json"
@@ -256,8 +312,6 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "| replays/s, 32 clients, against accepted transfers/s | $replay_rps | $(accepted throughput-32) | $(ratio "$replay_rps" "$(accepted throughput-32)") | ≥ 2.0 |"
   echo "| replays/s, 32 clients, against the database alone | $replay_rps | $pg_replay (\`transfer()\`) | $(ratio "$replay_rps" "$pg_replay") | ≥ 0.5 |"
   echo "| server peak RSS under load | $((rss_kib / 1024)) MiB | | | ≤ 64 MiB |"
-  echo "| accepted payouts/s, 32 clients (p50 $(f payouts "round(d['p50_ms'], 1)") ms, p99 $(f payouts "round(d['p99_ms'], 1)") ms), against accepted transfers/s | $(f payouts "round(d['accepted_per_s'])") | $(accepted throughput-32) | $(ratio "$(f payouts "d['accepted_per_s']")" "$(accepted throughput-32)") | — |"
-  echo "| payouts the outbox sent per second, sustained over $(f payouts "round(d['dispatch_seconds'], 1)") s, against the gateway alone | $(f payouts "round(d['dispatched_per_s'])") | $(f payouts "round(d['gateway_per_s'])") (gateway) | $(ratio "$(f payouts "d['dispatched_per_s']")" "$(f payouts "d['gateway_per_s']")") | — |"
   echo
   echo "## Scaling"
   echo
@@ -278,6 +332,25 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
     name="wallets-$many"; [ "$many" = "$wallets" ] && name=throughput-32
     echo "| $many | $(accepted "$name") | $(pct "$name" p50_ms) ms | $(pct "$name" p99_ms) ms | ${pg_fn_by_wallets[$many]} | $(ratio "$(accepted "$name")" "${pg_fn_by_wallets[$many]}") |"
   done
+  echo
+  echo "| idempotency keys held | accepted transfers/s, 32 clients | p50 | p99 | the database alone (\`transfer()\`) | ratio |"
+  echo "|---|---|---|---|---|---|"
+  echo "| the run's own (a fresh table) | $(accepted throughput-32) | $(pct throughput-32 p50_ms) ms | $(pct throughput-32 p99_ms) ms | $pg_fn | $(ratio "$(accepted throughput-32)" "$pg_fn") |"
+  echo "| $keys_at_size more ($keys_table with its indexes) | $(accepted keys-at-size) | $(pct keys-at-size p50_ms) ms | $(pct keys-at-size p99_ms) ms | $pg_fn_at_keys | $(ratio "$(accepted keys-at-size)" "$pg_fn_at_keys") |"
+  echo
+  echo "## The other entry points against the database alone"
+  echo
+  echo "Each beside pgbench calling the SQL function the service calls for it, with the same arguments, on the same"
+  echo "table. Every deposit debits the provider's one clearing wallet and every payout credits the one holds wallet,"
+  echo "in the service and in pgbench alike: that row, not the service, sets both ceilings."
+  echo
+  echo "| measurement | service | the database alone | ratio | answers other than the one counted |"
+  echo "|---|---|---|---|---|"
+  echo "| deposits credited/s (first deliveries, signed), 32 clients (p50 $(f deposits "round(d['credited']['p50_ms'], 1)") ms, p99 $(f deposits "round(d['credited']['p99_ms'], 1)") ms) | $(f deposits "round(d['credited']['per_s'])") | $pg_deposit (\`deposit()\`, 32 clients) | $(ratio "$(f deposits "d['credited']['per_s']")" "$pg_deposit") | $(f deposits "d['credited']['other_answers'] or 'none'") |"
+  echo "| commands applied/s, a backlog of $(f commands "d['published']") over $partitions partitions, from the first claim to the last commit ($(f commands "round(d['consume_seconds'], 1)") s) | $(f commands "round(d['applied_per_s'])") | $pg_command (\`broker_command()\`, $partitions clients) | $(ratio "$(f commands "d['applied_per_s']")" "$pg_command") | $(f commands "[v for v in d['verdicts'] if v[0] != 'applied'] or 'none'"), $(f commands "d['left']") without an outcome |"
+  echo "| payouts accepted/s, 32 clients (p50 $(f payouts "round(d['accepted']['p50_ms'], 1)") ms, p99 $(f payouts "round(d['accepted']['p99_ms'], 1)") ms) | $(f payouts "round(d['accepted']['per_s'])") | $pg_payout (\`payout()\`, 32 clients) | $(ratio "$(f payouts "d['accepted']['per_s']")" "$pg_payout") | $(f payouts "d['accepted']['other_answers'] or 'none'") |"
+  echo "| payouts the outbox sent per second on the backlog of $(f payouts "d['backlog']") left when the acceptance ended | $(f payouts "round(d['drained_per_s'])") | $pg_dispatch (\`payout_take()\` and \`payout_settle()\`, $dispatch_batch a batch, 1 client, no gateway) | $(ratio "$(f payouts "d['drained_per_s']")" "$pg_dispatch") | |"
+  echo "| payouts the outbox sent per second, sustained over $(f payouts "round(d['dispatch_seconds'], 1)") s | $(f payouts "round(d['dispatched_per_s'])") | $(f payouts "round(d['gateway_per_s'])") (the gateway simulator alone) | $(ratio "$(f payouts "d['dispatched_per_s']")" "$(f payouts "d['gateway_per_s']")") | $(f payouts "d['left_in_outbox']") left in the outbox |"
   echo
   echo "## What one accepted transfer costs outside PostgreSQL"
   echo
@@ -306,6 +379,7 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration --max-tries=10 -D n=$wallets -D hot=1 -f loadtest/pgbench/transfer.sql"
   echo "pgbench \"\$DB\" -n -M prepared -c {8,32,64} -j 2 -T $duration --max-tries=10 -D n={1000,100000,1000000} -D hot=0 -f loadtest/pgbench/transfer_fn.sql"
   echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration -D n=$wallets -f loadtest/pgbench/replay_fn.sql  # after replay_setup.sql"
+  echo "psql \"\$DB\" -v n=$wallets -v keys=$keys_at_size -f loadtest/pgbench/keys_fill.sql  # after setup.sql; then transfer_fn.sql at 32 clients, and the service"
   echo "redis-benchmark -q -c 32 -n 300000 -r 1000000 SET 'bench:cooldown:__rand_int__' token NX PX 5000"
   echo "WALLET_COOLDOWN_TTL_MS=1 wallet-server serve"
   echo "wallet-loadtest run healthz --concurrency 32 --duration-s $duration --server-pid PID"
@@ -320,8 +394,14 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "wallet-loadtest run replay --concurrency 32 --users 32 --duration-s $duration"
   echo "WALLET_COOLDOWN_TTL_MS=600000 wallet-server serve"
   echo "wallet-loadtest run throughput --concurrency 32 --users 2 --duration-s $duration"
+  echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration --max-tries=10 -D n=$wallets -f loadtest/pgbench/deposit_fn.sql  # after setup.sql, clearing_setup.sql"
+  echo "pgbench \"\$DB\" -n -M prepared -c $partitions -j 2 -T $duration --max-tries=10 -D n=$wallets -f loadtest/pgbench/command_fn.sql"
+  echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration --max-tries=10 -D n=$wallets -f loadtest/pgbench/payout_fn.sql"
+  echo "pgbench \"\$DB\" -n -M prepared -c 1 -t BATCHES -D batch=$dispatch_batch -f loadtest/pgbench/dispatch_fn.sql  # BATCHES: the outbox's rows / $dispatch_batch"
   echo "wallet-sim gateway --listen 127.0.0.1:PORT --database-url GATEWAY_DB"
-  echo "WALLET_COOLDOWN_TTL_MS=1 WALLET_PAYOUT_GATEWAY_URL=http://127.0.0.1:PORT wallet-server serve"
+  echo "WALLET_COOLDOWN_TTL_MS=1 WALLET_PAYOUT_GATEWAY_URL=http://127.0.0.1:PORT WALLET_PROVIDER_WEBHOOK_SECRETS=SECRET WALLET_COMMANDS_PARTITIONS=$partitions wallet-server serve"
+  echo "LOADTEST_PROVIDER_SECRET=SECRET wallet-loadtest deposits --concurrency 32 --users 64 --duration-s $duration"
+  echo "wallet-loadtest commands --redis-prefix PREFIX --partitions $partitions --users 64 --commands $((duration * 300))"
   echo "wallet-loadtest payouts --gateway-url http://127.0.0.1:PORT --concurrency 32 --users 64 --duration-s $duration"
   echo '```'
 } > "$out.new"
