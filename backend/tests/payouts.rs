@@ -529,3 +529,73 @@ async fn calling_the_gateway_inside_the_transaction_sends_money_without_a_debit(
         "4,000 left, nothing debited"
     );
 }
+
+/// The dispatcher settles a batch of sent payouts in one transaction
+/// (`payout_settle_all()`): each once, whoever settled some of them first
+/// (another dispatcher whose lease ran out, reconcile), and a batch
+/// recorded again changes nothing.
+#[tokio::test]
+async fn a_batch_settles_each_sent_payout_once_whoever_settled_some_first() {
+    let gateway = gateway(&[]).await;
+    let payouts = with_payouts_and_a_short_cooldown(&gateway.url);
+    let app = spawn_app(move |settings| {
+        payouts(settings);
+        // Nothing settles them but this test.
+        settings.payout_dispatcher_enabled = false;
+    })
+    .await;
+    let alice = app.sign_up("alice").await;
+    let mut batch = Vec::new();
+    for amount in [100, 200, 300] {
+        batch.push(pay_out(&app, &alice, amount, "acct-7").await);
+        after_the_cooldown().await;
+    }
+    let settle_one: String = sqlx::query_scalar("SELECT recorded::text FROM payout_settle($1, $2, 'first')")
+        .bind(batch[1])
+        .bind(Uuid::now_v7())
+        .fetch_one(&app.db)
+        .await
+        .expect("one settled first");
+    assert_eq!(settle_one, "done");
+
+    let settle_all = || async {
+        let transfer_ids: Vec<Uuid> = batch.iter().map(|_| Uuid::now_v7()).collect();
+        let references = vec!["ref-a", "ref-b", "ref-c"];
+        sqlx::query_as::<_, (Uuid, String)>(
+            "SELECT settled_payout_id, recorded::text FROM payout_settle_all($1, $2, $3)",
+        )
+        .bind(&batch)
+        .bind(transfer_ids)
+        .bind(references)
+        .fetch_all(&app.db)
+        .await
+        .expect("the batch settles")
+    };
+    let recorded = |labels: [&str; 3]| -> Vec<(Uuid, String)> {
+        batch
+            .iter()
+            .zip(labels)
+            .map(|(payout, label)| (*payout, label.to_owned()))
+            .collect()
+    };
+    assert_eq!(settle_all().await, recorded(["done", "already", "done"]));
+    assert_eq!(settle_all().await, recorded(["already", "already", "already"]));
+
+    assert_eq!(app.payouts_by_state().await, vec![("settled".to_owned(), 3)]);
+    let settlements: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM transfers t JOIN payouts p ON p.settle_transfer_id = t.id")
+            .fetch_one(&app.db)
+            .await
+            .expect("settlements");
+    let transfers_from_holds: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM transfers WHERE from_wallet_id = (SELECT id FROM wallets WHERE clearing_source = 'holds')",
+    )
+    .fetch_one(&app.db)
+    .await
+    .expect("transfers out of the holds wallet");
+    assert_eq!((settlements, transfers_from_holds), (3, 3), "each settled once");
+    assert_eq!(app.held_minor().await, 0);
+    assert_eq!(app.outbox_rows().await, 0);
+    assert_eq!(app.balance(alice.wallet_id).await, 100_000 - 600);
+    assert_eq!(money_invariant_violations(&app.db).await, Vec::<String>::new());
+}

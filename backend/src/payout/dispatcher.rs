@@ -9,8 +9,11 @@
 //!   the `Idempotency-Key` of every attempt: a row taken over after a crash
 //!   between the gateway's sending and our settlement asks again with the
 //!   same key, the gateway replays its answer, and the payout settles once.
-//! - **The record** of the answer is one transaction each: settle, release
-//!   (a definitive refusal only), or postpone with exponential backoff and
+//! - **The record** of the answers: the batch's sent payouts are settled in
+//!   one transaction, since each settlement updates the same two clearing
+//!   wallets and one commit after another on them would pace the batch;
+//!   every other answer is one transaction: release (a definitive refusal
+//!   only), or postpone with exponential backoff and
 //!   full jitter (`payout_retry_base_ms`, `payout_retry_cap_ms`, the
 //!   gateway's `Retry-After`), until `payout_attempts_max`, after which the
 //!   payout needs a person. An unknown outcome never releases the hold.
@@ -49,6 +52,15 @@ pub struct Taken {
     /// This attempt's number, from 1.
     pub attempts: i32,
     pub traceparent: Option<String>,
+}
+
+/// One gateway call's answer, waiting to be recorded.
+struct Attempt {
+    row: Taken,
+    answer: GatewayAnswer,
+    took: Duration,
+    /// The payout's `payout.dispatch` span: the record is reported in it.
+    span: tracing::Span,
 }
 
 /// How recording an answer ended: the PostgreSQL enum `payout_record`.
@@ -92,9 +104,7 @@ impl Dispatcher {
             self.census_if_due().await;
             match take(&self.state.db, payouts.batch_rows_max, payouts.lease, None).await {
                 Ok(taken) if taken.is_empty() => tokio::time::sleep(payouts.idle).await,
-                Ok(taken) => {
-                    join_all(taken.into_iter().map(|row| self.dispatch(row))).await;
-                }
+                Ok(taken) => self.dispatch(taken).await,
                 Err(error) => {
                     tracing::warn!(error = %error, "could not take due payouts; trying again");
                     tokio::time::sleep(payouts.idle).await;
@@ -103,8 +113,48 @@ impl Dispatcher {
         }
     }
 
-    /// One attempt: the call, then the record of its answer.
-    async fn dispatch(&self, row: Taken) {
+    /// One attempt for each taken row: the gateway calls at once, then the
+    /// records of their answers. The payouts the gateway sent are settled
+    /// together, in one transaction (`payout_settle_all()`); every other
+    /// answer is recorded on its own.
+    async fn dispatch(&self, taken: Vec<Taken>) {
+        let attempts = join_all(taken.into_iter().map(|row| self.attempt(row))).await;
+        let sent: Vec<(Uuid, &str)> = attempts
+            .iter()
+            .filter_map(|attempt| match &attempt.answer {
+                GatewayAnswer::Sent { reference } => Some((attempt.row.payout_id, reference.as_str())),
+                _ => None,
+            })
+            .collect();
+        let settled = settle_all(&self.state.db, &sent)
+            .await
+            .map_err(|error| error.to_string());
+        join_all(attempts.iter().map(|attempt| {
+            let settled = &settled;
+            async move {
+                let recorded = match (&attempt.answer, settled) {
+                    (GatewayAnswer::Sent { .. }, Ok(settled)) => settled
+                        .iter()
+                        .find(|(payout_id, _)| *payout_id == attempt.row.payout_id)
+                        .map(|(_, recorded)| (*recorded, false))
+                        .ok_or_else(|| "payout_settle_all() did not answer for it".to_owned()),
+                    (GatewayAnswer::Sent { .. }, Err(error)) => Err(error.clone()),
+                    (answer, _) => record_answer(&self.state, &attempt.row, answer)
+                        .instrument(attempt.span.clone())
+                        .await
+                        .map_err(|error| error.to_string()),
+                };
+                attempt
+                    .span
+                    .in_scope(|| self.report(&attempt.row, &attempt.answer, attempt.took, recorded));
+            }
+        }))
+        .await;
+    }
+
+    /// The gateway call for one row, under the payout's span, which
+    /// continues the trace of the request that made it.
+    async fn attempt(&self, row: Taken) -> Attempt {
         let span = tracing::info_span!(
             "payout.dispatch",
             otel.kind = "consumer",
@@ -116,19 +166,20 @@ impl Dispatcher {
         if let Some(traceparent) = &row.traceparent {
             telemetry::continue_trace(&span, traceparent);
         }
-        async {
-            let started = Instant::now();
-            let answer = self.call(&row).await;
-            tracing::Span::current().record("payout.answer", answer.label());
-            self.state
-                .metrics
-                .payout_attempts
-                .with_label_values(&[answer.label()])
-                .inc();
-            self.record(&row, answer, started.elapsed()).await;
+        let started = Instant::now();
+        let answer = self.call(&row).instrument(span.clone()).await;
+        span.record("payout.answer", answer.label());
+        self.state
+            .metrics
+            .payout_attempts
+            .with_label_values(&[answer.label()])
+            .inc();
+        Attempt {
+            row,
+            answer,
+            took: started.elapsed(),
+            span,
         }
-        .instrument(span)
-        .await
     }
 
     async fn call(&self, row: &Taken) -> GatewayAnswer {
@@ -148,8 +199,16 @@ impl Dispatcher {
             .await
     }
 
-    async fn record(&self, row: &Taken, answer: GatewayAnswer, took: Duration) {
-        match record_answer(&self.state, row, &answer).await {
+    /// Says how recording an answer ended: in the metrics, the log and the
+    /// owner's feed.
+    fn report(
+        &self,
+        row: &Taken,
+        answer: &GatewayAnswer,
+        took: Duration,
+        recorded: Result<(Recorded, bool), String>,
+    ) {
+        match recorded {
             Ok((Recorded::Done, true)) => {
                 self.state.metrics.payouts_given_up.inc();
                 tracing::warn!(
@@ -158,9 +217,9 @@ impl Dispatcher {
                     "a payout's gateway calls ran out without a known outcome; it keeps its hold until \
                      wallet-server reconcile asks the gateway"
                 );
-                self.tell_the_owner(row, &answer, took, true);
+                self.tell_the_owner(row, answer, took, true);
             }
-            Ok((Recorded::Done, false)) => self.tell_the_owner(row, &answer, took, false),
+            Ok((Recorded::Done, false)) => self.tell_the_owner(row, answer, took, false),
             Ok((Recorded::Already | Recorded::LeaseLost, _)) => {}
             Ok((Recorded::Contradicted, _)) => tracing::error!(
                 payout.id = %row.payout_id,
@@ -169,7 +228,7 @@ impl Dispatcher {
             ),
             Err(error) => tracing::warn!(
                 payout.id = %row.payout_id,
-                error = %error,
+                error,
                 "could not record the gateway's answer; when the lease runs out the next attempt asks again \
                  with the same key"
             ),
@@ -328,6 +387,23 @@ pub async fn settle<'e>(
         .bind(Uuid::now_v7())
         .bind(reference)
         .fetch_one(db)
+        .await
+}
+
+/// The gateway sent them: settle each hold, once, all in one transaction
+/// (`payout_settle_all()`); how each was recorded.
+async fn settle_all(db: &PgPool, sent: &[(Uuid, &str)]) -> Result<Vec<(Uuid, Recorded)>, sqlx::Error> {
+    if sent.is_empty() {
+        return Ok(Vec::new());
+    }
+    let payout_ids: Vec<Uuid> = sent.iter().map(|(payout_id, _)| *payout_id).collect();
+    let transfer_ids: Vec<Uuid> = sent.iter().map(|_| Uuid::now_v7()).collect();
+    let references: Vec<&str> = sent.iter().map(|(_, reference)| *reference).collect();
+    sqlx::query_as("SELECT settled_payout_id, recorded FROM payout_settle_all($1, $2, $3)")
+        .bind(payout_ids)
+        .bind(transfer_ids)
+        .bind(references)
+        .fetch_all(db)
         .await
 }
 
