@@ -190,9 +190,11 @@ async fn a_command_committed_but_never_acknowledged_is_redelivered_without_a_sec
     );
     let config = settings.clone().validate().expect("valid settings");
     let published = layered_wallet::command::published_at(&entry_id).expect("a stream id");
-    let applied = transaction::apply(&first.db, &config, &command, published, None)
+    let mut connection = first.db.acquire().await.expect("a connection");
+    let applied = transaction::apply(&mut connection, &config, &command, published, None)
         .await
         .expect("applied");
+    drop(connection);
     assert_eq!(applied.verdict, "applied");
     assert_eq!(first.transfer_count().await, 1);
 

@@ -28,7 +28,13 @@
 //! follows the transaction; a
 //! crash in between leaves the entry pending, to be claimed and replayed
 //! by the inbox. The result is published before the acknowledgement, so an
-//! issuer may read a result twice, never miss one.
+//! issuer may read a result twice, never miss one. The acknowledgement
+//! carries the lease's renewal for the next entry in the same round trip.
+//!
+//! **One connection a batch.** The commands of a read batch run one after
+//! another on one PostgreSQL connection, taken at the first and given back
+//! at the end or when one is not applied: the pool's checks before and
+//! after a checkout are paid once a batch, not on every command.
 //!
 //! **Poison.** An entry that is not a command is dead-lettered at once. One
 //! that reached `commands_deliveries_max` deliveries without an outcome
@@ -45,6 +51,8 @@ use std::time::Duration;
 
 use chrono::Utc;
 use redis::Script;
+use sqlx::Postgres;
+use sqlx::pool::PoolConnection;
 
 use super::transaction::{self, NotApplied};
 use super::{Command, GROUP, Streams, published_at};
@@ -194,24 +202,36 @@ impl PartitionWorker {
                 self.refresh_gauges(connection).await;
                 continue;
             }
+            // One PostgreSQL connection for the batch: its commands run one
+            // after another, so the pool's checks around a checkout (a round
+            // trip each) are paid once a batch rather than twice a command.
+            // Given back when a command is not applied: the next attempt takes
+            // a fresh one.
+            let mut database: Option<PoolConnection<Postgres>> = None;
+            // Whether the lease was renewed with the last acknowledgement.
+            let mut lease_renewed = false;
             'entries: for (entry_id, fields) in entries {
                 let delivered = deliveries.get(&entry_id).copied().unwrap_or(1);
                 // Failures of the command itself, retried here: each counts
                 // like a delivery towards the dead-letter stream.
                 let mut failed = 0;
                 loop {
-                    // Renewed before each attempt: a consumer slower than
-                    // the claim time over the last one no longer owns the
-                    // partition, and stops here.
-                    if !self.renew_lease(connection).await? {
+                    // Renewed before each attempt (with the previous
+                    // entry's acknowledgement, when it just came): a
+                    // consumer slower than the claim time over the last one
+                    // no longer owns the partition, and stops here.
+                    if !std::mem::take(&mut lease_renewed) && !self.renew_lease(connection).await? {
                         break 'entries;
                     }
                     let why = match self
-                        .handle(connection, &entry_id, &fields, delivered + failed)
+                        .handle(connection, &mut database, &entry_id, &fields, delivered + failed)
                         .await?
                     {
                         Handled::Done => {
-                            self.acknowledge(connection, &entry_id).await?;
+                            if !self.acknowledge(connection, &entry_id).await? {
+                                break 'entries;
+                            }
+                            lease_renewed = true;
                             break;
                         }
                         Handled::NotYet(why) => why,
@@ -369,13 +389,18 @@ impl PartitionWorker {
             .invoke_async(connection)
             .await
             .map_err(|e| e.to_string())?;
-        if held == 1 {
-            return Ok(true);
+        Ok(self.lease_still_held(held))
+    }
+
+    /// Reads `HOLD_LEASE`'s answer: whether this task still holds the lease.
+    fn lease_still_held(&self, answer: i64) -> bool {
+        if answer == 1 {
+            return true;
         }
         if self.holding.swap(false, Ordering::SeqCst) {
             self.held.fetch_sub(1, Ordering::SeqCst);
         }
-        Ok(false)
+        false
     }
 
     /// Moves to this consumer every entry another consumer holds, however
@@ -485,6 +510,7 @@ impl PartitionWorker {
     async fn handle(
         &self,
         connection: &mut StreamConnection,
+        database: &mut Option<PoolConnection<Postgres>>,
         entry_id: &str,
         fields: &[(String, String)],
         delivered: u64,
@@ -511,14 +537,27 @@ impl PartitionWorker {
         let deliveries_max = u64::from(self.state.config.commands.deliveries_max);
         let dead_letter_reason =
             (delivered > deliveries_max).then(|| format!("delivered {delivered} times without an outcome"));
+        if database.is_none() {
+            match self.state.db.acquire().await {
+                Ok(taken) => *database = Some(taken),
+                Err(error) => return Ok(Handled::NotYet(error.to_string())),
+            }
+        }
+        let Some(db) = database.as_mut() else {
+            return Ok(Handled::NotYet("no database connection".to_owned()));
+        };
         let applied = transaction::apply(
-            &self.state.db,
+            db,
             &self.state.config,
             &command,
             published,
             dead_letter_reason.as_deref(),
         )
         .await;
+        if applied.is_err() {
+            // Broken, or about to wait out a retry: either way not held.
+            *database = None;
+        }
         let applied = match applied {
             Ok(applied) => applied,
             Err(NotApplied::Protocol(what)) => {
@@ -557,11 +596,13 @@ impl PartitionWorker {
         Ok(Handled::Done)
     }
 
-    /// Acknowledges the entry and deletes it from its stream, in one round
-    /// trip: its outcome is in PostgreSQL now, so the stream keeps only
-    /// what is still to be applied.
-    async fn acknowledge(&self, connection: &mut StreamConnection, entry_id: &str) -> Result<(), String> {
-        redis::pipe()
+    /// Acknowledges the entry and deletes it from its stream (its outcome is
+    /// in PostgreSQL now, so the stream keeps only what is still to be
+    /// applied), and renews the lease for the next entry, in one round trip:
+    /// the stream and its lease share a slot. Returns whether this task
+    /// still holds the lease.
+    async fn acknowledge(&self, connection: &mut StreamConnection, entry_id: &str) -> Result<bool, String> {
+        let (held,): (i64,) = redis::pipe()
             .cmd("XACK")
             .arg(&self.stream)
             .arg(GROUP)
@@ -571,9 +612,18 @@ impl PartitionWorker {
             .arg(&self.stream)
             .arg(entry_id)
             .ignore()
-            .query_async::<()>(connection)
+            // The script's text rather than its hash: a pipeline does not
+            // load a script the server has lost (a restart, a failover).
+            .cmd("EVAL")
+            .arg(HOLD_LEASE)
+            .arg(1)
+            .arg(&self.lease)
+            .arg(&self.consumer)
+            .arg(self.state.config.commands.claim_idle.as_millis())
+            .query_async(connection)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        Ok(self.lease_still_held(held))
     }
 
     async fn dead_letter(

@@ -49,7 +49,7 @@ pub enum NotApplied {
 /// `dead_letter_reason`, records it as dead-lettered instead (unless it
 /// has an outcome already).
 pub async fn apply(
-    db: &sqlx::PgPool,
+    db: &mut sqlx::PgConnection,
     config: &Config,
     command: &Command,
     published_at: DateTime<Utc>,
