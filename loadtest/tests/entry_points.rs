@@ -106,7 +106,10 @@ async fn the_payout_run_drains_the_outbox_once_per_payout() {
     let accepted = report.accepted.succeeded as i64;
     assert!(accepted > 0, "{report:?}");
     assert_eq!(report.left_in_outbox, 0, "{report:?}");
-    assert!(report.backlog <= accepted, "the backlog counts only this run's payouts: {report:?}");
+    assert!(
+        report.backlog <= accepted,
+        "the backlog counts only this run's payouts: {report:?}"
+    );
     assert!(report.gateway_per_s > 0.0);
     assert_eq!(
         app.payouts_by_state().await,
