@@ -51,6 +51,13 @@ DATABASE_URL=$db_url "$server" migrate 2>/dev/null
 
 say() { printf 'bench: %s\n' "$*" >&2; }
 json() { python3 -c "import json,sys; d=json.load(open('$1')); print($2)"; }
+# pgbench's transactions per second running one of loadtest/pgbench's
+# scripts: clients, script, then the run's length (-T or -t) and variables.
+pgbench_tps() {
+  local clients=$1 script=$2; shift 2
+  pgbench "$db_url" -n -M prepared -c "$clients" -j $((clients < 2 ? clients : 2)) --max-tries=10 "$@" \
+      -f "loadtest/pgbench/$script" 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p'
+}
 
 # --- Ceilings ---------------------------------------------------------------
 say "pgbench: the transfer as plain statements"
@@ -58,18 +65,12 @@ wallets=1000
 psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
 declare -A pg_tps
 for clients in 8 32 64; do
-  pg_tps[$clients]=$(pgbench "$db_url" -n -M prepared -c "$clients" -j 2 -T "$duration" --max-tries=10 \
-      -D n=$wallets -D hot=0 -f loadtest/pgbench/transfer.sql 2>/dev/null |
-    sed -n 's/^tps = \([0-9.]*\).*/\1/p')
+  pg_tps[$clients]=$(pgbench_tps "$clients" transfer.sql -T "$duration" -D n=$wallets -D hot=0)
 done
-pg_hot=$(pgbench "$db_url" -n -M prepared -c 32 -j 2 -T "$duration" --max-tries=10 \
-    -D n=$wallets -D hot=1 -f loadtest/pgbench/transfer.sql 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
+pg_hot=$(pgbench_tps 32 transfer.sql -T "$duration" -D n=$wallets -D hot=1)
 
 say "pgbench: the service's transfer() called directly (the database alone)"
-pg_fn_at() { # clients, wallets
-  pgbench "$db_url" -n -M prepared -c "$1" -j 2 -T "$duration" --max-tries=10 \
-      -D n="$2" -D hot=0 -f loadtest/pgbench/transfer_fn.sql 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p'
-}
+pg_fn_at() { pgbench_tps "$1" transfer_fn.sql -T "$duration" -D n="$2" -D hot=0; } # clients, wallets
 psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
 declare -A pg_fn_by_clients
 # PostgreSQL's default max_connections (100) is the reason pgbench stops at 64.
@@ -80,8 +81,7 @@ pg_fn=${pg_fn_by_clients[32]}
 say "pgbench: replays answered by transfer() directly"
 psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
 psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/replay_setup.sql >/dev/null
-pg_replay=$(pgbench "$db_url" -n -M prepared -c 32 -j 2 -T "$duration" \
-    -D n=$wallets -f loadtest/pgbench/replay_fn.sql 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
+pg_replay=$(pgbench_tps 32 replay_fn.sql -T "$duration" -D n=$wallets)
 
 say "redis-benchmark: SET NX PX"
 redis_ops=$(redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -q -c 32 -n 300000 -r 1000000 \
@@ -200,10 +200,7 @@ entry_points_setup() {
   psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
   psql "$db_url" -q -f loadtest/pgbench/clearing_setup.sql >/dev/null
 }
-pg_entry_point() { # clients, script
-  pgbench "$db_url" -n -M prepared -c "$1" -j 2 -T "$duration" --max-tries=10 \
-      -D n=$wallets -f "loadtest/pgbench/$2" 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p'
-}
+pg_entry_point() { pgbench_tps "$1" "$2" -T "$duration" -D n=$wallets; } # clients, script
 # The consumers apply one command per partition at a time: as many clients.
 partitions=4
 say "pgbench: deposit(), broker_command() and payout() called directly (the database alone)"
@@ -216,8 +213,7 @@ pg_payout=$(pg_entry_point 32 payout_fn.sql)
 dispatch_batch=16
 outbox_rows=$(psql "$db_url" -Atqc "SELECT count(*) FROM payout_outbox")
 dispatch_batches=$(((outbox_rows + dispatch_batch - 1) / dispatch_batch))
-pg_dispatch_tps=$(pgbench "$db_url" -n -M prepared -c 1 -t "$dispatch_batches" -D batch=$dispatch_batch \
-    -f loadtest/pgbench/dispatch_fn.sql 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
+pg_dispatch_tps=$(pgbench_tps 1 dispatch_fn.sql -t "$dispatch_batches" -D batch=$dispatch_batch)
 pg_dispatch=$(python3 -c "print(round($pg_dispatch_tps * $outbox_rows / $dispatch_batches))")
 
 # The service, through the bank gateway simulator on a database of its own.
@@ -378,7 +374,7 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "pgbench \"\$DB\" -n -M prepared -c {8,32,64} -j 2 -T $duration --max-tries=10 -D n=$wallets -D hot=0 -f loadtest/pgbench/transfer.sql"
   echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration --max-tries=10 -D n=$wallets -D hot=1 -f loadtest/pgbench/transfer.sql"
   echo "pgbench \"\$DB\" -n -M prepared -c {8,32,64} -j 2 -T $duration --max-tries=10 -D n={1000,100000,1000000} -D hot=0 -f loadtest/pgbench/transfer_fn.sql"
-  echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration -D n=$wallets -f loadtest/pgbench/replay_fn.sql  # after replay_setup.sql"
+  echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration --max-tries=10 -D n=$wallets -f loadtest/pgbench/replay_fn.sql  # after replay_setup.sql"
   echo "psql \"\$DB\" -v n=$wallets -v keys=$keys_at_size -f loadtest/pgbench/keys_fill.sql  # after setup.sql; then transfer_fn.sql at 32 clients, and the service"
   echo "redis-benchmark -q -c 32 -n 300000 -r 1000000 SET 'bench:cooldown:__rand_int__' token NX PX 5000"
   echo "WALLET_COOLDOWN_TTL_MS=1 wallet-server serve"
@@ -397,7 +393,7 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration --max-tries=10 -D n=$wallets -f loadtest/pgbench/deposit_fn.sql  # after setup.sql, clearing_setup.sql"
   echo "pgbench \"\$DB\" -n -M prepared -c $partitions -j 2 -T $duration --max-tries=10 -D n=$wallets -f loadtest/pgbench/command_fn.sql"
   echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration --max-tries=10 -D n=$wallets -f loadtest/pgbench/payout_fn.sql"
-  echo "pgbench \"\$DB\" -n -M prepared -c 1 -t BATCHES -D batch=$dispatch_batch -f loadtest/pgbench/dispatch_fn.sql  # BATCHES: the outbox's rows / $dispatch_batch"
+  echo "pgbench \"\$DB\" -n -M prepared -c 1 -j 1 --max-tries=10 -t BATCHES -D batch=$dispatch_batch -f loadtest/pgbench/dispatch_fn.sql  # BATCHES: the outbox's rows / $dispatch_batch"
   echo "wallet-sim gateway --listen 127.0.0.1:PORT --database-url GATEWAY_DB"
   echo "WALLET_COOLDOWN_TTL_MS=1 WALLET_PAYOUT_GATEWAY_URL=http://127.0.0.1:PORT WALLET_PROVIDER_WEBHOOK_SECRETS=SECRET WALLET_COMMANDS_PARTITIONS=$partitions wallet-server serve"
   echo "LOADTEST_PROVIDER_SECRET=SECRET wallet-loadtest deposits --concurrency 32 --users 64 --duration-s $duration"

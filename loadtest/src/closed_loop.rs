@@ -7,8 +7,12 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use uuid::Uuid;
-use wallet_client::{Client, RetryPolicy, SignedUp};
+
+use crate::client::{Api, User};
+use crate::report;
+
+/// Connections to each target while the run's accounts sign up.
+const SIGN_UP_CONNECTIONS_PER_HOST: usize = 8;
 
 /// The shape of a closed-loop run: the accounts it sends as, how many
 /// workers, for how long.
@@ -73,19 +77,13 @@ where
         answers.extend(worker?);
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let mut latencies: Vec<Duration> = answers
-        .iter()
-        .filter(|(status, _)| *status == success)
-        .map(|(_, took)| *took)
-        .collect();
-    latencies.sort();
-    let percentile = |p: f64| {
-        latencies
-            .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
-            .map_or(0.0, |took| took.as_secs_f64() * 1000.0)
-    };
+    let mut latencies = report::new_histogram();
     let mut other_answers: Vec<(u16, u64)> = Vec::new();
-    for (status, _) in answers.iter().filter(|(status, _)| *status != success) {
+    for (status, took) in &answers {
+        if *status == success {
+            let _ = latencies.record(u64::try_from(took.as_micros()).unwrap_or(u64::MAX).max(1));
+            continue;
+        }
         match other_answers.iter_mut().find(|(seen, _)| seen == status) {
             Some((_, count)) => *count += 1,
             None => other_answers.push((*status, 1)),
@@ -93,23 +91,16 @@ where
     }
     other_answers.sort();
     Ok(Tally {
-        succeeded: latencies.len() as u64,
+        succeeded: latencies.len(),
         per_s: latencies.len() as f64 / elapsed,
-        p50_ms: percentile(0.5),
-        p99_ms: percentile(0.99),
+        p50_ms: report::ms(latencies.value_at_quantile(0.50)),
+        p99_ms: report::ms(latencies.value_at_quantile(0.99)),
         other_answers,
     })
 }
 
-/// Signs `users` people up through `targets`, named after this run.
-pub async fn sign_up(targets: &[String], users: usize) -> anyhow::Result<Vec<SignedUp>> {
-    let targets: Vec<&str> = targets.iter().map(String::as_str).collect();
-    let client = Client::over(&targets, RetryPolicy::default())?;
-    let run = &Uuid::new_v4().simple().to_string()[..8];
-    let mut people = Vec::new();
-    for index in 0..users.max(1) {
-        let password = Uuid::new_v4().simple().to_string();
-        people.push(client.sign_up(&format!("bench-{run}-{index}"), &password).await?);
-    }
-    Ok(people)
+/// Signs `users` people up, spread across `targets`.
+pub async fn sign_up(targets: &[String], users: usize) -> anyhow::Result<Vec<User>> {
+    let api = Api::new(targets.to_vec(), SIGN_UP_CONNECTIONS_PER_HOST, 1)?;
+    crate::sign_up_users(&api, users.max(1), true).await
 }

@@ -305,7 +305,7 @@ fn late_retry_check(samples: &[client::Sample], rounds: usize, findings: &mut in
 }
 
 /// Signs up `count` fresh users, spread across the targets.
-async fn sign_up_users(api: &Api, count: usize, quiet: bool) -> anyhow::Result<Vec<User>> {
+pub async fn sign_up_users(api: &Api, count: usize, quiet: bool) -> anyhow::Result<Vec<User>> {
     let run = uuid::Uuid::new_v4().simple().to_string();
     let bar = scenarios::progress(Some(count as u64), quiet);
     bar.set_message("signing up users");

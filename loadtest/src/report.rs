@@ -46,14 +46,14 @@ pub struct Summary {
     pub outcomes: Vec<OutcomeRow>,
 }
 
-fn new_histogram() -> Histogram<u64> {
+pub fn new_histogram() -> Histogram<u64> {
     // Microseconds from 1 µs to 60 s at three significant digits; these
     // bounds are constants, so creation cannot fail.
     Histogram::new_with_bounds(1, 60_000_000, 3)
         .unwrap_or_else(|_| Histogram::new(3).unwrap_or_else(|_| unreachable!()))
 }
 
-fn ms(micros: u64) -> f64 {
+pub fn ms(micros: u64) -> f64 {
     micros as f64 / 1000.0
 }
 

@@ -537,14 +537,12 @@ impl PartitionWorker {
         let deliveries_max = u64::from(self.state.config.commands.deliveries_max);
         let dead_letter_reason =
             (delivered > deliveries_max).then(|| format!("delivered {delivered} times without an outcome"));
-        if database.is_none() {
-            match self.state.db.acquire().await {
-                Ok(taken) => *database = Some(taken),
+        let db = match database {
+            Some(held) => held,
+            None => match self.state.db.acquire().await {
+                Ok(taken) => database.insert(taken),
                 Err(error) => return Ok(Handled::NotYet(error.to_string())),
-            }
-        }
-        let Some(db) = database.as_mut() else {
-            return Ok(Handled::NotYet("no database connection".to_owned()));
+            },
         };
         let applied = transaction::apply(
             db,
