@@ -9,6 +9,7 @@
 pub mod account_limits;
 pub mod auth;
 pub mod command;
+pub mod database_hosts;
 pub mod decision;
 pub mod defense;
 pub mod deposit;

@@ -4,17 +4,17 @@
 //! run exactly the server users run.
 
 use std::net::TcpListener;
-use std::str::FromStr;
 use std::sync::Arc;
 
 use actix_web::dev::Server;
 use actix_web::{App, HttpServer, web};
 use secrecy::ExposeSecret;
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgPoolOptions;
 
 use crate::account_limits::AccountLimits;
 use crate::auth::TokenSigner;
+use crate::database_hosts::{self, DatabaseHosts, PoolMoves};
 use crate::decision::feed::DecisionFeed;
 use crate::defense::cooldown::CooldownLock;
 use crate::listener;
@@ -299,34 +299,59 @@ pub fn migration_pool(database: &Database) -> anyhow::Result<PgPool> {
 }
 
 fn pool_for(database: &Database, url: &str, setting: &str) -> anyhow::Result<PgPool> {
-    let options = PgConnectOptions::from_str(url)
-        .map_err(|_| anyhow::anyhow!("{setting} is not a valid PostgreSQL URL"))?
-        .application_name("layered-wallet")
-        .options([(
-            "statement_timeout",
-            format!("{}ms", database.statement_timeout.as_millis()),
-        )]);
+    let statement_timeout = format!("{}ms", database.statement_timeout.as_millis());
+    let hosts = DatabaseHosts::parse(url)
+        .map_err(|why| anyhow::anyhow!("{setting} is not a valid PostgreSQL URL: {why}"))?
+        .map(|server| {
+            server
+                .application_name("layered-wallet")
+                .options([("statement_timeout", statement_timeout.as_str())])
+        });
+    let writes_required = hosts.writes_required();
+    let moves = Arc::new(PoolMoves::default());
+    let moves_at_checkout = moves.clone();
     let check_idle_after = database.idle_check_after;
-    Ok(PgPoolOptions::new()
+    let pool = PgPoolOptions::new()
         .max_connections(database.pool_connections_max)
         .min_connections(database.pool_connections_min)
         .acquire_timeout(database.acquire_wait_max)
+        // `target_session_attrs=read-write`: a server that only reads (a
+        // standby, a demoted primary) is refused, as libpq would.
+        .after_connect(move |connection, _| {
+            Box::pin(async move {
+                if writes_required && !database_hosts::accepts_writes(connection).await? {
+                    return Err(sqlx::Error::Protocol(
+                        "the server takes no writes (target_session_attrs=read-write)".into(),
+                    ));
+                }
+                Ok(())
+            })
+        })
         // A connection that broke while idle (a restart, a proxy's idle
         // timeout) must be found before a transfer is sent down it, or
         // the client is told "outcome unknown" where nothing was sent. The
         // check costs a round trip, so a deployment whose connections do
         // not break while idle may skip it for connections used within
-        // `db_idle_check_after_ms` (0, the default: always check).
+        // `db_idle_check_after_ms` (0, the default: always check). One
+        // opened before the pool moved to another server is closed.
         .test_before_acquire(false)
         .before_acquire(move |connection, meta| {
+            let left_behind = moves_at_checkout.predates_last_move(meta.age);
             Box::pin(async move {
+                if left_behind {
+                    return Ok(false);
+                }
                 if check_idle_after.is_zero() || meta.idle_for >= check_idle_after {
                     sqlx::Connection::ping(connection).await?;
                 }
                 Ok(true)
             })
         })
-        .connect_lazy_with(options))
+        .connect_lazy_with(hosts.first());
+    if hosts.has_alternatives() {
+        database_hosts::watch(pool.clone(), hosts, moves, database.host_watch);
+    }
+    Ok(pool)
 }
 
 /// A bound address as a client on this host dials it: an unspecified

@@ -51,7 +51,11 @@ declare_settings! {
 
     section "PostgreSQL" {
         /// The database as the server's role. `sslmode` in it is honoured
-        /// (TLS by rustls, with the system's CA roots).
+        /// (TLS by rustls, with the system's CA roots). It may name several
+        /// servers, as libpq's URLs do (`postgres://role@db1:5432,db2:5432/wallet`);
+        /// with `target_session_attrs=read-write` the pool uses the one that
+        /// takes writes and follows it through a failover
+        /// (`db_host_check_interval_ms`).
         database_url: SecretString = SecretString::from("postgres://postgres@127.0.0.1:5432/layered_wallet");
         /// The database as its owning role, for migrations only
         /// (`wallet-server migrate`, `migrate_on_start`). Empty: `database_url`.
@@ -76,6 +80,15 @@ declare_settings! {
         /// `wallet_lock_wait_ms_max` + `STATEMENT_TIMEOUT_MARGIN_MS`), so that
         /// each wait ends in its own answer (409, 503) rather than the timeout.
         db_statement_timeout_ms: u64 = 6_000, within 1..=600_000 "ms";
+        /// When `database_url` names several servers (`host1:5432,host2:5432`),
+        /// how often the server in use is asked whether it still answers, and
+        /// with `target_session_attrs=read-write` whether it still takes writes.
+        /// After a failover the pool moves within about this long of the
+        /// promotion. Unused with one server.
+        db_host_check_interval_ms: u64 = 500, within 50..=60_000 "ms";
+        /// Longest wait for a server to accept a connection and answer that
+        /// check, before the next server in `database_url` is tried.
+        db_host_connect_wait_ms_max: u64 = 1_000, within 10..=60_000 "ms";
         /// Longest wait for a wallet row lock held by another transfer. This
         /// and the idempotency wait and retention are `u16`: they go to
         /// PostgreSQL as `int`, and the type makes that conversion total.

@@ -71,6 +71,9 @@ pub struct Database {
     /// Zero: ping on every checkout.
     pub idle_check_after: Duration,
     pub statement_timeout: Duration,
+    /// How the pool follows the server that takes writes, when
+    /// `url` names several.
+    pub host_watch: crate::database_hosts::WatchTimings,
     /// PostgreSQL's `lock_timeout` for wallet rows, in its milliseconds.
     pub wallet_lock_wait_ms_max: u16,
     pub transfer_retries_max: u32,
@@ -418,6 +421,17 @@ impl Database {
             s.db_pool_connections_min <= s.db_pool_connections_max,
             "db_pool_connections_min must not exceed db_pool_connections_max",
         );
+        for (setting, url) in [
+            ("database_url", &s.database_url),
+            ("database_migration_url", &s.database_migration_url),
+        ] {
+            let url = url.expose_secret();
+            if setting == "database_url" || !url.is_empty() {
+                if let Err(why) = crate::database_hosts::DatabaseHosts::parse(url) {
+                    check.require(false, format!("{setting} is not a valid PostgreSQL URL: {why}"));
+                }
+            }
+        }
         Self {
             url: s.database_url.clone(),
             migration_url: s.database_migration_url.clone(),
@@ -426,6 +440,10 @@ impl Database {
             acquire_wait_max: Duration::from_millis(s.db_acquire_wait_ms_max),
             idle_check_after: Duration::from_millis(s.db_idle_check_after_ms),
             statement_timeout: Duration::from_millis(s.db_statement_timeout_ms),
+            host_watch: crate::database_hosts::WatchTimings {
+                check_interval: Duration::from_millis(s.db_host_check_interval_ms),
+                connect_wait_max: Duration::from_millis(s.db_host_connect_wait_ms_max),
+            },
             wallet_lock_wait_ms_max: s.wallet_lock_wait_ms_max,
             transfer_retries_max: s.transfer_retries_max,
             migrate_on_start: s.migrate_on_start,
