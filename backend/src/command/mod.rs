@@ -84,12 +84,14 @@ impl Streams {
     /// The live consumers, each with when it stops counting as alive: the
     /// partitions are shared among them.
     pub fn consumers(&self) -> String {
-        format!("{}commands:consumers", self.prefix)
+        format!("{}commands:{{consumers}}", self.prefix)
     }
 
-    /// How many partitions each live consumer holds.
+    /// How many partitions each live consumer holds. It shares a hash tag
+    /// with `consumers`: the census reads and writes both in one pipeline,
+    /// which a Redis Cluster takes only within one slot.
     pub fn consumers_held(&self) -> String {
-        format!("{}commands:consumers:held", self.prefix)
+        format!("{}commands:{{consumers}}:held", self.prefix)
     }
 
     /// Entries moved aside after `commands_deliveries_max` deliveries, or
