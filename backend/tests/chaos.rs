@@ -17,6 +17,17 @@
 //! killed, PostgreSQL restarted, or the hold's replies lost, then
 //! `wallet-server reconcile` and both ledgers' checks.
 //!
+//! A replicated PostgreSQL gets its primary killed (`primary_failover_*`):
+//! a primary and a standby under Patroni, the instances reaching them
+//! through a URL that names both, the standby promoted. On asynchronous
+//! replication the 201s the failover lost are counted, and each lost key
+//! is sent again; on synchronous replication none may be lost.
+//!
+//! A Redis Cluster master is killed with its replica cut off
+//! (`redis_master_failover_*`): the cooldown windows and the command
+//! acknowledgements it held are lost, and PostgreSQL must still decide
+//! every duplicate they let through.
+//!
 //! The faults run one at a time, so that each one's timings are its own.
 //! `CHAOS_FULL=1` runs the bigger storm behind `docs/reliability.md`
 //! (`./scripts/chaos`); without it, the subset CI runs.
@@ -25,6 +36,7 @@ use std::path::PathBuf;
 
 use layered_wallet::settings::StoreErrorPolicy;
 use wallet_testkit::chaos::{self, ArrivalFault, DepartureFault, Fault, Scale};
+use wallet_testkit::replicated_postgres::Replication;
 
 /// One fault at a time in this process.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -128,4 +140,32 @@ async fn database_connections_cut() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn commit_replies_lost() {
     survive(Fault::CommitRepliesLost).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn primary_failover_asynchronous() {
+    survive(Fault::PrimaryFailover(Replication::Asynchronous)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn primary_failover_synchronous() {
+    survive(Fault::PrimaryFailover(Replication::Synchronous)).await;
+}
+
+/// A Redis master failover, run by `run`, published at `place` in its table.
+async fn redis_fails_over(run: impl std::future::Future<Output = chaos::RedisFailoverReport>, place: usize) {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let report = run.await;
+    report.publish(place);
+    report.assert_held();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_master_failover_with_windows_held() {
+    redis_fails_over(chaos::run_cooldown_failover(), 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_master_failover_with_commands_acknowledged() {
+    redis_fails_over(chaos::run_commands_failover(), 1).await;
 }

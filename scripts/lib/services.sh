@@ -199,11 +199,17 @@ ensure_redis_cluster() {
 }
 
 # The chaos suite and the security tests start PostgreSQL clusters and
-# Redis servers of their own (one with a self-signed certificate), so they
-# need the programs even where the servers run elsewhere.
+# Redis servers of their own (one with a self-signed certificate), and the
+# failover runs a replicated PostgreSQL under Patroni and a Redis Cluster
+# with replicas, so they need the programs even where the servers run
+# elsewhere.
 ensure_store_programs() {
   compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || command -v initdb >/dev/null || apt_install postgresql
   command -v redis-server >/dev/null || apt_install redis-server
+  command -v redis-cli >/dev/null || apt_install redis-tools
   command -v openssl >/dev/null || apt_install openssl
   command -v runuser >/dev/null || apt_install util-linux
+  # The failover runs: a primary and a standby under Patroni, with etcd.
+  command -v patroni >/dev/null || apt_install patroni
+  command -v etcd >/dev/null || apt_install etcd-server
 }

@@ -57,8 +57,14 @@ pub async fn spawn_app_behind_proxy(adjust: impl FnOnce(&mut Settings)) -> (Test
 /// A second app on the same database and Redis prefix as `first`: another
 /// instance of one deployment, with its own pools.
 pub async fn spawn_second_instance(first: &TestApp) -> TestApp {
+    spawn_second_instance_with(first, |_| {}).await
+}
+
+/// Like `spawn_second_instance`, with `adjust` applied to its settings.
+pub async fn spawn_second_instance_with(first: &TestApp, adjust: impl FnOnce(&mut Settings)) -> TestApp {
     let mut settings = first.settings.clone();
     settings.http_port = 0;
+    adjust(&mut settings);
     let mut second = spawn_with(settings, first.db_options.clone()).await;
     second.mark_second_instance();
     second

@@ -14,8 +14,10 @@ pub mod answer_cutter;
 pub mod chaos;
 pub mod gateway;
 pub mod nginx;
+pub mod private_redis_cluster;
 pub mod private_stores;
 pub mod proxy;
+pub mod replicated_postgres;
 pub mod server_process;
 pub mod visitor;
 
@@ -29,7 +31,9 @@ mod state;
 mod stores;
 mod telemetry;
 
-pub use app::{TestApp, spawn_app, spawn_app_behind_proxy, spawn_second_instance, spawn_with};
+pub use app::{
+    TestApp, spawn_app, spawn_app_behind_proxy, spawn_second_instance, spawn_second_instance_with, spawn_with,
+};
 pub use commands::{transfer_command, with_commands};
 pub use deposits::{PROVIDER_SECRET, deposit_event, new_event_id};
 pub use http::{TestUser, fire_together, fresh_transfers, new_key, problem, sign_up_at};

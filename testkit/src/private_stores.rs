@@ -15,7 +15,7 @@ fn accepts_connections(port: u16) -> bool {
     std::net::TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200)).is_ok()
 }
 
-fn wait_until_listening(port: u16, what: &str) {
+pub(crate) fn wait_until_listening(port: u16, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(STORE_START_SECONDS_MAX);
     while !accepts_connections(port) {
         assert!(
@@ -74,15 +74,29 @@ impl Drop for ScratchDir {
 
 /// PostgreSQL refuses to run as root. When the tests do, the private
 /// cluster runs as the `postgres` account that Debian's package creates.
-fn running_as_root() -> bool {
+pub(crate) fn running_as_root() -> bool {
     std::fs::metadata("/proc/self")
         .map(|m| m.uid() == 0)
         .unwrap_or(false)
 }
 
+/// Makes `dir` the `postgres` account's when the tests run as root, so
+/// that the servers started in it as `postgres` may write there.
+pub(crate) fn hand_to_postgres(dir: &std::path::Path) {
+    if !running_as_root() {
+        return;
+    }
+    let chown = Command::new("chown")
+        .args(["-R", "postgres:postgres"])
+        .arg(dir)
+        .status()
+        .expect("chown the scratch directory");
+    assert!(chown.success(), "could not hand {} to postgres", dir.display());
+}
+
 /// `initdb` and `pg_ctl`: from PATH, or from Debian's versioned directory,
 /// newest first.
-fn postgres_tool(name: &str) -> PathBuf {
+pub(crate) fn postgres_tool(name: &str) -> PathBuf {
     let on_path = std::env::var_os("PATH")
         .into_iter()
         .flat_map(|paths| std::env::split_paths(&paths).collect::<Vec<_>>())
@@ -155,18 +169,7 @@ impl PrivatePostgres {
     pub fn start() -> Self {
         let dir = ScratchDir::new("pg");
         let data = dir.path.join("data");
-        if running_as_root() {
-            let chown = Command::new("chown")
-                .args(["-R", "postgres:postgres"])
-                .arg(&dir.path)
-                .status()
-                .expect("chown the scratch directory");
-            assert!(
-                chown.success(),
-                "could not hand {} to postgres",
-                dir.path.display()
-            );
-        }
+        hand_to_postgres(&dir.path);
         let data_arg = data.to_str().expect("a UTF-8 path");
         let init = run_postgres_tool(
             "initdb",
@@ -320,6 +323,17 @@ impl Drop for PrivatePostgres {
     }
 }
 
+/// How every private Redis runs: nothing on disk unless a test asks, and
+/// full memory refusing writes, as the deployment's does.
+pub(crate) const PRIVATE_REDIS_ARGS: [&str; 6] = [
+    "--save",
+    "",
+    "--appendonly",
+    "no",
+    "--maxmemory-policy",
+    "noeviction",
+];
+
 /// A Redis server of a test's own on a free port, which keeps nothing on
 /// disk and can be killed and started again on the same port.
 pub struct PrivateRedis {
@@ -354,14 +368,7 @@ impl PrivateRedis {
         assert!(self.child.is_none(), "the private Redis is already running");
         let child = Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
-            .args([
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--maxmemory-policy",
-                "noeviction",
-            ])
+            .args(PRIVATE_REDIS_ARGS)
             .arg("--dir")
             .arg(&self.dir.path)
             .args(&self.extra_args)

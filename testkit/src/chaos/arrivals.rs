@@ -174,6 +174,7 @@ pub async fn run_arrivals(binary: PathBuf, fault: ArrivalFault, scale: Scale) ->
         .map(|(name, value)| (name.to_owned(), value))
         .collect(),
         redis_args: vec!["--appendonly", "yes", "--appendfsync", "everysec"],
+        replicated: None,
     };
     let mut deployment =
         Deployment::start_with(binary, scale.instances, StoreErrorPolicy::FailOpen, extras).await;
@@ -256,9 +257,9 @@ pub async fn run_arrivals(binary: PathBuf, fault: ArrivalFault, scale: Scale) ->
             tokio::task::block_in_place(|| deployment.redis.start_again());
         }
         ArrivalFault::PostgresRestarted => {
-            tokio::task::block_in_place(|| deployment.postgres.stop(PgStopMode::Fast));
+            tokio::task::block_in_place(|| deployment.server().stop(PgStopMode::Fast));
             tokio::time::sleep(scale.fault_length).await;
-            tokio::task::block_in_place(|| deployment.postgres.start_again());
+            tokio::task::block_in_place(|| deployment.server().start_again());
         }
     }
     tokio::time::sleep(scale.after_fault).await;

@@ -39,7 +39,7 @@ impl ChaosReport {
         checks.no_request_over_its_bound();
         // Keyed transfers: at most one per key, exactly the one every 201
         // names, and none that no request could have made.
-        checks.every_201_names_its_keys_transfer();
+        let lost_201s = checks.every_201_names_its_keys_transfer();
         let false_nothing_changed = checks.no_transfer_behind_nothing_changed();
         checks.every_key_settled();
         let keyed_double_effects = checks.no_key_took_effect_twice().await;
@@ -65,6 +65,8 @@ impl ChaosReport {
             slowest: answers.slowest,
             recovery: run.recovery,
             replies_lost: run.replies_lost,
+            lost_201s,
+            failover: None,
             readiness: readiness_summary(&run.readiness_seen),
             violations,
             logs,
@@ -168,21 +170,34 @@ impl Checks<'_> {
     }
 
     /// Every 201 a key was answered with names the transfer the database
-    /// holds for that key.
-    fn every_201_names_its_keys_transfer(&mut self) {
+    /// holds for that key. Where the fault loses commits that were
+    /// answered (a failover on asynchronous replication), a key whose 201
+    /// names a transfer that is gone is counted as lost instead; returns
+    /// how many keys were.
+    fn every_201_names_its_keys_transfer(&mut self) -> usize {
+        let mut lost = 0;
         for record in &self.run.keys {
             let in_database = self.claims.transfer_of(record);
+            let mut lost_here = false;
             for attempt in &record.attempts {
                 if let Outcome::Transferred { id, .. } = attempt.outcome
                     && in_database != Some(id)
                 {
+                    // A transfer that still existed without its key would be
+                    // found by `no_key_took_effect_twice`.
+                    if self.fault.loses_answered_commits() {
+                        lost_here = true;
+                        continue;
+                    }
                     self.violations.push(format!(
                         "key {} was answered with transfer {id}, but the database holds {in_database:?}",
                         record.key
                     ));
                 }
             }
+            lost += usize::from(lost_here);
         }
+        lost
     }
 
     /// No key made a transfer when every answer it got said nothing was

@@ -155,6 +155,7 @@ pub async fn run_departures(binary: PathBuf, fault: DepartureFault, scale: Scale
         .map(|(name, value)| (name.to_owned(), value))
         .collect(),
         redis_args: Vec::new(),
+        replicated: None,
     };
     let mut deployment = Deployment::start_with(
         binary.clone(),
@@ -225,14 +226,14 @@ pub async fn run_departures(binary: PathBuf, fault: DepartureFault, scale: Scale
             gateway.start_again(&GATEWAY_KNOBS).await;
         }
         DepartureFault::PostgresRestarted => {
-            tokio::task::block_in_place(|| deployment.postgres.stop(PgStopMode::Fast));
+            tokio::task::block_in_place(|| deployment.server().stop(PgStopMode::Fast));
             tokio::time::sleep(scale.fault_length).await;
-            tokio::task::block_in_place(|| deployment.postgres.start_again());
+            tokio::task::block_in_place(|| deployment.server().start_again());
         }
         DepartureFault::HoldRepliesLost => {
-            deployment.proxy.keep_losing_replies_to("FROM payout(");
+            deployment.proxy().keep_losing_replies_to("FROM payout(");
             tokio::time::sleep(scale.fault_length).await;
-            deployment.proxy.stop_losing_replies();
+            deployment.proxy().stop_losing_replies();
         }
     }
     tokio::time::sleep(scale.after_fault).await;
@@ -246,7 +247,7 @@ pub async fn run_departures(binary: PathBuf, fault: DepartureFault, scale: Scale
     let payouts = wait_until_settled(&db, &users).await;
     let reconciled = payout_run::reconcile(
         Path::new(&binary),
-        &deployment.postgres.url("wallet"),
+        &deployment.server().url("wallet"),
         &gateway.url,
     )
     .await

@@ -13,7 +13,9 @@ mod arrivals;
 mod checks;
 mod departures;
 mod deployment;
+mod failover;
 mod fault;
+mod redis_failover;
 mod report;
 mod scale;
 mod storm;
@@ -23,11 +25,15 @@ use std::path::PathBuf;
 
 pub use arrivals::{ARRIVALS_REPORT_HEADER, ArrivalFault, ArrivalsReport, run_arrivals};
 pub use departures::{DEPARTURES_REPORT_HEADER, DepartureFault, DeparturesReport, run_departures};
+pub use failover::{FAILOVER_REPORT_HEADER, FailoverMeasures};
 pub use fault::Fault;
+pub use redis_failover::{
+    REDIS_FAILOVER_REPORT_HEADER, RedisFailoverReport, run_commands_failover, run_cooldown_failover,
+};
 pub use report::{ChaosReport, REPORT_HEADER};
 pub use scale::Scale;
 
-use deployment::Deployment;
+use deployment::{Deployment, Extras};
 
 /// No request may take longer than this, whatever the fault: the longest
 /// wait the service allows itself (`db_statement_timeout_ms`, 6 s by
@@ -46,7 +52,11 @@ pub const CHAOS_COOLDOWN_TTL_MS: u64 = 300;
 /// Starts a deployment of `binary` (`wallet-server`) configured for
 /// `fault`, runs a storm through it with `fault` in the middle, and reports.
 pub async fn run(binary: PathBuf, fault: Fault, scale: Scale) -> ChaosReport {
-    Deployment::start(binary, scale.instances, fault.policy())
+    let extras = Extras {
+        replicated: fault.replication(),
+        ..Extras::default()
+    };
+    Deployment::start_with(binary, scale.instances, fault.policy(), extras)
         .await
         .run(fault, scale)
         .await

@@ -21,6 +21,10 @@ pub struct ChaosReport {
     pub slowest: Duration,
     pub recovery: Duration,
     pub replies_lost: u64,
+    /// Keys answered 201 whose transfer the database no longer holds.
+    pub lost_201s: usize,
+    /// What a failover measured; none for the other faults.
+    pub failover: Option<super::FailoverMeasures>,
     pub readiness: String,
     pub violations: Vec<String>,
     /// Where the instances' logs are, for the reader of a failure.
@@ -35,7 +39,10 @@ impl ChaosReport {
             "under {}:\n- {}\n{}\ninstance logs: {}",
             self.fault.describe(),
             self.violations.join("\n- "),
-            self.markdown_row(),
+            match &self.failover {
+                Some(measures) => self.failover_row(measures),
+                None => self.markdown_row(),
+            },
             self.logs.display()
         );
     }
@@ -67,6 +74,10 @@ impl ChaosReport {
     /// as `row-<N>.md` (N: the fault's place in `Fault::ALL`) beside
     /// `header.md`, for `scripts/chaos` to gather into a table.
     pub fn publish(&self) {
+        if let Some(measures) = &self.failover {
+            self.publish_failover(measures);
+            return;
+        }
         let place = Fault::ALL
             .iter()
             .position(|f| *f == self.fault)

@@ -91,22 +91,36 @@ impl Outcome {
 pub(super) struct Attempt {
     pub(super) outcome: Outcome,
     pub(super) took: Duration,
+    /// When the answer (or its absence) was seen.
+    pub(super) ended: std::time::Instant,
 }
 
-/// Every attempt a client made with one key, in order.
+/// Every attempt a client made with one key, in order, and the transfer
+/// it asked for.
 pub(super) struct KeyRecord {
     pub(super) user_id: Uuid,
     pub(super) key: String,
+    pub(super) to: Uuid,
+    pub(super) amount_minor: i64,
     pub(super) attempts: Vec<Attempt>,
 }
 
 impl KeyRecord {
-    pub(super) fn new(user_id: Uuid) -> Self {
+    pub(super) fn new(user_id: Uuid, to: Uuid, amount_minor: i64) -> Self {
         Self {
             user_id,
             key: Uuid::new_v4().to_string(),
+            to,
+            amount_minor,
             attempts: Vec::new(),
         }
+    }
+
+    /// Was this key answered with a transfer that was not a replay?
+    pub(super) fn answered_fresh_201(&self) -> bool {
+        self.attempts
+            .iter()
+            .any(|a| matches!(a.outcome, Outcome::Transferred { replayed: false, .. }))
     }
 }
 
@@ -136,7 +150,7 @@ impl Storm {
 
     /// One request through instance `instance`, sent once: for the probes
     /// that time the recovery themselves.
-    pub(super) async fn send_once(&self, instance: usize, user: &TestUser, to: Uuid, key: &str) -> Attempt {
+    pub(super) async fn send_once(&self, instance: usize, user: &TestUser, record: &KeyRecord) -> Attempt {
         let attempts = Arc::new(Mutex::new(Vec::new()));
         let policy = RetryPolicy {
             attempts_max: 1,
@@ -144,9 +158,11 @@ impl Storm {
         };
         let url = &self.instances[instance % self.instances.len()];
         let client = recording(Client::new(url, policy), user, &attempts);
-        let key = IdempotencyKey::from_uuid(key.parse().expect("a key"));
+        let key = IdempotencyKey::from_uuid(record.key.parse().expect("a key"));
         // What the probe checks is the attempt, success or not.
-        let _ = client.transfer(&order(user, to, 1), key).await;
+        let _ = client
+            .transfer(&order(user, record.to, record.amount_minor), key)
+            .await;
         take_one(&attempts)
     }
 
@@ -159,7 +175,7 @@ impl Storm {
         let attempts = Arc::new(Mutex::new(Vec::new()));
         let client = self.client_for(&me, storm_policy(), &attempts);
         while !self.stopped() {
-            let mut record = KeyRecord::new(me.user_id);
+            let mut record = KeyRecord::new(me.user_id, to, amount_minor);
             let key = IdempotencyKey::from_uuid(record.key.parse().expect("a key"));
             // Success or not, what the storm checks is every attempt.
             let _ = client.transfer(&order(&me, to, amount_minor), key).await;
@@ -256,6 +272,7 @@ impl Attempt {
         Self {
             outcome,
             took: seen.took,
+            ended: std::time::Instant::now(),
         }
     }
 }

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use super::RECOVERY_SECONDS_MAX;
 use super::checks::Checked;
-use super::deployment::Deployment;
+use super::deployment::{Deployment, Postgres};
+use super::failover::{FailoverMeasures, answers_during};
 use super::fault::{Fault, Readiness};
 use super::report::ChaosReport;
 use super::scale::Scale;
@@ -20,6 +21,10 @@ impl Deployment {
     /// measures everything afterwards.
     pub(super) async fn run(mut self, fault: Fault, scale: Scale) -> ChaosReport {
         let stop = Arc::new(AtomicBool::new(false));
+        let commit_rates = match &self.postgres {
+            Postgres::Replicated(cluster) => Some(cluster.commit_rates().await),
+            Postgres::Single { .. } => None,
+        };
         let clients = self.sign_up_clients(scale).await;
         let probes = self.sign_up_probes().await;
         let shared = Arc::new(Storm {
@@ -64,6 +69,7 @@ impl Deployment {
         let fault_ended = Instant::now();
         self.end_fault(fault).await;
         let recovery = self.recover(fault_ended, &probes, &shared).await;
+        let recovery_took = recovery.took;
         tokio::time::sleep(scale.after_fault).await;
         stop.store(true, Ordering::SeqCst);
 
@@ -75,8 +81,22 @@ impl Deployment {
         for task in keyless_tasks {
             bursts.extend(task.await.expect("a keyless user"));
         }
-        let replies_lost = self.proxy.replies_lost();
-        ChaosReport::check(
+        // A failover on asynchronous replication loses 201s: each such key
+        // is free again, and sent again with its key it pays, once.
+        let mut failover = None;
+        if let Some(seen) = self.failover {
+            let lost = self.keys_lost(&keys).await;
+            let users: Vec<TestUser> = clients.keyed.iter().chain(&probes).cloned().collect();
+            let paid_again_once = self.pay_again(&mut keys, &lost, &users, &shared).await;
+            failover = Some(FailoverMeasures {
+                promoted_after: seen.took.expect("the failover ended"),
+                answers_during: answers_during(&keys, &bursts, seen.killed_at..fault_ended + recovery_took),
+                paid_again_once,
+                commits_per_s: commit_rates.expect("measured on the replicated deployment"),
+            });
+        }
+        let replies_lost = self.replies_lost();
+        let mut report = ChaosReport::check(
             fault,
             &self.db,
             Checked {
@@ -90,7 +110,17 @@ impl Deployment {
             },
             self.logs.path().to_path_buf(),
         )
-        .await
+        .await;
+        if let Some(measures) = &failover
+            && measures.paid_again_once != report.lost_201s
+        {
+            report.violations.push(format!(
+                "of {} keys whose 201 the failover lost, {} were paid exactly once when sent again",
+                report.lost_201s, measures.paid_again_once
+            ));
+        }
+        report.failover = failover;
+        report
     }
 
     async fn sign_up_clients(&self, scale: Scale) -> Clients {
@@ -125,9 +155,9 @@ impl Deployment {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             let to = probes[(instance + 1) % probes.len()].wallet_id;
-            let mut record = KeyRecord::new(probe.user_id);
+            let mut record = KeyRecord::new(probe.user_id, to, 1);
             loop {
-                let attempt = storm.send_once(instance, probe, to, &record.key).await;
+                let attempt = storm.send_once(instance, probe, &record).await;
                 let settled = attempt.outcome.settles();
                 record.attempts.push(attempt);
                 if settled || Instant::now() >= deadline {
