@@ -71,6 +71,15 @@ pub struct Metrics {
     /// 1 while the cooldown runs without Redis (fail-open), as last seen by
     /// a readiness probe.
     pub cooldown_degraded: IntGauge,
+    /// The configured cooldown window, so that an alert can hold the
+    /// transfers' latency against it.
+    pub cooldown_window: prometheus::Gauge,
+    /// Transfers answered with a problem, by its type (`outcome-unknown`,
+    /// `idempotency-key-in-flight`, `cooldown-active`, …).
+    pub transfer_problems: IntCounterVec,
+    /// How long the oldest expired idempotency key has waited for the
+    /// sweeper, read at every scrape; 0 when none has expired.
+    pub idempotency_oldest_expired_age: prometheus::Gauge,
 }
 
 impl Metrics {
@@ -218,6 +227,24 @@ impl Metrics {
             "1 while Redis is unreachable and the cooldown fails open (set by each /readyz probe)",
         )
         .expect("static metric definition");
+        let cooldown_window = prometheus::Gauge::new(
+            "cooldown_window_seconds",
+            "The configured cooldown window (cooldown_ttl_ms), in seconds",
+        )
+        .expect("static metric definition");
+        let transfer_problems = IntCounterVec::new(
+            Opts::new(
+                "transfer_problems_total",
+                "Transfers answered with a problem, by its type",
+            ),
+            &["type"],
+        )
+        .expect("static metric definition");
+        let idempotency_oldest_expired_age = prometheus::Gauge::new(
+            "idempotency_oldest_expired_age_seconds",
+            "How long the oldest expired idempotency key has waited for the sweeper, read at each scrape",
+        )
+        .expect("static metric definition");
         for collector in [
             Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(deposit_decisions.clone()),
@@ -242,6 +269,9 @@ impl Metrics {
             Box::new(cooldown_degraded.clone()),
             Box::new(feed_entries.clone()),
             Box::new(feed_streams_removed.clone()),
+            Box::new(cooldown_window.clone()),
+            Box::new(transfer_problems.clone()),
+            Box::new(idempotency_oldest_expired_age.clone()),
         ] {
             registry
                 .register(collector)
@@ -272,6 +302,9 @@ impl Metrics {
             redis_round_trips,
             pool_connections,
             cooldown_degraded,
+            cooldown_window,
+            transfer_problems,
+            idempotency_oldest_expired_age,
         }
     }
 

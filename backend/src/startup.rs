@@ -87,6 +87,7 @@ impl Application {
         })?;
         let admin_port = admin_listener.local_addr()?.port();
         let metrics = Metrics::new();
+        metrics.cooldown_window.set(config.cooldown.ttl.as_secs_f64());
         let (redis, redis_client) = if config.uses_redis() {
             (
                 Some(

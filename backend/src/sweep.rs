@@ -23,6 +23,17 @@ pub async fn expired_idempotency_keys(pool: &PgPool, batch_rows_max: i64) -> Res
     .await
 }
 
+/// How long the oldest expired idempotency key has been expired, in
+/// seconds; 0 when none is. What the sweeper is behind by.
+pub async fn oldest_expired_idempotency_key_age_s(pool: &PgPool) -> Result<f64, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(expires_at))::float8, 0)
+         FROM idempotency_keys WHERE expires_at <= now()",
+    )
+    .fetch_one(pool)
+    .await
+}
+
 /// Deletes expired token hashes, at most `batch_rows_max` per statement,
 /// until none are left; returns how many it deleted. An expired token is
 /// refused whether or not its row is still there (`token_is_live()`).

@@ -757,3 +757,52 @@ async fn a_users_stream_expires_after_the_retention_with_at_most_two_minutes_mor
         "TTL {ttl_s} s for a retention of {retention_s} s"
     );
 }
+
+/// The series the alerting rules read (deploy/prometheus/rules.yml): the
+/// configured window, the transfers' problems by type, and how long the
+/// oldest expired key has waited for the sweeper.
+#[tokio::test]
+async fn the_alerts_series_say_what_happened() {
+    let app = spawn_app(|settings| settings.cooldown_ttl_ms = 2_500).await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let sample = |text: &str, series: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    };
+
+    let text = app.metrics().await;
+    assert_eq!(
+        sample(&text, "wallet_cooldown_window_seconds"),
+        Some(2.5),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "wallet_idempotency_oldest_expired_age_seconds"),
+        Some(0.0),
+        "no key has expired yet"
+    );
+
+    // One accepted, the rest refused by the window: each refusal counted
+    // by its problem type.
+    let requests = (0..4)
+        .map(|_| app.transfer_request(&alice, bob.wallet_id, 100, Some(&new_key())))
+        .collect();
+    let responses = fire_together(requests).await;
+    let refused = responses.iter().filter(|r| r.status() == 429).count();
+    assert_eq!(refused, 3);
+    let text = app.metrics().await;
+    assert_eq!(
+        sample(&text, "wallet_transfer_problems_total{type=\"cooldown-active\"}"),
+        Some(3.0),
+        "{text}"
+    );
+
+    // A key expired an hour ago waits for the sweeper, which has not run.
+    sqlx::query("UPDATE idempotency_keys SET expires_at = now() - interval '1 hour'")
+        .execute(&app.db)
+        .await
+        .expect("expire the key");
+    let text = app.metrics().await;
+    let age = sample(&text, "wallet_idempotency_oldest_expired_age_seconds").expect("the age");
+    assert!((3600.0..3700.0).contains(&age), "{age}");
+}

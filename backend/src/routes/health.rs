@@ -179,9 +179,20 @@ async fn probe_stores(state: &AppState) -> Readiness {
     }
 }
 
-/// `GET /metrics`: Prometheus text, with the PostgreSQL pool gauges
-/// refreshed now. (Redis has one shared connection, not a pool.)
+/// `GET /metrics`: Prometheus text, with the PostgreSQL pool gauges and
+/// the sweeper's backlog refreshed now. (Redis has one shared connection,
+/// not a pool.)
 pub async fn metrics(state: web::Data<AppState>) -> actix_web::HttpResponse {
+    // One descent of the `expires_at` index, bounded like any checkout; a
+    // scrape while PostgreSQL is away keeps the last reading.
+    let oldest_expired = tokio::time::timeout(
+        state.config.database.acquire_wait_max,
+        crate::sweep::oldest_expired_idempotency_key_age_s(&state.db),
+    )
+    .await;
+    if let Ok(Ok(age_s)) = oldest_expired {
+        state.metrics.idempotency_oldest_expired_age.set(age_s);
+    }
     let db_size = state.db.size() as usize;
     let db_idle = state.db.num_idle();
     state.metrics.set_pool(

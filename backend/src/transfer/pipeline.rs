@@ -291,6 +291,13 @@ pub fn report(state: &AppState, context: &RequestContext, decided: &Decided) {
     span.record("defense.layer", decision.layer.as_str());
     span.record("defense.outcome", decision.outcome.as_str());
     state.metrics.count_decision(decision);
+    if let Some(kind) = decided.problem_type() {
+        state
+            .metrics
+            .transfer_problems
+            .with_label_values(&[kind.slug()])
+            .inc();
+    }
     tracing::info!(
         decision.layer = decision.layer.as_str(),
         decision.outcome = decision.outcome.as_str(),
