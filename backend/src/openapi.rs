@@ -117,6 +117,7 @@ fn failures(method: &str, path: &str) -> Vec<ProblemType> {
                 UnknownTargetWallet,
                 CurrencyMismatch,
                 CooldownActive,
+                Overloaded,
                 OutcomeUnknown,
                 RaceLabSwitchesOff,
                 LabPassInvalid,

@@ -151,6 +151,7 @@ impl Application {
             streams_per_user: Arc::default(),
             streams_per_address: Arc::default(),
             instance_id,
+            transfer_admission: Arc::new(crate::transfer::admission::Admission::new(&config.database)),
             api_document: serde_json::to_vec(&openapi::document(&config))?.into(),
             config: Arc::new(config),
         };

@@ -42,6 +42,8 @@ pub struct AppState {
     pub lab_db_slots: Arc<tokio::sync::Semaphore>,
     /// The passes its bursts carry: switches are honoured with one only.
     pub lab_passes: Arc<crate::race_lab::pass::LabPasses>,
+    /// The places for transfers in flight (`transfers_in_flight_max`).
+    pub transfer_admission: Arc<crate::transfer::admission::Admission>,
     /// The OpenAPI document, serialised once at start-up.
     pub api_document: actix_web::web::Bytes,
 }

@@ -16,6 +16,10 @@ pub fn test_settings(database_url: &str, redis_prefix: &str) -> Settings {
         http_workers: 2,
         database_url: SecretString::from(database_url.to_owned()),
         db_pool_connections_max: 10,
+        // The storms fire hundreds of transfers at once to prove the
+        // layers decide each; refusing some as overloaded would hide that.
+        // The admission limit's own tests (tests/overload.rs) set it.
+        transfers_in_flight_max: 10_000,
         db_pool_connections_min: 0,
         redis_url: SecretString::from(redis_url()),
         redis_key_prefix: redis_prefix.to_owned(),

@@ -41,6 +41,7 @@ pub enum ProblemType {
     PayoutsNotOffered,
     PayoutRefused,
     PayoutNeedsAttention,
+    Overloaded,
     ServiceUnavailable,
     OutcomeUnknown,
     InternalError,
@@ -58,7 +59,7 @@ struct Entry {
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 35] = [
+    pub const ALL: [ProblemType; 36] = [
         ProblemType::MalformedRequest,
         ProblemType::ValidationFailed,
         ProblemType::Unauthorized,
@@ -91,6 +92,7 @@ impl ProblemType {
         ProblemType::PayoutsNotOffered,
         ProblemType::PayoutRefused,
         ProblemType::PayoutNeedsAttention,
+        ProblemType::Overloaded,
         ProblemType::ServiceUnavailable,
         ProblemType::OutcomeUnknown,
         ProblemType::InternalError,
@@ -322,6 +324,13 @@ impl ProblemType {
                 "Payout outcome not known yet",
                 "We could not get an answer from the bank about this payout, so we cannot tell yet whether the money was sent. The amount stays set aside until we find out; do not send it again.",
                 "Every gateway call (payout_attempts_max) ended in a time-out, a 5xx or a broken connection, so the money may or may not have left. The hold stays: nothing is released on an unknown outcome. An operator runs wallet-server reconcile, which asks the gateway by the payout's key and settles or releases it from the answer. Do not make a new payout for the same money meanwhile.",
+            ),
+            Overloaded => (
+                "overloaded",
+                StatusCode::SERVICE_UNAVAILABLE,
+                "Too busy right now",
+                "We are handling as many payments as we can at this moment. Nothing was changed; please try again in a moment.",
+                "This instance was already running transfers_in_flight_max transfers and none finished within transfers_admission_wait_ms_max, so this one was refused before it started, rather than queued until it would time out. Nothing was changed; retrying after Retry-After is safe, with the same Idempotency-Key. Clients that all retry at once should spread their retries (full jitter), or they meet the same crowd again.",
             ),
             ServiceUnavailable => (
                 "service-unavailable",

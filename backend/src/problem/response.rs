@@ -133,6 +133,7 @@ impl Problem {
             ProblemType::CooldownActive => Some(self.retry_after_s()),
             ProblemType::IdempotencyKeyInFlight
             | ProblemType::VersionConflict
+            | ProblemType::Overloaded
             | ProblemType::ServiceUnavailable
             | ProblemType::OutcomeUnknown => Some(None),
             _ => None,

@@ -77,6 +77,10 @@ pub struct Database {
     /// PostgreSQL's `lock_timeout` for wallet rows, in its milliseconds.
     pub wallet_lock_wait_ms_max: u16,
     pub transfer_retries_max: u32,
+    /// Transfers that may run at once, and how long one waits for a place
+    /// before it is refused as overloaded.
+    pub transfers_in_flight_max: u32,
+    pub transfers_admission_wait: Duration,
     pub migrate_on_start: bool,
 }
 
@@ -421,6 +425,11 @@ impl Database {
             s.db_pool_connections_min <= s.db_pool_connections_max,
             "db_pool_connections_min must not exceed db_pool_connections_max",
         );
+        check.require(
+            s.transfers_admission_wait_ms_max < s.db_acquire_wait_ms_max,
+            "transfers_admission_wait_ms_max must be under db_acquire_wait_ms_max: overload is refused before a \
+             transfer would wait for a connection that long",
+        );
         for (setting, url) in [
             ("database_url", &s.database_url),
             ("database_migration_url", &s.database_migration_url),
@@ -446,6 +455,8 @@ impl Database {
             },
             wallet_lock_wait_ms_max: s.wallet_lock_wait_ms_max,
             transfer_retries_max: s.transfer_retries_max,
+            transfers_in_flight_max: s.transfers_in_flight_max,
+            transfers_admission_wait: Duration::from_millis(s.transfers_admission_wait_ms_max),
             migrate_on_start: s.migrate_on_start,
         }
     }

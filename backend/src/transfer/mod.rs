@@ -2,6 +2,7 @@
 //! PostgreSQL transaction that holds layers 2 and 3 (`transaction`), the
 //! history (`history`), and who money goes to (`recipient`).
 
+pub mod admission;
 mod call;
 pub mod history;
 pub mod pipeline;

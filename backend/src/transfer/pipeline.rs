@@ -207,19 +207,32 @@ async fn decide(
         Err(refusal) => return Decided::of_refusal(refusal, user, key).for_a_live_token(),
     };
 
-    // Layers 2 and 3: the idempotency claim and the row guard, in one
-    // transaction.
-    let fingerprint = fingerprint_of(transfer_request);
-    let settled = transfer::execute(
-        state,
-        caller,
-        transfer_request,
-        key,
-        &fingerprint,
-        &context.trace_id,
-        lab,
-    )
-    .await;
+    // Admission: past what this instance takes at once, refused now
+    // rather than queued for a connection (`transfer::admission`). The
+    // race lab's requests have bounds of their own (`lab_requests`,
+    // `lab_db_slots`), and a run must show the layers, not this limit.
+    let admitted = match lab {
+        None => state.transfer_admission.admit().await.map(Some),
+        Some(_) => Ok(None),
+    };
+    let settled = match admitted {
+        // Layers 2 and 3: the idempotency claim and the row guard, in one
+        // transaction.
+        Ok(_place) => {
+            let fingerprint = fingerprint_of(transfer_request);
+            transfer::execute(
+                state,
+                caller,
+                transfer_request,
+                key,
+                &fingerprint,
+                &context.trace_id,
+                lab,
+            )
+            .await
+        }
+        Err(overloaded) => Err(overloaded),
+    };
     let decided = match settled {
         Ok(settled) if cooldown.without_store => Decided::of_settled(settled.degraded(), user, key),
         Ok(settled) => Decided::of_settled(settled, user, key),

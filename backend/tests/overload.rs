@@ -1,0 +1,101 @@
+//! Overload is refused, not queued: past `transfers_in_flight_max`
+//! transfers in flight, a transfer that finds no place within
+//! `transfers_admission_wait_ms_max` gets 503 `/problems/overloaded` with
+//! `Retry-After`, having changed nothing, while the ones admitted go on.
+
+use std::time::Duration;
+
+use wallet_testkit::*;
+
+#[tokio::test]
+async fn a_transfer_past_the_limit_is_refused_at_once_and_changes_nothing() {
+    let app = spawn_app(|settings| {
+        settings.transfers_in_flight_max = 1;
+        settings.transfers_admission_wait_ms_max = 20;
+    })
+    .await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let carol = app.sign_up("carol").await;
+
+    // Bob's wallet row is locked by someone else, so Alice's transfer to
+    // him holds the one place until the lock goes.
+    let mut locker = app.db.begin().await.expect("a transaction");
+    sqlx::query("SELECT 1 FROM wallets WHERE id = $1 FOR UPDATE")
+        .bind(bob.wallet_id)
+        .execute(&mut *locker)
+        .await
+        .expect("lock Bob's wallet");
+    let held = tokio::spawn(
+        app.transfer_request(&alice, bob.wallet_id, 100, Some(&new_key()))
+            .send(),
+    );
+    // Wait until Alice's transfer is inside, waiting for the row.
+    for _ in 0..100 {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
+        )
+        .fetch_one(&app.db)
+        .await
+        .expect("read pg_stat_activity");
+        if waiting > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Carol's transfer touches other rows, but finds no place.
+    let key = new_key();
+    let refused = app
+        .transfer_request(&carol, alice.wallet_id, 100, Some(&key))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let (status, body) = problem(refused).await;
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (503, Some("/problems/overloaded")),
+        "{body}"
+    );
+    assert!(
+        body["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("Nothing was changed")),
+        "{body}"
+    );
+    assert_eq!(
+        app.transfer_count().await,
+        0,
+        "the refused transfer changed nothing"
+    );
+    let claims: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE key = $1::uuid")
+        .bind(&key)
+        .fetch_one(&app.db)
+        .await
+        .expect("count claims");
+    assert_eq!(claims, 0, "not even a claim");
+
+    // The lock goes: the admitted transfer completes, and Carol's retry,
+    // with its key, at once (its window was given back), is made once.
+    locker.rollback().await.expect("release the lock");
+    let first = held.await.expect("the held transfer").expect("answered");
+    assert_eq!(first.status(), 201);
+    let retried = app
+        .transfer_request(&carol, alice.wallet_id, 100, Some(&key))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(retried.status(), 201);
+    assert_eq!(app.transfer_count().await, 2);
+    app.assert_invariants().await;
+}
+
+/// The admission wait must be shorter than the pool's: otherwise overload
+/// would queue for a connection before it could be refused.
+#[test]
+fn an_admission_wait_as_long_as_the_pools_is_refused_at_start_up() {
+    let mut settings = test_settings("postgres://127.0.0.1/unused", "unused:");
+    settings.transfers_admission_wait_ms_max = settings.db_acquire_wait_ms_max;
+    let error = settings.validate().expect_err("refused").to_string();
+    assert!(error.contains("transfers_admission_wait_ms_max"), "{error}");
+}
