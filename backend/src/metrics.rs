@@ -277,6 +277,20 @@ impl Metrics {
                 .register(collector)
                 .expect("each metric is registered once");
         }
+        // A counter that is born with its first event has no earlier sample,
+        // so `rate()` misses that event. The series the alerting rules
+        // divide by are made at zero from the start.
+        for (layer, outcome) in [
+            ("cooldown", "rejected"),
+            ("row_guard", "accepted"),
+            ("idempotency", "replayed"),
+            ("idempotency", "in_flight"),
+        ] {
+            decisions.with_label_values(&[layer, outcome]);
+        }
+        for kind in crate::problem::ProblemType::ALL {
+            transfer_problems.with_label_values(&[kind.slug()]);
+        }
         Self {
             registry,
             decisions,
