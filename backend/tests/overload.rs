@@ -76,7 +76,7 @@ async fn a_transfer_past_the_limit_is_refused_at_once_and_changes_nothing() {
     assert_eq!(claims, 0, "not even a claim");
 
     // The lock goes: the admitted transfer completes, and Carol's retry,
-    // with its key, at once (its window was given back), is made once.
+    // with its key, at once (the refusal took no window), is made once.
     locker.rollback().await.expect("release the lock");
     let first = held.await.expect("the held transfer").expect("answered");
     assert_eq!(first.status(), 201);

@@ -7,9 +7,9 @@
 //! Here a transfer that finds no place within
 //! `transfers_admission_wait_ms_max` is refused at once instead, with 503
 //! `/problems/overloaded` and `Retry-After`, having changed nothing, so
-//! that the transfers admitted keep their latency. It comes after the
-//! cooldown, which refuses duplicates without a place, and the window it
-//! took is given back like that of any refusal that changed nothing.
+//! that the transfers admitted keep their latency. It comes before the
+//! cooldown: a refusal must cost the overloaded instance as little as
+//! possible, so it takes no Redis round trip (nor a window to give back).
 
 use std::time::Duration;
 

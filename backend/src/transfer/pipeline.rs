@@ -190,6 +190,20 @@ async fn decide(
 ) -> Decided {
     let user = Some(caller.user_id);
 
+    // Admission, before the layers: past what this instance takes at once,
+    // a transfer is refused now, before it costs a Redis round trip or
+    // waits for a connection (`transfer::admission`). The place is held
+    // until the decision is made. The race lab's requests have bounds of
+    // their own (`lab_requests`, `lab_db_slots`), and a run must show the
+    // layers, not this limit.
+    let _place = match lab {
+        None => match state.transfer_admission.admit().await {
+            Ok(place) => Some(place),
+            Err(overloaded) => return Decided::of_refusal(overloaded, user, key),
+        },
+        Some(_) => None,
+    };
+
     // Layer 1: the cooldown lock. A refusal here touches no database.
     let started = Instant::now();
     let cooldown = match cooldown_action(lab) {
@@ -207,32 +221,19 @@ async fn decide(
         Err(refusal) => return Decided::of_refusal(refusal, user, key).for_a_live_token(),
     };
 
-    // Admission: past what this instance takes at once, refused now
-    // rather than queued for a connection (`transfer::admission`). The
-    // race lab's requests have bounds of their own (`lab_requests`,
-    // `lab_db_slots`), and a run must show the layers, not this limit.
-    let admitted = match lab {
-        None => state.transfer_admission.admit().await.map(Some),
-        Some(_) => Ok(None),
-    };
-    let settled = match admitted {
-        // Layers 2 and 3: the idempotency claim and the row guard, in one
-        // transaction.
-        Ok(_place) => {
-            let fingerprint = fingerprint_of(transfer_request);
-            transfer::execute(
-                state,
-                caller,
-                transfer_request,
-                key,
-                &fingerprint,
-                &context.trace_id,
-                lab,
-            )
-            .await
-        }
-        Err(overloaded) => Err(overloaded),
-    };
+    // Layers 2 and 3: the idempotency claim and the row guard, in one
+    // transaction.
+    let fingerprint = fingerprint_of(transfer_request);
+    let settled = transfer::execute(
+        state,
+        caller,
+        transfer_request,
+        key,
+        &fingerprint,
+        &context.trace_id,
+        lab,
+    )
+    .await;
     let decided = match settled {
         Ok(settled) if cooldown.without_store => Decided::of_settled(settled.degraded(), user, key),
         Ok(settled) => Decided::of_settled(settled, user, key),
@@ -323,7 +324,11 @@ pub fn report(state: &AppState, context: &RequestContext, decided: &Decided) {
         instance.id = %state.instance_id,
         "transfer decided"
     );
-    if let Some(user) = user {
+    // An overloaded instance does as little as it can for what it sheds:
+    // those refusals are counted above, and stay out of the feed, whose
+    // Redis writes they would multiply when it can least afford them.
+    let shed = decided.is_refusal(ProblemType::Overloaded);
+    if let Some(user) = user.filter(|_| !shed) {
         state.feed.publish(
             user,
             FeedEntry {
