@@ -30,8 +30,9 @@ impl IdempotencyKey {
 }
 
 /// How a retried call waits: exponential backoff with full jitter. Attempt
-/// `n` (from 0) waits a random time in `[0, min(cap, base · 2ⁿ)]`, and never
-/// less than what the server's `Retry-After` asked for.
+/// `n` (from 0) waits a random time in `[0, min(cap, base · 2ⁿ)]` (exactly
+/// the ceiling without jitter), and never less than what the server's
+/// `Retry-After` asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// The backoff's first ceiling.
@@ -46,6 +47,11 @@ pub struct RetryPolicy {
     /// How long one call may take in all, attempts and waits together; no
     /// attempt starts after it.
     pub call_time_max: Duration,
+    /// Whether each wait is drawn at random under its ceiling (full
+    /// jitter). Leave it on: without it, clients that failed at the same
+    /// moment wait exactly as long, and come back at the same moment, again
+    /// and again (`loadtest/retry-storm.sh` shows it).
+    pub jitter: bool,
 }
 
 impl Default for RetryPolicy {
@@ -56,6 +62,7 @@ impl Default for RetryPolicy {
             attempts_max: 6,
             request_timeout: Duration::from_secs(10),
             call_time_max: Duration::from_secs(60),
+            jitter: true,
         }
     }
 }
@@ -69,8 +76,11 @@ impl RetryPolicy {
             .checked_mul(2u32.saturating_pow(attempt.min(31)))
             .unwrap_or(self.cap)
             .min(self.cap);
-        let jittered = ceiling.mul_f64(rand::thread_rng().r#gen::<f64>());
-        jittered.max(retry_after.unwrap_or(Duration::ZERO))
+        let wait = match self.jitter {
+            true => ceiling.mul_f64(rand::thread_rng().r#gen::<f64>()),
+            false => ceiling,
+        };
+        wait.max(retry_after.unwrap_or(Duration::ZERO))
     }
 }
 
@@ -106,6 +116,23 @@ mod tests {
         let waits: Vec<Duration> = (0..200).map(|_| policy.delay(3, None)).collect();
         assert!(waits.iter().any(|wait| *wait < Duration::from_millis(400)));
         assert!(waits.iter().any(|wait| *wait > Duration::from_millis(400)));
+    }
+
+    #[test]
+    fn without_jitter_every_wait_is_its_ceiling() {
+        let policy = RetryPolicy {
+            base: Duration::from_millis(100),
+            cap: Duration::from_millis(800),
+            jitter: false,
+            ..RetryPolicy::default()
+        };
+        assert_eq!(policy.delay(0, None), Duration::from_millis(100));
+        assert_eq!(policy.delay(2, None), Duration::from_millis(400));
+        assert_eq!(policy.delay(9, None), Duration::from_millis(800));
+        assert_eq!(
+            policy.delay(9, Some(Duration::from_secs(2))),
+            Duration::from_secs(2)
+        );
     }
 
     #[test]

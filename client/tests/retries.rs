@@ -27,6 +27,7 @@ fn policy() -> RetryPolicy {
         attempts_max: 8,
         request_timeout: std::time::Duration::from_secs(10),
         call_time_max: std::time::Duration::from_secs(60),
+        jitter: true,
     }
 }
 

@@ -39,9 +39,27 @@ pub struct Sample {
     pub body: Option<Vec<u8>>,
     /// The transport failed (no status).
     pub transport_error: bool,
-    /// The status of every attempt the call made, in order (0 where the
-    /// transport failed); one unless the run retries.
-    pub attempt_statuses: Vec<u16>,
+    /// Every attempt the call made, in order; one unless the run retries.
+    pub attempts: Vec<AttemptRecord>,
+}
+
+/// One attempt of a call, as the client saw it end.
+#[derive(Debug, Clone)]
+pub struct AttemptRecord {
+    /// 0 where no answer came.
+    pub status: u16,
+    /// A refusal's problem type slug (`overloaded`).
+    pub problem: Option<String>,
+    pub ended: Instant,
+    /// The attempt's own time, from sending to the whole answer.
+    pub took: Duration,
+}
+
+impl AttemptRecord {
+    /// Refused at once by an instance running all the transfers it takes.
+    pub fn overloaded(&self) -> bool {
+        self.status == 503 && self.problem.as_deref() == Some("overloaded")
+    }
 }
 
 #[derive(Clone)]
@@ -58,14 +76,18 @@ pub struct Api {
 }
 
 impl Api {
-    pub fn new(targets: Vec<String>, connections_per_host: usize, attempts_max: u32) -> anyhow::Result<Self> {
+    pub fn new(
+        targets: Vec<String>,
+        connections_per_host: usize,
+        policy: RetryPolicy,
+    ) -> anyhow::Result<Self> {
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(connections_per_host)
             .timeout(Duration::from_secs(30))
             .build()?;
         let policy = RetryPolicy {
-            attempts_max: attempts_max.max(1),
-            ..RetryPolicy::default()
+            attempts_max: policy.attempts_max.max(1),
+            ..policy
         };
         let clients = targets
             .iter()
@@ -92,12 +114,16 @@ impl Api {
 
     pub async fn transfer(&self, users: &[User], planned: &Planned) -> Sample {
         let user = &users[planned.from];
-        let seen: Arc<Mutex<Vec<AttemptSeen>>> = Arc::default();
+        let seen: Arc<Mutex<Vec<(Instant, AttemptSeen)>>> = Arc::default();
         let observer = seen.clone();
         let client = self.clients[planned.target]
             .with_token(&user.token)
             .observed_by(Arc::new(move |attempt: &AttemptSeen| {
-                observer.lock().expect("the attempts").push(attempt.clone());
+                let ended = Instant::now();
+                observer
+                    .lock()
+                    .expect("the attempts")
+                    .push((ended, attempt.clone()));
             }));
         let order = TransferOrder {
             from_wallet_id: user.wallet_id,
@@ -116,8 +142,16 @@ impl Api {
         };
         let latency = started.elapsed();
         let mut attempts = std::mem::take(&mut *seen.lock().expect("the attempts"));
-        let attempt_statuses = attempts.iter().map(|a| a.status.unwrap_or(0)).collect();
-        match attempts.pop() {
+        let records = attempts
+            .iter()
+            .map(|(ended, attempt)| AttemptRecord {
+                status: attempt.status.unwrap_or(0),
+                problem: attempt.problem.clone(),
+                ended: *ended,
+                took: attempt.took,
+            })
+            .collect();
+        match attempts.pop().map(|(_, attempt)| attempt) {
             Some(attempt) if attempt.status.is_some() => Sample {
                 status: attempt.status.unwrap_or_default(),
                 decision: attempt.decision.as_deref().and_then(Decision::parse_header),
@@ -126,7 +160,7 @@ impl Api {
                 key: planned.key.clone(),
                 body: planned.key.as_ref().map(|_| attempt.body),
                 transport_error: false,
-                attempt_statuses,
+                attempts: records,
             },
             _ => Sample {
                 status: 0,
@@ -136,7 +170,7 @@ impl Api {
                 key: planned.key.clone(),
                 body: None,
                 transport_error: true,
-                attempt_statuses,
+                attempts: records,
             },
         }
     }
@@ -157,15 +191,21 @@ impl Api {
             }
             Err(_) => (0, true),
         };
+        let took = started.elapsed();
         Sample {
             status,
             decision: None,
             replayed: false,
-            latency: started.elapsed(),
+            latency: took,
             key: None,
             body: None,
             transport_error,
-            attempt_statuses: vec![status],
+            attempts: vec![AttemptRecord {
+                status,
+                problem: None,
+                ended: Instant::now(),
+                took,
+            }],
         }
     }
 }

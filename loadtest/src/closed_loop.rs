@@ -7,6 +7,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use wallet_client::RetryPolicy;
 
 use crate::client::{Api, User};
 use crate::report;
@@ -101,6 +102,11 @@ where
 
 /// Signs `users` people up, spread across `targets`.
 pub async fn sign_up(targets: &[String], users: usize) -> anyhow::Result<Vec<User>> {
-    let api = Api::new(targets.to_vec(), SIGN_UP_CONNECTIONS_PER_HOST, 1)?;
+    // A sign-up is sent once: a failed one fails the run.
+    let one_attempt = RetryPolicy {
+        attempts_max: 1,
+        ..RetryPolicy::default()
+    };
+    let api = Api::new(targets.to_vec(), SIGN_UP_CONNECTIONS_PER_HOST, one_attempt)?;
     crate::sign_up_users(&api, users.max(1), true).await
 }

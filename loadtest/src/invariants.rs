@@ -7,7 +7,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::client::Sample;
+use crate::client::{AttemptRecord, Sample};
 
 #[derive(Debug, Default, Serialize)]
 pub struct Findings {
@@ -94,7 +94,12 @@ pub async fn check(db: &PgPool, run_users: &[Uuid], samples: &[Sample]) -> anyho
         .iter()
         .filter(|s| s.decision.is_some() && (200..300).contains(&s.status) && !s.replayed)
         .count() as u64;
-    findings.server_errors = samples.iter().filter(|s| s.status >= 500).count() as u64;
+    // An overloaded instance's 503 is an answer, not an error: it refused
+    // at once, changed nothing and said when to come back.
+    findings.server_errors = samples
+        .iter()
+        .filter(|s| s.status >= 500 && !s.attempts.last().is_some_and(AttemptRecord::overloaded))
+        .count() as u64;
 
     let mut violations = Vec::new();
     if findings.money_created_minor != 0 {

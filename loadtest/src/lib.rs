@@ -18,6 +18,7 @@ pub mod invariants;
 pub mod payouts;
 pub mod pg_wire;
 pub mod report;
+pub mod retry_storm;
 pub mod scenarios;
 pub mod variants;
 
@@ -32,6 +33,7 @@ use sqlx::postgres::PgPoolOptions;
 
 use client::{Api, User};
 use scenarios::{Scenario, Shape};
+use wallet_client::RetryPolicy;
 
 #[derive(Args, Clone)]
 pub struct RunArgs {
@@ -113,6 +115,22 @@ pub struct RunArgs {
     /// counts every attempt.
     #[arg(long, default_value_t = 1)]
     pub attempts_max: u32,
+    /// With retries: how long one call may take in all, attempts and waits.
+    #[arg(long, default_value_t = 60.0)]
+    pub call_time_max_s: f64,
+    /// With retries: wait each backoff's whole ceiling instead of a random
+    /// part of it, to show what the jitter is for.
+    #[arg(long)]
+    pub no_jitter: bool,
+    /// `retry-storm`: the shell command that takes the database down.
+    #[arg(long)]
+    pub outage_begin: Option<String>,
+    /// `retry-storm`: the shell command that brings it back.
+    #[arg(long)]
+    pub outage_end: Option<String>,
+    /// `retry-storm`: how long the database stays down.
+    #[arg(long, default_value_t = 10.0)]
+    pub outage_s: f64,
 }
 
 impl RunArgs {
@@ -143,6 +161,11 @@ impl RunArgs {
             settle_ms: 0,
             count_transaction_ids: false,
             attempts_max: 1,
+            call_time_max_s: 60.0,
+            no_jitter: false,
+            outage_begin: None,
+            outage_end: None,
+            outage_s: 10.0,
         }
     }
 }
@@ -158,6 +181,9 @@ pub struct RunReport {
     /// What the run cost the server, when probes were given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub costs: Option<costs::Costs>,
+    /// `retry-storm`: how the load came back after the outage.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<retry_storm::Recovery>,
     /// Every request's sample, for a caller that sums several runs.
     #[serde(skip)]
     pub samples: Vec<client::Sample>,
@@ -212,10 +238,16 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunReport> {
             _ => 100,
         }),
     };
+    let policy = RetryPolicy {
+        attempts_max: args.attempts_max,
+        call_time_max: Duration::from_secs_f64(args.call_time_max_s.max(0.1)),
+        jitter: !args.no_jitter,
+        ..RetryPolicy::default()
+    };
     let api = Api::new(
         args.targets.clone(),
         shape.concurrency.max(shape.copies) * 2,
-        args.attempts_max,
+        policy,
     )?;
     let users = Arc::new(sign_up_users(&api, args.scenario.users_needed(&shape), args.quiet).await?);
 
@@ -244,7 +276,23 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunReport> {
         false => None,
     };
     let started = Instant::now();
-    let samples = if args.scenario.is_burst() {
+    let mut clock = None;
+    let samples = if args.scenario == Scenario::RetryStorm {
+        let outage = retry_storm::Outage {
+            begin: args
+                .outage_begin
+                .clone()
+                .context("retry-storm needs --outage-begin")?,
+            end: args
+                .outage_end
+                .clone()
+                .context("retry-storm needs --outage-end")?,
+            length: Duration::from_secs_f64(args.outage_s.max(0.0)),
+        };
+        let (samples, outage_clock) = retry_storm::run(&api, &users, &shape, &outage, &bar).await?;
+        clock = Some(outage_clock);
+        samples
+    } else if args.scenario.is_burst() {
         scenarios::run_burst(args.scenario, &api, &users, &shape, &bar).await
     } else {
         scenarios::run_for_duration(args.scenario, &api, &users, &shape, &bar).await
@@ -286,6 +334,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunReport> {
         summary,
         invariants,
         costs,
+        recovery: clock.map(|clock| retry_storm::recovery(&samples, &clock)),
         samples,
     })
 }

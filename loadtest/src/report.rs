@@ -107,8 +107,8 @@ pub fn summarize(samples: &[Sample], elapsed: Duration) -> Summary {
     let attempts_answered = |f: &dyn Fn(u16) -> bool| {
         samples
             .iter()
-            .flat_map(|sample| &sample.attempt_statuses)
-            .filter(|status| f(**status))
+            .flat_map(|sample| &sample.attempts)
+            .filter(|attempt| f(attempt.status))
             .count() as u64
     };
     Summary {

@@ -39,6 +39,9 @@ pub enum Scenario {
     Replay,
     /// `GET /healthz`: the HTTP ceiling of the same server and client.
     Healthz,
+    /// `--concurrency` clients each send one payment while the database is
+    /// down (`--outage-begin`, `--outage-end`), and retry until it is back.
+    RetryStorm,
 }
 
 impl Scenario {
@@ -58,7 +61,8 @@ impl Scenario {
             | Scenario::Mixed
             | Scenario::HotWallet
             | Scenario::HotPayer
-            | Scenario::Replay => options.users.max(2),
+            | Scenario::Replay
+            | Scenario::RetryStorm => options.users.max(2),
             _ => 2 * options.rounds,
         }
     }
@@ -112,7 +116,12 @@ fn key() -> Option<String> {
 }
 
 /// Fires every request of a wave at the same moment.
-async fn fire_wave(api: &Api, users: &Arc<Vec<User>>, wave: Vec<Planned>, bar: &ProgressBar) -> Vec<Sample> {
+pub(crate) async fn fire_wave(
+    api: &Api,
+    users: &Arc<Vec<User>>,
+    wave: Vec<Planned>,
+    bar: &ProgressBar,
+) -> Vec<Sample> {
     let barrier = Arc::new(Barrier::new(wave.len()));
     let tasks = wave.into_iter().map(|planned| {
         let (api, users, barrier, bar) = (api.clone(), users.clone(), barrier.clone(), bar.clone());

@@ -132,6 +132,7 @@ pub async fn run(args: &ProviderArgs) -> anyhow::Result<Report> {
         attempts_max: 10,
         request_timeout: Duration::from_secs(10),
         call_time_max: Duration::from_secs(60),
+        jitter: true,
     };
     let provider = Provider::new(servers.urls(), SecretString::from(secret), policy)?;
     let events: Vec<(DepositEvent, Misbehaviour)> = (0..args.events)

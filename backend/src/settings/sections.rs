@@ -572,6 +572,7 @@ impl Payouts {
                 // A payout's attempts are spread over dispatcher passes and
                 // bounded by their count, not by one call's time.
                 call_time_max: Duration::MAX,
+                jitter: true,
             },
             batch_rows_max: s.payout_dispatch_batch_rows_max,
             idle: Duration::from_millis(s.payout_dispatch_idle_ms),

@@ -196,6 +196,7 @@ pub async fn run_arrivals(binary: PathBuf, fault: ArrivalFault, scale: Scale) ->
             attempts_max: u32::MAX,
             request_timeout: Duration::from_millis(DELIVERY_TIMEOUT_MS),
             call_time_max: Duration::from_secs(SETTLE_SECONDS_MAX),
+            jitter: true,
         },
     )
     .expect("a provider");

@@ -172,6 +172,7 @@ pub async fn run_departures(binary: PathBuf, fault: DepartureFault, scale: Scale
         attempts_max: u32::MAX,
         request_timeout: Duration::from_secs(5),
         call_time_max: Duration::from_secs(SETTLE_SECONDS_MAX),
+        jitter: true,
     };
     let client = Client::over(&targets, policy).expect("a client");
     let mut payers = Vec::with_capacity(PAYERS);

@@ -30,6 +30,7 @@ fn storm_policy() -> RetryPolicy {
         attempts_max: u32::MAX,
         request_timeout: Duration::from_secs(2 * REQUEST_SECONDS_MAX),
         call_time_max: Duration::from_secs(SETTLE_SECONDS_MAX),
+        jitter: true,
     }
 }
 

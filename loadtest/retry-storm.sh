@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Retry storm: every client has a payment in flight when PostgreSQL goes
+# down for OUTAGE_S (10) seconds, and every client retries as the client
+# library does, with its key, until the database is back and its payment
+# is made. Run twice on one release instance: with the library's full
+# jitter, and without it (every wait the backoff's whole ceiling), to show
+# what the jitter is for.
+#
+#   loadtest/retry-storm.sh           # CLIENTS=2000, OUTAGE_S=10
+#
+# PostgreSQL here is a private cluster (initdb + pg_ctl on a free port, in
+# a scratch directory) that the script stops with `pg_ctl stop -m
+# immediate`, as in a crash, and starts again; the machine's own server is
+# never touched. Redis is the machine's, under a key prefix of the run's.
+#
+# First the instance's sustainable rate S (closed loop, 32 clients), then
+# each storm. Per storm: the calls paid and given up, when the last payment
+# was made after the database came back, what the attempts after its
+# return were answered (paid, shed as overloaded, other), the busiest
+# second's payments ÷ S, the paying attempts' p99, and the server's peak
+# RSS; then a timeline, per second. The money invariants are checked on
+# the database after each run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+. scripts/lib/services.sh
+. loadtest/one-instance.sh
+ensure_services
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || apt_install postgresql
+
+clients=${CLIENTS:-2000}
+outage_s=${OUTAGE_S:-10}
+duration=${DURATION_S:-20}
+port=${STORM_PORT:-8098}
+work=.tmp/retry-storm
+mkdir -p "$work"
+
+build_release
+
+# The private cluster, owned by postgres when this runs as root (initdb
+# refuses root).
+pg_bin=$(dirname "$(compgen -G "/usr/lib/postgresql/*/bin/initdb" | sort -V | tail -n 1)")
+scratch=$(mktemp -d /tmp/wallet-retry-storm.XXXXXX)
+as_postgres() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+[ "$(id -u)" = 0 ] && chown postgres:postgres "$scratch"
+pg_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+as_postgres "$pg_bin/initdb" -D "$scratch/data" -U postgres --auth=trust -E UTF8 >/dev/null
+# The two commands the load test runs, in files so that `sh -c` can run them.
+cat > "$scratch/up" <<UP
+#!/bin/sh
+$( [ "$(id -u)" = 0 ] && echo "runuser -u postgres -- " )"$pg_bin/pg_ctl" -D "$scratch/data" -w -l "$scratch/postgres.log" \
+  -o "-p $pg_port -c listen_addresses=127.0.0.1 -c unix_socket_directories=$scratch/data -c max_connections=200" start >/dev/null
+UP
+cat > "$scratch/down" <<DOWN
+#!/bin/sh
+$( [ "$(id -u)" = 0 ] && echo "runuser -u postgres -- " )"$pg_bin/pg_ctl" -D "$scratch/data" -m immediate stop >/dev/null
+DOWN
+chmod 755 "$scratch/up" "$scratch/down"
+server_pid=
+cleanup() {
+  [ -n "$server_pid" ] && { kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; }
+  "$scratch/down" 2>/dev/null || true
+  rm -rf "$scratch"
+}
+trap cleanup EXIT
+"$scratch/up"
+psql "postgres://postgres@127.0.0.1:$pg_port/postgres" -qc "CREATE DATABASE layered_wallet" >/dev/null
+db_url="postgres://postgres@127.0.0.1:$pg_port/layered_wallet"
+
+start_instance retry-storm "$port" "$db_url"
+
+# One run: its name, then wallet-loadtest run arguments.
+measure() {
+  local name=$1; shift
+  reset_peak_rss
+  "$loadtest" run "$@" --target "http://127.0.0.1:$port" --database-url "$db_url" --json --quiet > "$work/$name.json"
+  peak_rss_kib > "$work/$name.rss_kib"
+}
+
+echo "retry-storm: sustainable rate, closed loop at 32 clients" >&2
+measure sustainable throughput --concurrency 32 --users 256 --duration-s "$duration"
+for jitter in on off; do
+  echo "retry-storm: $clients clients, PostgreSQL down ${outage_s} s, jitter $jitter" >&2
+  # One user per client: two payments of one user inside the 1 ms window
+  # would meet the cooldown, which is not what this measures.
+  measure "jitter-$jitter" retry-storm --concurrency "$clients" --users "$clients" \
+      --attempts-max 30 --call-time-max-s 60 $([ "$jitter" = off ] && echo --no-jitter) \
+      --outage-begin "$scratch/down" --outage-end "$scratch/up" --outage-s "$outage_s"
+done
+
+python3 - "$work" <<'PY'
+import json, math, sys
+work = sys.argv[1]
+sustainable = json.load(open(f"{work}/sustainable.json"))["accepted_per_s"]
+print(f"Sustainable rate S: {sustainable:.0f} transfers/s (closed loop, 32 clients).")
+print()
+print("| jitter | paid | gave up | last payment after the database was back | attempts after it: paid / shed / other "
+      "| best second ÷ S | paying attempt p99 | peak RSS |")
+print("|---|---|---|---|---|---|---|---|")
+timelines = {}
+for jitter in ("on", "off"):
+    report = json.load(open(f"{work}/jitter-{jitter}.json"))
+    recovery = report["recovery"]
+    after = recovery["after_return"]
+    # Whole seconds after the return: the busiest one, against S.
+    back = math.ceil(recovery["outage_s"])
+    best = max((s["paid"] for s in recovery["seconds"][back:]), default=0)
+    rss = int(open(f"{work}/jitter-{jitter}.rss_kib").read()) / 1024
+    print(f"| {jitter} | {recovery['paid']} | {recovery['gave_up']} | {recovery['last_paid_after_s']:.1f} s "
+          f"| {after['paid']} / {after['overloaded']} / {after['other']} | {best / sustainable:.2f} "
+          f"| {recovery['paying_attempt_p99_ms']:.1f} ms | {rss:.0f} MiB |")
+    timelines[jitter] = recovery["seconds"]
+print()
+print(f"Per second from the database going down (it was back after {recovery['outage_s']:.1f} s): "
+      "attempts answered / payments made / refused as overloaded.")
+print()
+print("| second | " + " | ".join(f"jitter {j}" for j in timelines) + " |")
+print("|---|" + "---|" * len(timelines))
+for second in range(max(len(t) for t in timelines.values())):
+    rows = [t[second] if second < len(t) else {"attempts": 0, "paid": 0, "overloaded": 0} for t in timelines.values()]
+    if all(row["attempts"] == 0 for row in rows):
+        continue
+    print(f"| {second} | " + " | ".join(f"{r['attempts']} / {r['paid']} / {r['overloaded']}" for r in rows) + " |")
+PY
