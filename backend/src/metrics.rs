@@ -68,6 +68,8 @@ pub struct Metrics {
     pub redis_round_trips: IntCounter,
     /// Pool gauges, refreshed at every scrape.
     pool_connections: IntGaugeVec,
+    /// The admission limit's places and queue, refreshed at every scrape.
+    transfer_admission: IntGaugeVec,
     /// 1 while the cooldown runs without Redis (fail-open), as last seen by
     /// a readiness probe.
     pub cooldown_degraded: IntGauge,
@@ -212,6 +214,14 @@ impl Metrics {
             &["store", "state"],
         )
         .expect("static metric definition");
+        let transfer_admission = IntGaugeVec::new(
+            Opts::new(
+                "transfer_admission",
+                "Transfers running and waiting for a place under the admission limit, and the limits",
+            ),
+            &["state"],
+        )
+        .expect("static metric definition");
         let feed_entries = IntGauge::new(
             "decision_feed_entries",
             "Entries the decision feed holds across every user's streams, as last counted",
@@ -266,6 +276,7 @@ impl Metrics {
             Box::new(feed_dropped.clone()),
             Box::new(redis_round_trips.clone()),
             Box::new(pool_connections.clone()),
+            Box::new(transfer_admission.clone()),
             Box::new(cooldown_degraded.clone()),
             Box::new(feed_entries.clone()),
             Box::new(feed_streams_removed.clone()),
@@ -315,6 +326,7 @@ impl Metrics {
             feed_dropped,
             redis_round_trips,
             pool_connections,
+            transfer_admission,
             cooldown_degraded,
             cooldown_window,
             transfer_problems,
@@ -357,6 +369,18 @@ impl Metrics {
         set("in_use", in_use);
         set("idle", idle);
         set("max", max);
+    }
+
+    pub fn set_transfer_admission(&self, occupancy: crate::transfer::admission::Occupancy) {
+        let set = |state: &str, value: u32| {
+            self.transfer_admission
+                .with_label_values(&[state])
+                .set(i64::from(value));
+        };
+        set("running", occupancy.running);
+        set("waiting", occupancy.waiting);
+        set("running_max", occupancy.running_max);
+        set("waiting_max", occupancy.waiting_max);
     }
 
     /// The text exposition format.

@@ -1,7 +1,9 @@
 //! Overload is refused, not queued: past `transfers_in_flight_max`
 //! transfers in flight, a transfer that finds no place within
-//! `transfers_admission_wait_ms_max` gets 503 `/problems/overloaded` with
-//! `Retry-After`, having changed nothing, while the ones admitted go on.
+//! `transfers_admission_wait_ms_max`, or finds
+//! `transfers_admission_queue_max` already waiting, gets 503
+//! `/problems/overloaded` with `Retry-After`, having changed nothing, while
+//! the ones admitted go on.
 
 use std::time::Duration;
 
@@ -16,32 +18,7 @@ async fn a_transfer_past_the_limit_is_refused_at_once_and_changes_nothing() {
     .await;
     let (alice, bob) = app.alice_and_bob().await;
     let carol = app.sign_up("carol").await;
-
-    // Bob's wallet row is locked by someone else, so Alice's transfer to
-    // him holds the one place until the lock goes.
-    let mut locker = app.db.begin().await.expect("a transaction");
-    sqlx::query("SELECT 1 FROM wallets WHERE id = $1 FOR UPDATE")
-        .bind(bob.wallet_id)
-        .execute(&mut *locker)
-        .await
-        .expect("lock Bob's wallet");
-    let held = tokio::spawn(
-        app.transfer_request(&alice, bob.wallet_id, 100, Some(&new_key()))
-            .send(),
-    );
-    // Wait until Alice's transfer is inside, waiting for the row.
-    for _ in 0..100 {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
-        )
-        .fetch_one(&app.db)
-        .await
-        .expect("read pg_stat_activity");
-        if waiting > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (locker, held) = hold_the_one_place(&app, &alice, &bob).await;
 
     // Carol's transfer touches other rows, but finds no place.
     let key = new_key();
@@ -50,19 +27,7 @@ async fn a_transfer_past_the_limit_is_refused_at_once_and_changes_nothing() {
         .send()
         .await
         .expect("sent");
-    assert_eq!(refused.headers()["retry-after"], "1");
-    let (status, body) = problem(refused).await;
-    assert_eq!(
-        (status, body["type"].as_str()),
-        (503, Some("/problems/overloaded")),
-        "{body}"
-    );
-    assert!(
-        body["detail"]
-            .as_str()
-            .is_some_and(|d| d.contains("Nothing was changed")),
-        "{body}"
-    );
+    assert_refused_as_overloaded(refused, "none finished within 20 ms").await;
     assert_eq!(
         app.transfer_count().await,
         0,
@@ -88,6 +53,115 @@ async fn a_transfer_past_the_limit_is_refused_at_once_and_changes_nothing() {
     assert_eq!(retried.status(), 201);
     assert_eq!(app.transfer_count().await, 2);
     app.assert_invariants().await;
+}
+
+#[tokio::test]
+async fn a_transfer_that_finds_the_queue_full_is_refused_while_the_queued_one_waits() {
+    let app = spawn_app(|settings| {
+        settings.transfers_in_flight_max = 1;
+        settings.transfers_admission_queue_max = 1;
+        settings.transfers_admission_wait_ms_max = 1_500;
+    })
+    .await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let (carol, dave) = (app.sign_up("carol").await, app.sign_up("dave").await);
+    let (locker, held) = hold_the_one_place(&app, &alice, &bob).await;
+
+    // Carol takes the one turn in the queue...
+    let queued = tokio::spawn(
+        app.transfer_request(&carol, alice.wallet_id, 100, Some(&new_key()))
+            .send(),
+    );
+    let mut waiting = false;
+    for _ in 0..100 {
+        waiting = app
+            .metrics()
+            .await
+            .contains("wallet_transfer_admission{state=\"waiting\"} 1");
+        if waiting {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(waiting, "Carol's transfer waits for the place");
+
+    // ...so Dave is refused without waiting: his answer comes while Carol
+    // is still queued behind Alice's locked row.
+    let refused = app
+        .transfer_request(&dave, alice.wallet_id, 100, Some(&new_key()))
+        .send()
+        .await
+        .expect("sent");
+    assert_refused_as_overloaded(refused, "are waiting (1)").await;
+    assert!(!queued.is_finished(), "Carol is still waiting for the place");
+    assert_eq!(app.transfer_count().await, 0, "nothing was changed");
+
+    // The lock goes: Alice's transfer completes, and Carol's, queued, takes
+    // the place it frees.
+    locker.rollback().await.expect("release the lock");
+    let first = held.await.expect("the held transfer").expect("answered");
+    assert_eq!(first.status(), 201);
+    let second = queued.await.expect("the queued transfer").expect("answered");
+    assert_eq!(second.status(), 201);
+    assert_eq!(
+        app.transfer_count().await,
+        2,
+        "Dave's refused transfer was not made"
+    );
+    app.assert_invariants().await;
+}
+
+/// A 503 `/problems/overloaded` with `Retry-After`, saying nothing was
+/// changed and why it was refused (`why`).
+async fn assert_refused_as_overloaded(refused: reqwest::Response, why: &str) {
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let (status, body) = problem(refused).await;
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (503, Some("/problems/overloaded")),
+        "{body}"
+    );
+    let detail = body["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains(why) && detail.contains("Nothing was changed"),
+        "{body}"
+    );
+}
+
+/// Locks Bob's wallet row from outside, then sends Alice's transfer to him:
+/// it takes the one place and holds it until the returned transaction ends.
+async fn hold_the_one_place(
+    app: &TestApp,
+    alice: &TestUser,
+    bob: &TestUser,
+) -> (
+    sqlx::Transaction<'static, sqlx::Postgres>,
+    tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>,
+) {
+    let mut locker = app.db.begin().await.expect("a transaction");
+    sqlx::query("SELECT 1 FROM wallets WHERE id = $1 FOR UPDATE")
+        .bind(bob.wallet_id)
+        .execute(&mut *locker)
+        .await
+        .expect("lock Bob's wallet");
+    let held = tokio::spawn(
+        app.transfer_request(alice, bob.wallet_id, 100, Some(&new_key()))
+            .send(),
+    );
+    // Wait until Alice's transfer is inside, waiting for the row.
+    for _ in 0..100 {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()",
+        )
+        .fetch_one(&app.db)
+        .await
+        .expect("read pg_stat_activity");
+        if waiting > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (locker, held)
 }
 
 /// The admission wait must be shorter than the pool's: otherwise overload

@@ -330,7 +330,7 @@ impl ProblemType {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "Too busy right now",
                 "We are handling as many payments as we can at this moment. Nothing was changed; please try again in a moment.",
-                "This instance was already running transfers_in_flight_max transfers and none finished within transfers_admission_wait_ms_max, so this one was refused before it started, rather than queued until it would time out. Nothing was changed; retrying after Retry-After is safe, with the same Idempotency-Key. Clients that all retry at once should spread their retries (full jitter), or they meet the same crowd again.",
+                "This instance was already running transfers_in_flight_max transfers, with transfers_admission_queue_max more waiting for a place or none finished within transfers_admission_wait_ms_max, so this one was refused before it started, rather than queued until it would time out. Nothing was changed; retrying after Retry-After is safe, with the same Idempotency-Key. Clients that all retry at once should spread their retries (full jitter), or they meet the same crowd again.",
             ),
             ServiceUnavailable => (
                 "service-unavailable",

@@ -201,6 +201,9 @@ pub async fn metrics(state: web::Data<AppState>) -> actix_web::HttpResponse {
         db_idle,
         state.config.database.pool_connections_max as usize,
     );
+    state
+        .metrics
+        .set_transfer_admission(state.transfer_admission.occupancy());
     actix_web::HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
         .body(state.metrics.render())

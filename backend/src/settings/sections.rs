@@ -77,9 +77,11 @@ pub struct Database {
     /// PostgreSQL's `lock_timeout` for wallet rows, in its milliseconds.
     pub wallet_lock_wait_ms_max: u16,
     pub transfer_retries_max: u32,
-    /// Transfers that may run at once, and how long one waits for a place
-    /// before it is refused as overloaded.
+    /// Transfers that may run at once, how many may queue for a place,
+    /// and how long one waits in that queue before it is refused as
+    /// overloaded.
     pub transfers_in_flight_max: u32,
+    pub transfers_admission_queue_max: u32,
     pub transfers_admission_wait: Duration,
     pub migrate_on_start: bool,
 }
@@ -456,6 +458,7 @@ impl Database {
             wallet_lock_wait_ms_max: s.wallet_lock_wait_ms_max,
             transfer_retries_max: s.transfer_retries_max,
             transfers_in_flight_max: s.transfers_in_flight_max,
+            transfers_admission_queue_max: s.transfers_admission_queue_max,
             transfers_admission_wait: Duration::from_millis(s.transfers_admission_wait_ms_max),
             migrate_on_start: s.migrate_on_start,
         }
