@@ -8,10 +8,10 @@
 #
 #   loadtest/retry-storm.sh           # CLIENTS=2000, OUTAGE_S=10
 #
-# PostgreSQL here is a private cluster (initdb + pg_ctl on a free port, in
-# a scratch directory) that the script stops with `pg_ctl stop -m
-# immediate`, as in a crash, and starts again; the machine's own server is
-# never touched. Redis is the machine's, under a key prefix of the run's.
+# PostgreSQL is the instance's own (loadtest/one-instance.sh), which the
+# script stops with `pg_ctl stop -m immediate`, as in a crash, and starts
+# again; the machine's own servers are never touched. The service and the
+# load generator run on CPUs of their own; SPLIT_CPUS=0 shares them.
 #
 # First the instance's sustainable rate S (closed loop, 32 clients), then
 # each storm. Per storm: the calls paid and given up, when the last payment
@@ -25,8 +25,6 @@ cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 . scripts/lib/services.sh
 . loadtest/one-instance.sh
-ensure_services
-compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || apt_install postgresql
 
 clients=${CLIENTS:-2000}
 outage_s=${OUTAGE_S:-10}
@@ -36,44 +34,15 @@ work=.tmp/retry-storm
 mkdir -p "$work"
 
 build_release
-
-# The private cluster, owned by postgres when this runs as root (initdb
-# refuses root).
-pg_bin=$(dirname "$(compgen -G "/usr/lib/postgresql/*/bin/initdb" | sort -V | tail -n 1)")
-scratch=$(mktemp -d /tmp/wallet-retry-storm.XXXXXX)
-as_postgres() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
-[ "$(id -u)" = 0 ] && chown postgres:postgres "$scratch"
-pg_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-as_postgres "$pg_bin/initdb" -D "$scratch/data" -U postgres --auth=trust -E UTF8 >/dev/null
-# The two commands the load test runs, in files so that `sh -c` can run them.
-cat > "$scratch/up" <<UP
-#!/bin/sh
-$( [ "$(id -u)" = 0 ] && echo "runuser -u postgres -- " )"$pg_bin/pg_ctl" -D "$scratch/data" -w -l "$scratch/postgres.log" \
-  -o "-p $pg_port -c listen_addresses=127.0.0.1 -c unix_socket_directories=$scratch/data -c max_connections=200" start >/dev/null
-UP
-cat > "$scratch/down" <<DOWN
-#!/bin/sh
-$( [ "$(id -u)" = 0 ] && echo "runuser -u postgres -- " )"$pg_bin/pg_ctl" -D "$scratch/data" -m immediate stop >/dev/null
-DOWN
-chmod 755 "$scratch/up" "$scratch/down"
-server_pid=
-cleanup() {
-  [ -n "$server_pid" ] && { kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; }
-  "$scratch/down" 2>/dev/null || true
-  rm -rf "$scratch"
-}
-trap cleanup EXIT
-"$scratch/up"
-psql "postgres://postgres@127.0.0.1:$pg_port/postgres" -qc "CREATE DATABASE layered_wallet" >/dev/null
-db_url="postgres://postgres@127.0.0.1:$pg_port/layered_wallet"
-
-start_instance retry-storm "$port" "$db_url"
+trap stop_private_stores EXIT
+start_private_stores
+start_instance retry-storm "$port"
 
 # One run: its name, then wallet-loadtest run arguments.
 measure() {
   local name=$1; shift
   reset_peak_rss
-  "$loadtest" run "$@" --target "http://127.0.0.1:$port" --database-url "$db_url" --json --quiet > "$work/$name.json"
+  "${on_loadtest_cpus[@]}" "$loadtest" run "$@" --target "http://127.0.0.1:$port" --database-url "$db_url" --json --quiet > "$work/$name.json"
   peak_rss_kib > "$work/$name.rss_kib"
 }
 
