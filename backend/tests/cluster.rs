@@ -2,13 +2,10 @@
 //! masters, started by ./scripts/test), selected by `redis_cluster_urls`.
 
 use layered_wallet::settings::Settings;
-use secrecy::SecretString;
 use wallet_testkit::*;
 
 fn on_cluster(settings: &mut Settings) {
-    settings.redis_cluster_urls = redis_cluster_urls().into_iter().map(SecretString::from).collect();
-    // Make sure nothing silently falls back to the single server.
-    settings.redis_url = SecretString::from(format!("redis://127.0.0.1:{}", closed_port()));
+    on_redis_cluster(settings, redis_cluster_urls());
 }
 
 /// The window works the same on a cluster: one wins, the rest get 429, and

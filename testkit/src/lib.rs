@@ -39,7 +39,8 @@ pub use deposits::{PROVIDER_SECRET, deposit_event, new_event_id};
 pub use http::{TestUser, fire_together, fresh_transfers, new_key, problem, sign_up_at};
 pub use payouts::{PAYOUT_WAIT_SECONDS_MAX, payout_body};
 pub use settings::{
-    SIGNING_KEY, expose, test_settings, verified_token_for, with_deposits, with_payouts, without_cooldown,
+    SIGNING_KEY, expose, on_redis_cluster, test_settings, verified_token_for, with_deposits, with_payouts,
+    without_cooldown,
 };
 pub use state::{StateSnapshot, money_invariant_violations};
 pub use stores::{

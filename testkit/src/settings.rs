@@ -94,3 +94,10 @@ pub fn with_payouts(gateway_url: &str) -> impl FnOnce(&mut Settings) + use<> {
         settings.payout_reconcile_quiet_ms = 0;
     }
 }
+
+/// Points the app's Redis at the cluster of `urls`, with the single
+/// server's URL on a closed port, so that nothing silently falls back to it.
+pub fn on_redis_cluster(settings: &mut Settings, urls: Vec<String>) {
+    settings.redis_cluster_urls = urls.into_iter().map(SecretString::from).collect();
+    settings.redis_url = SecretString::from(format!("redis://127.0.0.1:{}", crate::closed_port()));
+}

@@ -142,6 +142,28 @@ impl CooldownPass {
 #[error("the cooldown store is unavailable")]
 pub struct CooldownUnavailable;
 
+/// The Redis key of the window `user` takes for `action` under
+/// `key_prefix`: the one definition, for the lock and for what inspects
+/// its windows from outside (the chaos runs find the node that holds one).
+pub fn window_key(
+    key_prefix: &str,
+    scope: CooldownScope,
+    user: UserId,
+    action: &str,
+    canonical_body: &str,
+) -> String {
+    match scope {
+        CooldownScope::UserAction => format!("{key_prefix}cooldown:{{{user}}}:{action}"),
+        CooldownScope::UserActionBody => {
+            let digest = Sha256::digest(canonical_body.as_bytes());
+            format!(
+                "{key_prefix}cooldown:{{{user}}}:{action}:{}",
+                hex::encode(&digest[..16])
+            )
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct CooldownLock {
     /// `None` when the layer is disabled; no Redis connection is made then.
@@ -193,17 +215,7 @@ impl CooldownLock {
     /// digest of the canonical body narrows it to identical requests. The
     /// user is a hash tag (`{…}`), shared with the revocation entries.
     pub fn key(&self, user: UserId, action: &str, canonical_body: &str) -> String {
-        match self.scope {
-            CooldownScope::UserAction => format!("{}cooldown:{{{user}}}:{action}", self.key_prefix),
-            CooldownScope::UserActionBody => {
-                let digest = Sha256::digest(canonical_body.as_bytes());
-                format!(
-                    "{}cooldown:{{{user}}}:{action}:{}",
-                    self.key_prefix,
-                    hex::encode(&digest[..16])
-                )
-            }
-        }
+        window_key(&self.key_prefix, self.scope, user, action, canonical_body)
     }
 
     /// The revocation entry of one token.

@@ -30,7 +30,7 @@ use crate::telemetry::RequestContext;
 use crate::transfer::{self, Settled};
 
 /// The action name the cooldown window is scoped to.
-const COOLDOWN_ACTION: &str = "transfer";
+pub const COOLDOWN_ACTION: &str = "transfer";
 /// ...and for race-lab requests, so that a lab run and the visitor's real
 /// transfers never hold each other's window.
 const LAB_COOLDOWN_ACTION: &str = "race-lab-transfer";

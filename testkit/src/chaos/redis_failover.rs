@@ -15,15 +15,18 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use layered_wallet::command::GROUP;
+use layered_wallet::defense::cooldown::window_key;
+use layered_wallet::domain::UserId;
+use layered_wallet::settings::CooldownScope;
+use layered_wallet::transfer::pipeline::COOLDOWN_ACTION;
 use redis::AsyncCommands;
-use secrecy::SecretString;
 use uuid::Uuid;
 
 use super::SETTLE_SECONDS_MAX;
 use super::report::publish_row;
 use crate::private_redis_cluster::PrivateRedisCluster;
 use crate::{
-    TestApp, TestUser, closed_port, fire_together, new_key, spawn_app, spawn_second_instance_with,
+    TestApp, TestUser, fire_together, new_key, on_redis_cluster, spawn_app, spawn_second_instance_with,
     transfer_command, with_commands,
 };
 
@@ -100,9 +103,7 @@ async fn instance_on(
 ) -> TestApp {
     let urls = cluster.urls();
     spawn_app(|settings| {
-        settings.redis_cluster_urls = urls.into_iter().map(SecretString::from).collect();
-        // Nothing may fall back to the single server.
-        settings.redis_url = SecretString::from(format!("redis://127.0.0.1:{}", closed_port()));
+        on_redis_cluster(settings, urls);
         adjust(settings);
     })
     .await
@@ -146,8 +147,15 @@ pub async fn run_cooldown_failover() -> RedisFailoverReport {
     for number in 0..DURING_USERS {
         during_users.push(first.sign_up(&format!("during{number}")).await);
     }
-    let window_key =
-        |user: &TestUser| format!("{}cooldown:{{{}}}:transfer", first.redis_prefix, user.user_id);
+    let window_key = |user: &TestUser| {
+        window_key(
+            &first.redis_prefix,
+            CooldownScope::UserAction,
+            UserId(user.user_id),
+            COOLDOWN_ACTION,
+            "",
+        )
+    };
     let victim = cluster.master_of(cluster.slot_of(&window_key(&holders[0])));
     let replica = cluster.replica_of(victim);
     let on_victim: Vec<bool> = holders
