@@ -167,7 +167,8 @@ impl Application {
             _ => Vec::new(),
         };
         let dispatcher = crate::payout::dispatcher::spawn(state.clone())?;
-        let workers = state.config.http.workers;
+        let http = state.config.http.clone();
+        let workers = http.workers;
         let grace_s = state.config.http.shutdown_grace.as_secs();
         let data = web::Data::new(state);
         // One per instance, shared by its workers: probes within
@@ -197,6 +198,12 @@ impl Application {
             });
         })
         .workers(workers)
+        .max_connections(http.connections_per_worker_max)
+        .keep_alive(match http.keep_alive {
+            Some(idle) => actix_web::http::KeepAlive::Timeout(idle),
+            None => actix_web::http::KeepAlive::Disabled,
+        })
+        .client_request_timeout(http.request_head_wait_max)
         .shutdown_timeout(grace_s)
         .listen(listener)?
         .listen(admin_listener)?

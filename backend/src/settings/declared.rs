@@ -26,6 +26,21 @@ declare_settings! {
         admin_http_addr: String = "127.0.0.1:9090".into();
         /// actix worker threads; one per core is enough for an I/O-bound service.
         http_workers: usize = 2, within 1..=256 "workers";
+        /// Connections each worker holds open at once. Past it, the
+        /// listeners stop accepting until one closes, and new connections
+        /// wait in the kernel's backlog: idle keep-alive connections cannot
+        /// take the process's memory and file descriptors without bound.
+        http_connections_per_worker_max: usize = 10_000, within 1..=100_000 "connections";
+        /// How long an idle keep-alive connection is kept open for its
+        /// next request; 0 closes each connection after its response. A
+        /// proxy in front must let its idle connections go sooner (nginx's
+        /// `keepalive_timeout` in deploy/nginx is 4 s), or it may send a
+        /// request on a connection being closed.
+        http_keep_alive_s: u64 = 5, within 0..=3_600 "s";
+        /// How long a new connection has to send a whole request head; one
+        /// that sends it slower gets 408 and is closed, so that trickling
+        /// headers cannot hold a connection.
+        http_request_head_wait_ms_max: u64 = 5_000, within 100..=60_000 "ms";
         /// Largest request body accepted; a larger one gets 413.
         request_body_bytes_max: usize = 16 * 1024, within 256..=(1024 * 1024) "bytes";
         /// An oversized body is read and thrown away up to this many bytes

@@ -1,0 +1,82 @@
+//! What a connection may hold: a request head must arrive whole within
+//! `http_request_head_wait_ms_max`, and an idle keep-alive connection is
+//! closed after `http_keep_alive_s`.
+
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use wallet_testkit::*;
+
+/// Longest any of these waits for the server to close a connection: far
+/// above the bounds the tests set (300 ms, 1 s), and under the defaults
+/// (5 s), so that a setting not applied fails the test.
+const CLOSE_WAIT_S_MAX: u64 = 3;
+
+#[tokio::test]
+async fn a_request_head_that_trickles_in_is_answered_408_and_the_connection_closed() {
+    let app = spawn_app(|settings| settings.http_request_head_wait_ms_max = 300).await;
+    let mut stream = connect(&app).await;
+    // Half a head, and then nothing: the connection would be held forever.
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
+        .await
+        .expect("write");
+    let answer = read_until_closed(&mut stream).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+}
+
+#[tokio::test]
+async fn with_keep_alive_off_each_connection_closes_after_its_response() {
+    let app = spawn_app(|settings| settings.http_keep_alive_s = 0).await;
+    let mut stream = connect(&app).await;
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .expect("write");
+    let answer = read_until_closed(&mut stream).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("connection: close"),
+        "the response says the connection closes: {answer}"
+    );
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_is_closed_by_the_server() {
+    let app = spawn_app(|settings| settings.http_keep_alive_s = 1).await;
+    let mut stream = connect(&app).await;
+    // Two requests on one connection: it is kept alive between them...
+    for _ in 0..2 {
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .await
+            .expect("write");
+        let mut buffer = [0u8; 4096];
+        let read = stream.read(&mut buffer).await.expect("read");
+        assert!(buffer[..read].starts_with(b"HTTP/1.1 200"));
+    }
+    // ...and closed by the server once idle.
+    let rest = read_until_closed(&mut stream).await;
+    assert!(rest.is_empty(), "nothing more was sent: {rest}");
+}
+
+async fn connect(app: &TestApp) -> TcpStream {
+    TcpStream::connect(("127.0.0.1", app.port()))
+        .await
+        .expect("connect")
+}
+
+/// Everything the server sends until it closes the connection; fails if
+/// it keeps it open past `CLOSE_WAIT_S_MAX`.
+async fn read_until_closed(stream: &mut TcpStream) -> String {
+    let mut answer = Vec::new();
+    tokio::time::timeout(
+        Duration::from_secs(CLOSE_WAIT_S_MAX),
+        stream.read_to_end(&mut answer),
+    )
+    .await
+    .expect("the server closed the connection")
+    .expect("read");
+    String::from_utf8_lossy(&answer).into_owned()
+}
