@@ -76,6 +76,13 @@ enum Retries {
     Never,
 }
 
+/// How long an idle connection stays in the client's pool: under the
+/// server's `http_keep_alive_s` (5 s by default), so that the client lets a
+/// connection go before the server closes it, and never sends a request on
+/// one the server is closing. That request would fail with no answer, and a
+/// keyless write could not be retried.
+pub const IDLE_CONNECTION_S_MAX: u64 = 4;
+
 impl Client {
     /// A client of the server at `base_url` (`http://127.0.0.1:8080`).
     pub fn new(base_url: &str, policy: RetryPolicy) -> Result<Self, Error> {
@@ -88,13 +95,16 @@ impl Client {
     pub fn over(base_urls: &[&str], policy: RetryPolicy) -> Result<Self, Error> {
         let http = reqwest::Client::builder()
             .timeout(policy.request_timeout)
+            .pool_idle_timeout(Duration::from_secs(IDLE_CONNECTION_S_MAX))
             .build()
             .map_err(|error| Error::Request(error.to_string()))?;
         Self::over_with(http, base_urls, policy)
     }
 
     /// As [`Client::over`], through an HTTP client of your own (its pool
-    /// sizes, its TLS); `policy.request_timeout` is then left to it.
+    /// sizes, its TLS); `policy.request_timeout` is then left to it, and so
+    /// is its pool's idle timeout, which should stay under
+    /// [`IDLE_CONNECTION_S_MAX`].
     pub fn over_with(http: reqwest::Client, base_urls: &[&str], policy: RetryPolicy) -> Result<Self, Error> {
         if base_urls.is_empty() {
             return Err(Error::Request("no server to talk to".to_owned()));

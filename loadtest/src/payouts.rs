@@ -65,6 +65,7 @@ pub async fn run(args: &PayoutArgs) -> anyhow::Result<PayoutReport> {
     let people = Arc::new(closed_loop::sign_up(&args.targets, args.load.users).await?);
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(args.load.concurrency)
+        .pool_idle_timeout(Duration::from_secs(wallet_client::IDLE_CONNECTION_S_MAX))
         .build()?;
     let duration = args.load.duration();
     let targets = Arc::new(args.targets.clone());
