@@ -5,13 +5,24 @@
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
 /// How long a started instance may take to answer `/readyz`.
 pub const READY_WAIT_S: u64 = 30;
+/// Times an instance is started on fresh ports when it exits before it is
+/// ready: a port found free can be taken by another process before the
+/// instance binds it, when many tests start servers at once.
+pub const SPAWN_ATTEMPTS_MAX: u32 = 3;
+
+/// Why an instance did not become ready.
+enum NotReady {
+    /// It exited (most often: a port was taken).
+    Exited(ExitStatus),
+    TimedOut,
+}
 
 /// Where a run's instances come from and keep their state: the command
 /// line's half of a `Spec`.
@@ -112,13 +123,28 @@ impl Instances {
             http: reqwest::Client::new(),
         };
         for index in 0..count.max(1) {
-            let instance = instances.spawn(index, free_port()?, free_port()?)?;
-            instances.members.push(instance);
-        }
-        for index in 0..instances.members.len() {
-            instances.wait_ready(index).await?;
+            instances.start_one(index).await?;
         }
         Ok(instances)
+    }
+
+    /// Starts instance `index` on free ports, and again on others if it
+    /// exits before it is ready.
+    async fn start_one(&mut self, index: usize) -> anyhow::Result<()> {
+        for attempt in 1..=SPAWN_ATTEMPTS_MAX {
+            let instance = self.spawn(index, free_port()?, free_port()?)?;
+            if index < self.members.len() {
+                self.members[index] = instance;
+            } else {
+                self.members.push(instance);
+            }
+            match self.wait_ready(index).await {
+                Ok(()) => return Ok(()),
+                Err(NotReady::Exited(_)) if attempt < SPAWN_ATTEMPTS_MAX => continue,
+                Err(not_ready) => return Err(self.not_ready(index, not_ready)),
+            }
+        }
+        unreachable!("the last attempt returns")
     }
 
     fn spawn(&self, index: usize, port: u16, admin_port: u16) -> anyhow::Result<Instance> {
@@ -148,17 +174,50 @@ impl Instances {
         })
     }
 
-    async fn wait_ready(&self, index: usize) -> anyhow::Result<()> {
-        let url = format!("{}/readyz", self.url(index));
+    /// Ready when this instance answers: its public `/readyz` and its
+    /// admin listener's detailed one both say so, and its process is still
+    /// running afterwards. Both ports and the process, because a port this
+    /// instance failed to bind may be answered by another process.
+    async fn wait_ready(&mut self, index: usize) -> Result<(), NotReady> {
+        let public = format!("{}/readyz", self.url(index));
+        let admin = format!("http://127.0.0.1:{}/readyz", self.members[index].admin_port);
         let deadline = Instant::now() + Duration::from_secs(READY_WAIT_S);
         loop {
-            if self.http.get(&url).send().await.is_ok_and(|r| r.status() == 200) {
+            if let Ok(Some(status)) = self.members[index].child.try_wait() {
+                return Err(NotReady::Exited(status));
+            }
+            let public_ready = self
+                .http
+                .get(&public)
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == 200);
+            let admin_ready = match self.http.get(&admin).send().await {
+                Ok(response) if response.status() == 200 => response
+                    .json::<serde_json::Value>()
+                    .await
+                    .is_ok_and(|readiness| readiness.get("postgres").is_some()),
+                _ => false,
+            };
+            if public_ready && admin_ready && matches!(self.members[index].child.try_wait(), Ok(None)) {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                bail!("{} did not become ready in {READY_WAIT_S} s", self.url(index));
+                return Err(NotReady::TimedOut);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn not_ready(&self, index: usize, not_ready: NotReady) -> anyhow::Error {
+        match not_ready {
+            NotReady::Exited(status) => anyhow::anyhow!(
+                "{} exited before it was ready ({status}), {SPAWN_ATTEMPTS_MAX} times at most",
+                self.url(index)
+            ),
+            NotReady::TimedOut => {
+                anyhow::anyhow!("{} did not become ready in {READY_WAIT_S} s", self.url(index))
+            }
         }
     }
 
@@ -218,7 +277,9 @@ impl Instances {
     pub async fn restart(&mut self, index: usize) -> anyhow::Result<()> {
         let Instance { port, admin_port, .. } = self.members[index];
         self.members[index] = self.spawn(index, port, admin_port)?;
-        self.wait_ready(index).await
+        self.wait_ready(index)
+            .await
+            .map_err(|not_ready| self.not_ready(index, not_ready))
     }
 
     /// `SIGSTOP`: the instance stops wherever it is, holding what it holds,
