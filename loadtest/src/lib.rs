@@ -131,6 +131,11 @@ pub struct RunArgs {
     /// `retry-storm`: how long the database stays down.
     #[arg(long, default_value_t = 10.0)]
     pub outage_s: f64,
+    /// `retry-storm`: how long each client goes on paying once the
+    /// database is back, starting its next payment (a new key) as soon as
+    /// one ends. 0: one payment per client.
+    #[arg(long, default_value_t = 0.0)]
+    pub keep_paying_s: f64,
 }
 
 impl RunArgs {
@@ -166,6 +171,7 @@ impl RunArgs {
             outage_begin: None,
             outage_end: None,
             outage_s: 10.0,
+            keep_paying_s: 0.0,
         }
     }
 }
@@ -288,6 +294,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunReport> {
                 .clone()
                 .context("retry-storm needs --outage-end")?,
             length: Duration::from_secs_f64(args.outage_s.max(0.0)),
+            keep_paying: Duration::from_secs_f64(args.keep_paying_s.max(0.0)),
         };
         let (samples, outage_clock) = retry_storm::run(&api, &users, &shape, &outage, &bar).await?;
         clock = Some(outage_clock);
@@ -334,7 +341,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<RunReport> {
         summary,
         invariants,
         costs,
-        recovery: clock.map(|clock| retry_storm::recovery(&samples, &clock)),
+        recovery: clock.map(|clock| retry_storm::recovery(&samples, &clock, args.keep_paying_s.max(0.0))),
         samples,
     })
 }

@@ -175,3 +175,48 @@ async fn retried_calls_count_every_attempt_and_keep_the_invariants() {
     );
     first.assert_invariants().await;
 }
+
+/// A retry storm whose clients go on paying: each starts its next payment,
+/// with a new key, once one ends, until `keep_paying_s` after the outage.
+/// The outage here takes nothing down (its commands are `true`); what is
+/// checked is that the clients kept paying, that every payment the report
+/// counts is one transfer in the database, and the invariants.
+#[tokio::test]
+async fn retry_storm_clients_go_on_paying_after_the_outage() {
+    let (first, second) = two_instances(without_cooldown).await;
+    let clients = 4;
+    let report = run(&RunArgs {
+        users: clients,
+        concurrency: clients,
+        attempts_max: 6,
+        outage_begin: Some("true".to_owned()),
+        outage_end: Some("true".to_owned()),
+        outage_s: 0.2,
+        keep_paying_s: 1.0,
+        ..args(Scenario::RetryStorm, &first, &second)
+    })
+    .await
+    .expect("the run");
+    let findings = report.invariants.as_ref().expect("checked");
+    assert!(findings.violations.is_empty(), "{:?}", findings.violations);
+    let recovery = report
+        .recovery
+        .as_ref()
+        .expect("a retry storm reports its recovery");
+    assert!(
+        recovery.calls > clients,
+        "each client made more than its one payment: {} calls",
+        recovery.calls
+    );
+    assert_eq!(
+        i64::try_from(recovery.paid).expect("a count"),
+        findings.new_transfers,
+        "every payment counted is one transfer in the database"
+    );
+    assert!(
+        recovery.paid_per_s_while_paying.is_some_and(|per_s| per_s > 0.0),
+        "payments were made while the clients went on paying: {:?}",
+        recovery.paid_per_s_while_paying
+    );
+    first.assert_invariants().await;
+}
