@@ -81,7 +81,7 @@ start_private_stores() {
   cat > "$scratch/up" <<UP
 #!/bin/sh
 ${on_service_cpus[*]:+${on_service_cpus[*]} }$as_postgres_prefix"$pg_bin/pg_ctl" -D "$scratch/data" -w -l "$scratch/postgres.log" \
-  -o "-p $pg_port -c listen_addresses=127.0.0.1 -c unix_socket_directories=$scratch/data -c max_connections=200" start >/dev/null
+  -o "-p $pg_port -c listen_addresses=127.0.0.1 -c unix_socket_directories=$scratch/data -c max_connections=200 -c log_checkpoints=on -c log_autovacuum_min_duration=0 -c log_line_prefix='%m '" start >/dev/null
 UP
   cat > "$scratch/down" <<DOWN
 #!/bin/sh
@@ -105,6 +105,9 @@ stop_private_stores() {
   [ -n "$private_redis_pid" ] && { kill "$private_redis_pid" 2>/dev/null || true; wait "$private_redis_pid" 2>/dev/null || true; }
   if [ -n "$scratch" ]; then
     "$scratch/down" 2>/dev/null || true
+    # Kept for a run's reader: when a checkpoint or an autovacuum ran,
+    # against the phases' times.
+    cp "$scratch/postgres.log" "$work/postgres.log" 2>/dev/null || true
     rm -rf "$scratch"
   fi
 }
