@@ -169,7 +169,7 @@ impl Application {
         let dispatcher = crate::payout::dispatcher::spawn(state.clone())?;
         let http = state.config.http.clone();
         let workers = http.workers;
-        let grace_s = state.config.http.shutdown_grace.as_secs();
+        let grace_s = http.shutdown_grace.as_secs();
         let data = web::Data::new(state);
         // One per instance, shared by its workers: probes within
         // `readiness_cache_ms` of each other share one verdict.
@@ -199,10 +199,7 @@ impl Application {
         })
         .workers(workers)
         .max_connections(http.connections_per_worker_max)
-        .keep_alive(match http.keep_alive {
-            Some(idle) => actix_web::http::KeepAlive::Timeout(idle),
-            None => actix_web::http::KeepAlive::Disabled,
-        })
+        .keep_alive(http.keep_alive)
         .client_request_timeout(http.request_head_wait_max)
         .shutdown_timeout(grace_s)
         .listen(listener)?

@@ -13,15 +13,16 @@ use wallet_testkit::*;
 /// (5 s), so that a setting not applied fails the test.
 const CLOSE_WAIT_S_MAX: u64 = 3;
 
+/// A whole request head, ended by its blank line; and one without it.
+const HEALTHZ_REQUEST: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n";
+const HALF_A_HEAD: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n";
+
 #[tokio::test]
 async fn a_request_head_that_trickles_in_is_answered_408_and_the_connection_closed() {
     let app = spawn_app(|settings| settings.http_request_head_wait_ms_max = 300).await;
     let mut stream = connect(&app).await;
     // Half a head, and then nothing: the connection would be held forever.
-    stream
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
-        .await
-        .expect("write");
+    send(&mut stream, HALF_A_HEAD).await;
     let answer = read_until_closed(&mut stream).await;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
 }
@@ -30,10 +31,7 @@ async fn a_request_head_that_trickles_in_is_answered_408_and_the_connection_clos
 async fn with_keep_alive_off_each_connection_closes_after_its_response() {
     let app = spawn_app(|settings| settings.http_keep_alive_s = 0).await;
     let mut stream = connect(&app).await;
-    stream
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        .await
-        .expect("write");
+    send(&mut stream, HEALTHZ_REQUEST).await;
     let answer = read_until_closed(&mut stream).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(
@@ -48,10 +46,7 @@ async fn an_idle_keep_alive_connection_is_closed_by_the_server() {
     let mut stream = connect(&app).await;
     // Two requests on one connection: it is kept alive between them...
     for _ in 0..2 {
-        stream
-            .write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
-            .await
-            .expect("write");
+        send(&mut stream, HEALTHZ_REQUEST).await;
         let mut buffer = [0u8; 4096];
         let read = stream.read(&mut buffer).await.expect("read");
         assert!(buffer[..read].starts_with(b"HTTP/1.1 200"));
@@ -59,6 +54,10 @@ async fn an_idle_keep_alive_connection_is_closed_by_the_server() {
     // ...and closed by the server once idle.
     let rest = read_until_closed(&mut stream).await;
     assert!(rest.is_empty(), "nothing more was sent: {rest}");
+}
+
+async fn send(stream: &mut TcpStream, bytes: &[u8]) {
+    stream.write_all(bytes).await.expect("write");
 }
 
 async fn connect(app: &TestApp) -> TcpStream {

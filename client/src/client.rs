@@ -83,6 +83,13 @@ enum Retries {
 /// keyless write could not be retried.
 pub const IDLE_CONNECTION_S_MAX: u64 = 4;
 
+/// An HTTP client builder for this service's servers, its pool's idle
+/// timeout at [`IDLE_CONNECTION_S_MAX`]: where every HTTP client that
+/// talks to them starts, and sets its own pool size and time-outs.
+pub fn http_client_builder() -> reqwest::ClientBuilder {
+    reqwest::Client::builder().pool_idle_timeout(Duration::from_secs(IDLE_CONNECTION_S_MAX))
+}
+
 impl Client {
     /// A client of the server at `base_url` (`http://127.0.0.1:8080`).
     pub fn new(base_url: &str, policy: RetryPolicy) -> Result<Self, Error> {
@@ -93,9 +100,8 @@ impl Client {
     /// to the next, so that a retry reaches another instance, as it would
     /// behind a load balancer.
     pub fn over(base_urls: &[&str], policy: RetryPolicy) -> Result<Self, Error> {
-        let http = reqwest::Client::builder()
+        let http = http_client_builder()
             .timeout(policy.request_timeout)
-            .pool_idle_timeout(Duration::from_secs(IDLE_CONNECTION_S_MAX))
             .build()
             .map_err(|error| Error::Request(error.to_string()))?;
         Self::over_with(http, base_urls, policy)
@@ -104,7 +110,7 @@ impl Client {
     /// As [`Client::over`], through an HTTP client of your own (its pool
     /// sizes, its TLS); `policy.request_timeout` is then left to it, and so
     /// is its pool's idle timeout, which should stay under
-    /// [`IDLE_CONNECTION_S_MAX`].
+    /// [`IDLE_CONNECTION_S_MAX`]: build it from [`http_client_builder`].
     pub fn over_with(http: reqwest::Client, base_urls: &[&str], policy: RetryPolicy) -> Result<Self, Error> {
         if base_urls.is_empty() {
             return Err(Error::Request("no server to talk to".to_owned()));

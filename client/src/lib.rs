@@ -51,7 +51,7 @@ mod error;
 mod retry;
 mod types;
 
-pub use client::{AttemptSeen, Client, DecisionStream, IDLE_CONNECTION_S_MAX, Observer};
+pub use client::{AttemptSeen, Client, DecisionStream, IDLE_CONNECTION_S_MAX, Observer, http_client_builder};
 pub use error::{Error, FieldError, Problem};
 pub use retry::{IdempotencyKey, RetryPolicy, may_succeed_later};
 pub use types::{

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use layered_wallet::decision::Decision;
 use uuid::Uuid;
-use wallet_client::{AttemptSeen, Client, IDLE_CONNECTION_S_MAX, IdempotencyKey, RetryPolicy, TransferOrder};
+use wallet_client::{AttemptSeen, Client, IdempotencyKey, RetryPolicy, TransferOrder, http_client_builder};
 
 /// A user the load test created, with the instance it signed up on.
 #[derive(Debug, Clone)]
@@ -81,9 +81,8 @@ impl Api {
         connections_per_host: usize,
         policy: RetryPolicy,
     ) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder()
+        let http = http_client_builder()
             .pool_max_idle_per_host(connections_per_host)
-            .pool_idle_timeout(Duration::from_secs(IDLE_CONNECTION_S_MAX))
             .timeout(Duration::from_secs(30))
             .build()?;
         let policy = RetryPolicy {

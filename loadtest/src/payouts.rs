@@ -63,9 +63,8 @@ pub struct PayoutReport {
 pub async fn run(args: &PayoutArgs) -> anyhow::Result<PayoutReport> {
     let db = PgPool::connect(&args.database_url).await?;
     let people = Arc::new(closed_loop::sign_up(&args.targets, args.load.users).await?);
-    let http = reqwest::Client::builder()
+    let http = wallet_client::http_client_builder()
         .pool_max_idle_per_host(args.load.concurrency)
-        .pool_idle_timeout(Duration::from_secs(wallet_client::IDLE_CONNECTION_S_MAX))
         .build()?;
     let duration = args.load.duration();
     let targets = Arc::new(args.targets.clone());

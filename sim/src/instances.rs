@@ -131,7 +131,8 @@ impl Instances {
     /// Starts instance `index` on free ports, and again on others if it
     /// exits before it is ready.
     async fn start_one(&mut self, index: usize) -> anyhow::Result<()> {
-        for attempt in 1..=SPAWN_ATTEMPTS_MAX {
+        let mut attempt = 1;
+        loop {
             let instance = self.spawn(index, free_port()?, free_port()?)?;
             if index < self.members.len() {
                 self.members[index] = instance;
@@ -140,11 +141,10 @@ impl Instances {
             }
             match self.wait_ready(index).await {
                 Ok(()) => return Ok(()),
-                Err(NotReady::Exited(_)) if attempt < SPAWN_ATTEMPTS_MAX => continue,
+                Err(NotReady::Exited(_)) if attempt < SPAWN_ATTEMPTS_MAX => attempt += 1,
                 Err(not_ready) => return Err(self.not_ready(index, not_ready)),
             }
         }
-        unreachable!("the last attempt returns")
     }
 
     fn spawn(&self, index: usize, port: u16, admin_port: u16) -> anyhow::Result<Instance> {

@@ -136,7 +136,9 @@ impl Provider {
     pub fn new(targets: Vec<String>, secret: SecretString, policy: RetryPolicy) -> anyhow::Result<Self> {
         anyhow::ensure!(!targets.is_empty(), "the provider needs at least one target");
         Ok(Self {
-            http: reqwest::Client::builder().pool_max_idle_per_host(64).build()?,
+            http: wallet_client::http_client_builder()
+                .pool_max_idle_per_host(64)
+                .build()?,
             targets: Arc::new(targets),
             secret,
             policy,
