@@ -154,7 +154,8 @@ $$;
 --   'currency_mismatch'  the wallet holds another currency; nothing written.
 -- The remaining values are decided by deposit() before the credit.
 CREATE TYPE deposit_verdict AS ENUM (
-    'credited', 'unknown_wallet', 'currency_mismatch', 'amount_over_limit', 'event_too_old');
+    'credited', 'unknown_wallet', 'currency_mismatch', 'amount_over_limit', 'event_too_old',
+    'event_in_future');
 
 CREATE FUNCTION deposit_credit(
     p_transfer_id uuid,
@@ -239,8 +240,10 @@ $$;
 
 -- The whole deposit in one call, one round trip: the inbox claim, the
 -- refusals that depend on nothing but the event (over the limit, older
--- than the inbox remembers), the credit, and the answer stored with the
--- claim. Called as one statement, it commits or rolls back as a whole.
+-- than p_age_hours_max, or more than p_future_s ahead of now), the credit,
+-- and the answer stored with the claim. The claim is kept p_retention_hours,
+-- longer than the age limit and the future tolerance together, so that
+-- every event a swept claim could stand for is refused as too old. Called as one statement, it commits or rolls back as a whole.
 -- p_source names the sender in the inbox ('provider', or 'race_lab' with
 -- p_lab_clearing for the race lab's deliveries).
 -- A refusal is stored like a success, so that every redelivery gets it.
@@ -252,6 +255,8 @@ CREATE FUNCTION deposit(
     p_currency text,
     p_occurred_at timestamptz,
     p_amount_max bigint,
+    p_age_hours_max int,
+    p_future_s int,
     p_retention_hours int,
     p_claim_wait_ms int,
     p_wallet_wait_ms int,
@@ -296,10 +301,15 @@ BEGIN
     v_started := clock_timestamp();
     IF p_amount > p_amount_max THEN
         verdict := 'amount_over_limit';
-    ELSIF p_occurred_at < now() - make_interval(hours => p_retention_hours) THEN
-        -- Older than the inbox remembers: had it been applied, its row
-        -- might be gone, so it is never applied now.
+    ELSIF p_occurred_at < now() - make_interval(hours => p_age_hours_max) THEN
+        -- Too old to be told apart from an event whose claim was swept:
+        -- had it been applied, its row might be gone, so it is never
+        -- applied now.
         verdict := 'event_too_old';
+    ELSIF p_occurred_at > now() + make_interval(secs => p_future_s) THEN
+        -- Dated ahead of any clock's drift: it would stay young past its
+        -- claim's sweep, and a redelivery then would be credited again.
+        verdict := 'event_in_future';
     ELSE
         SELECT * INTO v_credit
           FROM deposit_credit(p_transfer_id, p_wallet, p_amount, p_currency, p_wallet_wait_ms, p_lab_clearing);

@@ -135,6 +135,7 @@ fn failures(method: &str, path: &str) -> Vec<ProblemType> {
                 DepositCurrencyMismatch,
                 DepositAmountOverLimit,
                 DepositEventTooOld,
+                DepositEventInFuture,
                 OutcomeUnknown,
             ],
         ]

@@ -340,3 +340,83 @@ async fn no_transfer_can_send_money_into_the_clearing_wallet() {
     assert_eq!(app.balance(alice.wallet_id).await, 100_000);
     app.assert_invariants().await;
 }
+
+/// An event dated later than the clocks' allowed drift would stay young
+/// past the sweep of its claim, and a redelivery then would be credited
+/// again. It is refused, the refusal stored like "too old": every
+/// redelivery gets the same bytes, and nothing is credited.
+#[tokio::test]
+async fn an_event_dated_past_the_signature_tolerance_is_refused_and_the_refusal_stored() {
+    let app = spawn_app(with_deposits).await;
+    let alice = app.sign_up("alice").await;
+    let tolerance = TimeDelta::seconds(app.settings.provider_signature_tolerance_s as i64);
+    let dated = |occurred_at: String| {
+        let mut event = deposit_event(&new_event_id(), alice.wallet_id, 100);
+        event["occurred_at"] = occurred_at.into();
+        event
+    };
+    let refused = [
+        dated("9999-12-31T23:59:59Z".to_owned()),
+        dated((Utc::now() + tolerance + TimeDelta::seconds(120)).to_rfc3339()),
+    ];
+    for event in &refused {
+        let first = app.deposit_request(event).send().await.expect("sent");
+        assert_eq!(first.status(), 422, "{event}");
+        let first_body = first.text().await.expect("body");
+        assert!(
+            first_body.contains("/problems/deposit-event-in-future"),
+            "{first_body}"
+        );
+        app.forget_event_answers().await;
+        let again = app.deposit_request(event).send().await.expect("sent");
+        assert_eq!(again.status(), 422);
+        assert_eq!(
+            again.headers()["defense-decision"],
+            "layer=inbox, outcome=replayed"
+        );
+        assert_eq!(again.text().await.expect("body"), first_body);
+        let event_id = event["event_id"].as_str().expect("an id");
+        assert_eq!(
+            app.inbox_verdict(event_id).await.as_deref(),
+            Some("event_in_future")
+        );
+    }
+    assert_eq!(app.balance(alice.wallet_id).await, 100_000);
+    assert_eq!(app.deposit_count().await, 0);
+
+    // Within the tolerance, a provider's clock running ahead of ours is
+    // no reason to refuse.
+    let ahead = dated((Utc::now() + tolerance / 2).to_rfc3339());
+    let credited = app.deposit_request(&ahead).send().await.expect("sent");
+    assert_eq!(credited.status(), 200);
+    assert_eq!(app.balance(alice.wallet_id).await, 100_000 + 100);
+    assert_eq!(app.deposit_count().await, 1);
+    app.assert_invariants().await;
+}
+
+/// `Provider-Signature` is single-valued, as every header that proves
+/// something is: a second copy is refused before either is checked, even
+/// when the first is valid.
+#[tokio::test]
+async fn a_second_signature_header_is_refused_and_nothing_is_stored() {
+    let app = spawn_app(with_deposits).await;
+    let alice = app.sign_up("alice").await;
+    let before = app.snapshot().await;
+    let event = deposit_event(&new_event_id(), alice.wallet_id, 1_000);
+    let valid = app.deposit_request(&event).build().expect("request").headers()["provider-signature"].clone();
+    for second in [valid.clone(), "t=1,v1=00".parse().expect("a header value")] {
+        let delivery = app.deposit_request(&event).header("provider-signature", second);
+        let (status, problem) = problem(delivery.send().await.expect("sent")).await;
+        assert_eq!(status, 422, "{problem}");
+        assert_eq!(problem["type"], "/problems/validation-failed", "{problem}");
+        assert!(
+            problem["detail"]
+                .as_str()
+                .is_some_and(|detail| detail.contains("provider-signature")),
+            "{problem}"
+        );
+    }
+    assert_eq!(app.snapshot().await, before);
+    assert_eq!(app.inbox_rows().await, 0);
+    assert_eq!(app.deposit_count().await, 0);
+}

@@ -75,6 +75,17 @@ impl TestApp {
         self.count("SELECT count(*) FROM inbox").await
     }
 
+    /// The verdict the inbox stored for a provider's event, if it holds
+    /// the event.
+    pub async fn inbox_verdict(&self, event_id: &str) -> Option<String> {
+        sqlx::query_scalar("SELECT verdict FROM inbox WHERE source = 'provider' AND event_id = $1")
+            .bind(event_id)
+            .fetch_optional(&self.db)
+            .await
+            .expect("the inbox")
+            .flatten()
+    }
+
     /// Deposits credited: transfers out of the provider's clearing wallet.
     pub async fn deposit_count(&self) -> i64 {
         self.count(

@@ -45,9 +45,11 @@ pub(super) async fn execute(
     .await
     .map_err(|error| database_refusal(&error, false))?;
     let over_limit = event.amount_minor > config.deposits.amount_minor_max;
-    let too_old = event.occurred_at
-        < chrono::Utc::now() - chrono::Duration::hours(config.deposits.inbox_retention_hours.into());
-    if recorded || over_limit || too_old {
+    let now = chrono::Utc::now();
+    let too_old =
+        event.occurred_at < now - chrono::Duration::hours(config.deposits.event_age_hours_max.into());
+    let in_future = event.occurred_at > now + chrono::Duration::seconds(transaction::future_s(config).into());
+    if recorded || over_limit || too_old || in_future {
         return transaction::execute(state, event, fingerprint, trace_id, variants).await;
     }
     // The window between looking and recording, where a concurrent

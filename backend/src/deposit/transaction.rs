@@ -6,7 +6,7 @@
 //!
 //! Every answer a provider can get again is stored: a credit, and each
 //! refusal that depends on the event alone (an unknown wallet, another
-//! currency, over the limit, too old). What is not stored is not final: a
+//! currency, over the limit, too old, dated in the future). What is not stored is not final: a
 //! changed payload (the event as first delivered stands), a delivery that
 //! waited out the first one, and our own failures, which roll back.
 
@@ -40,6 +40,7 @@ pub enum DepositVerdict {
     CurrencyMismatch,
     AmountOverLimit,
     EventTooOld,
+    EventInFuture,
 }
 
 impl DepositVerdict {
@@ -50,6 +51,7 @@ impl DepositVerdict {
             "currency_mismatch" => Self::CurrencyMismatch,
             "amount_over_limit" => Self::AmountOverLimit,
             "event_too_old" => Self::EventTooOld,
+            "event_in_future" => Self::EventInFuture,
             _ => return None,
         })
     }
@@ -77,8 +79,14 @@ impl DepositVerdict {
             ),
             Self::EventTooOld => (
                 ProblemType::DepositEventTooOld,
-                "The event happened longer ago than the inbox remembers deliveries (inbox_retention_hours), so \
+                "The event happened longer ago than this deployment accepts (deposit_event_age_hours_max), so \
                  it cannot be told apart from one already credited. Nothing was credited; reconcile it by hand.",
+            ),
+            Self::EventInFuture => (
+                ProblemType::DepositEventInFuture,
+                "occurred_at lies further ahead of our clock than provider_signature_tolerance_s allows. Nothing \
+                 was credited, and every delivery of this event gets this answer; send a new event with the true \
+                 time.",
             ),
         };
         let problem = Problem::new(kind, detail).with_layer(Layer::RowGuard);
@@ -141,7 +149,7 @@ pub async fn execute(
         .map_err(|error| database_refusal(&error, false))?;
     let row: DepositRow = sqlx::query_as(
         "SELECT claim, claim_ms, credit_ms, verdict, owner, response_status, response_body, response_trace_id
-         FROM deposit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13::inbox_source, $14)",
+         FROM deposit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15::inbox_source, $16)",
     )
     .bind(&event.event_id)
     .bind(&fingerprint[..])
@@ -150,6 +158,8 @@ pub async fn execute(
     .bind(&event.currency)
     .bind(event.occurred_at)
     .bind(config.deposits.amount_minor_max)
+    .bind(i32::from(config.deposits.event_age_hours_max))
+    .bind(future_s(config))
     .bind(i32::from(config.deposits.inbox_retention_hours))
     .bind(i32::from(config.deposits.inbox_wait_ms_max))
     .bind(i32::from(config.database.wallet_lock_wait_ms_max))
@@ -167,6 +177,14 @@ pub async fn execute(
             Err(Refusal::new(Problem::internal(), Layer::NoLayer, Outcome::Error))
         }
     }
+}
+
+/// How far ahead of the database's clock an event's `occurred_at` may
+/// lie: the signature's tolerance, the drift already allowed between the
+/// provider's clock and ours. Bounded by its declaration (at most an hour),
+/// so the conversion to PostgreSQL's `int` never saturates.
+pub(super) fn future_s(config: &crate::settings::Config) -> i32 {
+    i32::try_from(config.deposits.signature_tolerance.as_secs()).unwrap_or(i32::MAX)
 }
 
 /// Reads `deposit()`'s row: the decision, or a refusal that stored

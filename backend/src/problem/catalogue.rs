@@ -38,6 +38,7 @@ pub enum ProblemType {
     DepositCurrencyMismatch,
     DepositAmountOverLimit,
     DepositEventTooOld,
+    DepositEventInFuture,
     PayoutsNotOffered,
     PayoutRefused,
     PayoutNeedsAttention,
@@ -59,7 +60,7 @@ struct Entry {
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 36] = [
+    pub const ALL: [ProblemType; 37] = [
         ProblemType::MalformedRequest,
         ProblemType::ValidationFailed,
         ProblemType::Unauthorized,
@@ -89,6 +90,7 @@ impl ProblemType {
         ProblemType::DepositCurrencyMismatch,
         ProblemType::DepositAmountOverLimit,
         ProblemType::DepositEventTooOld,
+        ProblemType::DepositEventInFuture,
         ProblemType::PayoutsNotOffered,
         ProblemType::PayoutRefused,
         ProblemType::PayoutNeedsAttention,
@@ -302,7 +304,14 @@ impl ProblemType {
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "Deposit event too old",
                 "This deposit is too old to be told apart from one already credited, so it needs a person to check it. Nothing was credited.",
-                "occurred_at is further back than inbox_retention_hours: the inbox may have forgotten an earlier delivery of it, so it is never applied. Nothing was credited; reconcile it by hand.",
+                "occurred_at is further back than deposit_event_age_hours_max: the inbox may have forgotten an earlier delivery of it, so it is never applied. Nothing was credited; reconcile it by hand.",
+            ),
+            DepositEventInFuture => (
+                "deposit-event-in-future",
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Deposit event dated in the future",
+                "This deposit is dated later than it can have happened, so it needs a person to check it. Nothing was credited.",
+                "occurred_at lies further ahead of the server's clock than provider_signature_tolerance_s. Such an event would outlive the inbox's memory of it and could be credited twice, so it is never applied. Nothing was credited. Stored: every delivery of the event gets this answer.",
             ),
             PayoutsNotOffered => (
                 "payouts-not-offered",

@@ -55,10 +55,12 @@ async fn decide(
         Ok(body) => body,
         Err(problem) => return invalid(problem),
     };
-    let header = request
-        .headers()
-        .get(signature::HEADER)
-        .map(|value| value.as_bytes());
+    // Two signature headers are refused, as every single-valued header
+    // is: a proxy in front might check one and this server the other.
+    let header = match crate::headers::single(request, signature::HEADER) {
+        Ok(header) => header.map(|value| value.as_bytes()),
+        Err(problem) => return invalid(problem),
+    };
     if let Err(refused) = state.provider_signatures.verify(header, &body, Utc::now()) {
         tracing::warn!(reason = refused.as_str(), "refused a deposit's signature");
         let problem = Problem::new(

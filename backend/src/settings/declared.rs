@@ -208,13 +208,22 @@ declare_settings! {
         /// How far a signature's time may be from this server's clock, either
         /// way; an older signed delivery is refused as a replay.
         provider_signature_tolerance_s: u64 = 300, within 1..=3_600 "s";
+        /// The oldest event accepted: one whose `occurred_at` lies further
+        /// back is refused, and the refusal stored. An event's
+        /// `occurred_at` may lie at most `provider_signature_tolerance_s`
+        /// ahead of the database's clock; a later one is refused the same
+        /// way.
+        deposit_event_age_hours_max: u16 = 720, within 1..=8_760 "hours";
         /// Largest single deposit; a larger one is refused, and the refusal
         /// stored like a credit.
         deposit_amount_minor_max: i64 = 100_000_000, within 1..=1_000_000_000_000_000 "minor units";
-        /// How long the inbox remembers an event. An event that happened
-        /// longer ago than this is refused, so that one whose row was swept
-        /// can never be applied twice. Providers retry for up to a few days.
-        inbox_retention_hours: u16 = 720, within 1..=8_760 "hours";
+        /// How long the inbox keeps an event's claim. It must exceed
+        /// `deposit_event_age_hours_max` + `provider_signature_tolerance_s`:
+        /// by the time a claim is swept, every event it could stand for is
+        /// refused as too old, so none is applied twice. A broker command
+        /// older than this is refused too. Providers retry for up to a few
+        /// days.
+        inbox_retention_hours: u16 = 744, within 1..=8_760 "hours";
         /// How long a delivery waits in PostgreSQL for a concurrent delivery of
         /// the same event to commit, before answering 409.
         inbox_wait_ms_max: u16 = 2_000, within 1..=60_000 "ms";

@@ -178,6 +178,29 @@ mod tests {
     }
 
     #[test]
+    fn the_inbox_keeps_a_claim_longer_than_any_event_it_accepts() {
+        let settings = Settings {
+            deposit_event_age_hours_max: 720,
+            provider_signature_tolerance_s: 300,
+            inbox_retention_hours: 720,
+            ..Settings::default()
+        };
+        let error = settings.validate().expect_err("a claim swept while its event is still accepted");
+        assert!(error.to_string().contains("inbox_retention_hours"), "{error}");
+        Settings {
+            inbox_retention_hours: 721,
+            ..settings
+        }
+        .validate()
+        .expect("an hour past the oldest event and the tolerance");
+        let defaults = Settings::default();
+        assert!(
+            u64::from(defaults.inbox_retention_hours) * 3_600
+                > u64::from(defaults.deposit_event_age_hours_max) * 3_600 + defaults.provider_signature_tolerance_s
+        );
+    }
+
+    #[test]
     fn every_number_has_a_ceiling() {
         let settings = Settings {
             api_token_ttl_hours: u64::MAX,

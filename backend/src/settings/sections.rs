@@ -137,6 +137,7 @@ pub struct Deposits {
     pub signature_tolerance: Duration,
     pub amount_minor_max: i64,
     /// In PostgreSQL's hours and milliseconds, as `int`.
+    pub event_age_hours_max: u16,
     pub inbox_retention_hours: u16,
     pub inbox_wait_ms_max: u16,
     pub inbox_mode: InboxMode,
@@ -518,10 +519,24 @@ impl Deposits {
                 .all(|secret| secret.expose_secret().len() >= 32),
             "each of provider_webhook_secrets must be at least 32 bytes",
         );
+        // A claim swept while an event it stands for could still be
+        // accepted would let a redelivery of that event be credited again.
+        // The latest such event lies the future tolerance ahead of the
+        // claim's time, and is accepted until the age limit after that.
+        let accepted_s = u64::from(s.deposit_event_age_hours_max) * 3_600 + s.provider_signature_tolerance_s;
+        check.require(
+            u64::from(s.inbox_retention_hours) * 3_600 > accepted_s,
+            format!(
+                "inbox_retention_hours ({} h) must exceed deposit_event_age_hours_max + \
+                 provider_signature_tolerance_s ({accepted_s} s), or a swept event could be credited twice",
+                s.inbox_retention_hours
+            ),
+        );
         Self {
             provider_webhook_secrets: s.provider_webhook_secrets.clone(),
             signature_tolerance: Duration::from_secs(s.provider_signature_tolerance_s),
             amount_minor_max: s.deposit_amount_minor_max,
+            event_age_hours_max: s.deposit_event_age_hours_max,
             inbox_retention_hours: s.inbox_retention_hours,
             inbox_wait_ms_max: s.inbox_wait_ms_max,
             inbox_mode: s.inbox_mode,
