@@ -228,7 +228,7 @@ wait_for_port "$gateway_port" "the gateway simulator"
 provider_secret=bench-provider-secret-bench-provider-secret
 entry_points_setup
 KEEP_WALLETS=1 start_server WALLET_COOLDOWN_TTL_MS=1 WALLET_PAYOUT_GATEWAY_URL="http://127.0.0.1:$gateway_port" \
-    WALLET_PROVIDER_WEBHOOK_SECRETS="$provider_secret" WALLET_COMMANDS_PARTITIONS=$partitions
+    WALLET_PROVIDER_WEBHOOK_SECRETS="$provider_secret" WALLET_COMMANDS_ENABLED=true WALLET_COMMANDS_PARTITIONS=$partitions
 say "service: deposits"
 LOADTEST_PROVIDER_SECRET=$provider_secret "$loadtest" deposits --target "$target" \
     --concurrency 32 --users 64 --duration-s "$duration" --json > "$work/deposits.json"
@@ -395,7 +395,7 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration --max-tries=10 -D n=$wallets -f loadtest/pgbench/payout_fn.sql"
   echo "pgbench \"\$DB\" -n -M prepared -c 1 -j 1 --max-tries=10 -t BATCHES -D batch=$dispatch_batch -f loadtest/pgbench/dispatch_fn.sql  # BATCHES: the outbox's rows / $dispatch_batch"
   echo "wallet-sim gateway --listen 127.0.0.1:PORT --database-url GATEWAY_DB"
-  echo "WALLET_COOLDOWN_TTL_MS=1 WALLET_PAYOUT_GATEWAY_URL=http://127.0.0.1:PORT WALLET_PROVIDER_WEBHOOK_SECRETS=SECRET WALLET_COMMANDS_PARTITIONS=$partitions wallet-server serve"
+  echo "WALLET_COOLDOWN_TTL_MS=1 WALLET_PAYOUT_GATEWAY_URL=http://127.0.0.1:PORT WALLET_PROVIDER_WEBHOOK_SECRETS=SECRET WALLET_COMMANDS_ENABLED=true WALLET_COMMANDS_PARTITIONS=$partitions wallet-server serve"
   echo "LOADTEST_PROVIDER_SECRET=SECRET wallet-loadtest deposits --concurrency 32 --users 64 --duration-s $duration"
   echo "wallet-loadtest commands --redis-prefix PREFIX --partitions $partitions --users 64 --commands $((duration * 300))"
   echo "wallet-loadtest payouts --gateway-url http://127.0.0.1:PORT --concurrency 32 --users 64 --duration-s $duration"

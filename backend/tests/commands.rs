@@ -4,6 +4,7 @@
 //! asserting on the database afterwards.
 
 use layered_wallet::command::transaction;
+use secrecy::SecretString;
 use wallet_testkit::*;
 
 /// The value of one series on an instance's `/metrics`, 0 when absent.
@@ -274,4 +275,122 @@ async fn poison_entries_are_dead_lettered_and_never_block_their_partition() {
     assert_eq!(first.transfer_count().await, 1, "only the command behind them");
     assert_eq!(first.balance(bob.wallet_id).await, 100_000 + 300);
     first.assert_invariants().await;
+}
+
+/// The commands' Redis as deploy/ ships it, started the way a deployment
+/// starts it: the service runs on it as `wallet` (its cooldown, its feed,
+/// its consumers), and a broker signed in as `broker` publishes a command
+/// and reads its result, and can do nothing else. Nobody who has not
+/// signed in can do anything.
+#[tokio::test]
+async fn the_shipped_acl_lets_the_broker_publish_commands_and_read_results_and_nothing_else() {
+    let redis = ShippedCommandsRedis::start();
+    let app = spawn_app(|settings| {
+        with_commands(settings);
+        settings.redis_url = SecretString::from(redis.url_as(Some("wallet")));
+        settings.redis_key_prefix = ShippedCommandsRedis::KEY_PREFIX.into();
+    })
+    .await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let paid = app
+        .transfer_request(&alice, bob.wallet_id, 100, Some(&new_key()))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(paid.status(), 201, "the service's own keys are its own");
+
+    let mut broker = redis.connect(Some("broker")).await;
+    let streams = app.command_streams();
+    let command = transfer_command(alice.wallet_id, bob.wallet_id, 250);
+    let _: String = command
+        .publication(&streams)
+        .query_async(&mut broker)
+        .await
+        .expect("the broker publishes a command");
+    let outcome = app.wait_for_outcome(&command.command_id).await;
+    assert_eq!(outcome["outcome"], "applied", "{outcome}");
+    let results: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(streams.results())
+        .arg("-")
+        .arg("+")
+        .query_async(&mut broker)
+        .await
+        .expect("the broker reads the results");
+    assert!(
+        results.iter().any(|(_, fields)| fields
+            .iter()
+            .any(|(_, value)| value.contains(&command.command_id))),
+        "{results:?}"
+    );
+
+    let cooldown_key = format!(
+        "{}cooldown:{{{}}}:transfer",
+        ShippedCommandsRedis::KEY_PREFIX,
+        alice.user_id
+    );
+    let mut forbidden = vec![
+        (
+            "set a cooldown key",
+            redis::cmd("SET").arg(&cooldown_key).arg("1").clone(),
+        ),
+        (
+            "read a cooldown key",
+            redis::cmd("GET").arg(&cooldown_key).clone(),
+        ),
+        (
+            "read a partition's lease",
+            redis::cmd("GET").arg(streams.lease(0)).clone(),
+        ),
+        (
+            "read the commands",
+            redis::cmd("XRANGE")
+                .arg(streams.stream(0))
+                .arg("-")
+                .arg("+")
+                .clone(),
+        ),
+        (
+            "forge a result",
+            redis::cmd("XADD")
+                .arg(streams.results())
+                .arg("*")
+                .arg("outcome")
+                .arg("applied")
+                .clone(),
+        ),
+        (
+            "delete a stream",
+            redis::cmd("DEL").arg(streams.stream(0)).clone(),
+        ),
+        ("list the keys", redis::cmd("KEYS").arg("*").clone()),
+        (
+            "read the configuration",
+            redis::cmd("CONFIG").arg("GET").arg("*").clone(),
+        ),
+    ];
+    for (what, command) in &mut forbidden {
+        let refused = command
+            .query_async::<redis::Value>(&mut broker)
+            .await
+            .expect_err(what);
+        assert_eq!(refused.code(), Some("NOPERM"), "{what}: {refused}");
+    }
+    let anonymous = redis::Client::open(redis.url_as(None))
+        .expect("redis url")
+        .get_multiplexed_async_connection()
+        .await;
+    let refused = match anonymous {
+        Ok(mut connection) => redis::cmd("PING")
+            .query_async::<String>(&mut connection)
+            .await
+            .expect_err("nobody signed in may ping"),
+        Err(error) => error,
+    };
+    assert!(refused.to_string().contains("NOAUTH"), "{refused}");
+
+    // The one command applied once, beside the one transfer.
+    assert_eq!(app.transfer_count().await, 2);
+    assert_eq!(app.balance(alice.wallet_id).await, 100_000 - 350);
+    assert_eq!(app.balance(bob.wallet_id).await, 100_000 + 350);
+    app.assert_invariants().await;
 }

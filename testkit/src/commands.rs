@@ -31,6 +31,84 @@ pub fn transfer_command(from: Uuid, to: Uuid, amount_minor: i64) -> Command {
     }
 }
 
+/// A Redis of the test's own, started as a deployment starts its
+/// commands' Redis: `deploy/redis-start.sh` with `deploy/redis-commands.conf`,
+/// users and all, with passwords of its own. The shipped file's keys are
+/// under `lw:`, so an app on it uses that prefix: nothing else shares this
+/// server.
+pub struct ShippedCommandsRedis {
+    pub port: u16,
+    wallet_password: String,
+    broker_password: String,
+    child: Option<std::process::Child>,
+    /// Its append-only file and its filled-in configuration; removed after
+    /// the server is killed (fields drop after `drop`).
+    _dir: crate::private_stores::ScratchDir,
+}
+
+impl ShippedCommandsRedis {
+    /// The prefix the shipped ACL names.
+    pub const KEY_PREFIX: &'static str = "lw:";
+
+    pub fn start() -> Self {
+        let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let dir = crate::private_stores::ScratchDir::new("shipped-redis");
+        let port = crate::closed_port();
+        let password = || format!("{}{}", Uuid::new_v4().simple(), Uuid::new_v4().simple());
+        let (wallet_password, broker_password) = (password(), password());
+        let child = std::process::Command::new("sh")
+            .arg(repo.join("deploy/redis-start.sh"))
+            .arg(repo.join("deploy/redis-commands.conf"))
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string(), "--dir"])
+            .arg(dir.path())
+            .env("REDIS_WALLET_PASSWORD", &wallet_password)
+            .env("REDIS_BROKER_PASSWORD", &broker_password)
+            .env("REDIS_CONF_OUT", dir.path().join("redis.conf"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("sh runs deploy/redis-start.sh");
+        crate::private_stores::wait_until_listening(port, "the shipped commands' Redis");
+        Self {
+            port,
+            wallet_password,
+            broker_password,
+            child: Some(child),
+            _dir: dir,
+        }
+    }
+
+    /// The URL of one of the shipped users (`wallet`, `broker`), or of
+    /// nobody signed in (`None`).
+    pub fn url_as(&self, user: Option<&str>) -> String {
+        let password = match user {
+            Some("wallet") => &self.wallet_password,
+            Some("broker") => &self.broker_password,
+            Some(other) => panic!("the shipped ACL has no user {other}"),
+            None => return format!("redis://127.0.0.1:{}", self.port),
+        };
+        format!(
+            "redis://{}:{password}@127.0.0.1:{}",
+            user.unwrap_or_default(),
+            self.port
+        )
+    }
+
+    pub async fn connect(&self, user: Option<&str>) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url_as(user))
+            .expect("redis url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("a connection to the shipped Redis")
+    }
+}
+
+impl Drop for ShippedCommandsRedis {
+    fn drop(&mut self) {
+        crate::private_stores::kill_9(&mut self.child);
+    }
+}
+
 async fn redis() -> redis::aio::MultiplexedConnection {
     redis::Client::open(redis_url())
         .expect("redis url")

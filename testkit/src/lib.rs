@@ -34,7 +34,7 @@ mod telemetry;
 pub use app::{
     TestApp, spawn_app, spawn_app_behind_proxy, spawn_second_instance, spawn_second_instance_with, spawn_with,
 };
-pub use commands::{transfer_command, with_commands};
+pub use commands::{ShippedCommandsRedis, transfer_command, with_commands};
 pub use deposits::{PROVIDER_SECRET, deposit_event, new_event_id};
 pub use http::{TestUser, fire_together, fresh_transfers, new_key, problem, sign_up_at};
 pub use payouts::{PAYOUT_WAIT_SECONDS_MAX, payout_body};

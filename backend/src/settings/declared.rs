@@ -250,8 +250,11 @@ declare_settings! {
 
     section "Transfer commands from a broker" {
         /// Consume transfer commands from the Redis streams on this instance,
-        /// as a member of the deployment's one consumer group.
-        commands_enabled: bool = true;
+        /// as a member of the deployment's one consumer group. Off unless
+        /// configured: whoever can write to the streams can move any
+        /// wallet's money, so a deployment turns it on only once their Redis
+        /// has the ACL of deploy/redis-commands.conf (docs/security.md).
+        commands_enabled: bool = false;
         /// The Redis holding the command streams, when not the cooldown's:
         /// until a command is consumed it lives only there, so it should run
         /// with the append-only file on.

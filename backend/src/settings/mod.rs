@@ -178,6 +178,15 @@ mod tests {
     }
 
     #[test]
+    fn broker_commands_are_off_unless_configured() {
+        let config = Settings::default().validate().expect("the defaults are valid");
+        assert!(
+            !config.commands.enabled,
+            "whoever can write to the streams can move any wallet's money"
+        );
+    }
+
+    #[test]
     fn the_inbox_keeps_a_claim_longer_than_any_event_it_accepts() {
         let settings = Settings {
             deposit_event_age_hours_max: 720,
