@@ -194,7 +194,9 @@ mod tests {
             inbox_retention_hours: 720,
             ..Settings::default()
         };
-        let error = settings.validate().expect_err("a claim swept while its event is still accepted");
+        let error = settings
+            .validate()
+            .expect_err("a claim swept while its event is still accepted");
         assert!(error.to_string().contains("inbox_retention_hours"), "{error}");
         Settings {
             inbox_retention_hours: 721,
@@ -205,7 +207,8 @@ mod tests {
         let defaults = Settings::default();
         assert!(
             u64::from(defaults.inbox_retention_hours) * 3_600
-                > u64::from(defaults.deposit_event_age_hours_max) * 3_600 + defaults.provider_signature_tolerance_s
+                > u64::from(defaults.deposit_event_age_hours_max) * 3_600
+                    + defaults.provider_signature_tolerance_s
         );
     }
 
