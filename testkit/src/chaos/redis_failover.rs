@@ -38,9 +38,10 @@ const HOLDERS: usize = 24;
 const COPIES: usize = 5;
 /// Users who keep transferring while the replica is promoted.
 const DURING_USERS: usize = 6;
-/// Long enough that no window expires during the run: a window missing
-/// afterwards was lost, not expired.
-const WINDOW_MS: u64 = 60_000;
+/// Long enough that no window expires during the run, however slow the
+/// machine: a window missing afterwards was lost, not expired, and one
+/// that survived still refuses once Redis is healthy again.
+const WINDOW_MS: u64 = 600_000;
 /// Commands in the backlog the consumers apply on the cut-off master.
 const BACKLOG_COMMANDS: usize = 40;
 
@@ -246,41 +247,50 @@ pub async fn run_cooldown_failover() -> RedisFailoverReport {
     }
 
     // Every first request again, several copies at once, all holders at
-    // once, across both instances.
-    let requests = holders
-        .iter()
-        .zip(&first_transfers)
-        .flat_map(|(holder, (key, _))| {
-            (0..COPIES).map(move |copy| {
-                instances[copy % 2].transfer_request(holder, target.wallet_id, 100, Some(key))
-            })
-        })
-        .collect();
-    let responses = fire_together(requests).await;
+    // once, across both instances, straight after the promotion. An
+    // instance whose cluster connection is still finding the new master
+    // cannot ask Redis, and the cooldown fails open (its policy here): a
+    // copy of a surviving window may then reach PostgreSQL. The design
+    // promises only that PostgreSQL decides it, as a replay; such copies
+    // are counted against the instances' own count of fail-open passes.
+    let fail_open_before = fail_open_passes(&instances).await;
+    let copies = fire_copies(&instances, &holders, &first_transfers, target.wallet_id).await;
+    let fail_open_during_copies = fail_open_passes(&instances).await - fail_open_before;
     let mut reached_postgres = 0;
-    let mut responses = responses.into_iter();
-    for ((holder, (_, transfer_id)), on_victim) in holders.iter().zip(&first_transfers).zip(&on_victim) {
-        for response in responses.by_ref().take(COPIES) {
-            let status = response.status().as_u16();
-            if status == 429 {
+    let mut through_surviving_windows = 0;
+    for (holder, answers, on_victim) in copies.iter().zip(&on_victim).map(|((h, a), v)| (h, a, *v)) {
+        for answer in answers {
+            if answer.status == 429 {
                 continue;
             }
             reached_postgres += 1;
-            let replayed = response.headers().get("idempotent-replayed").is_some();
-            let body: serde_json::Value = response.json().await.unwrap_or_default();
-            let names = body["id"].as_str() == Some(transfer_id.as_str());
-            if status != 201 || !replayed || !names {
-                violations.push(format!(
-                    "{}'s copy was answered {status} (a replay: {replayed}, of its first transfer: {names})",
-                    holder.name
-                ));
+            through_surviving_windows += usize::from(!on_victim);
+            if !answer.replays_first_transfer() {
+                violations.push(format!("{holder}'s copy was answered {answer}"));
             }
-            if !on_victim {
-                violations.push(format!(
-                    "{}'s window survived, yet a copy reached PostgreSQL",
-                    holder.name
-                ));
-            }
+        }
+    }
+    if through_surviving_windows as u64 > fail_open_during_copies {
+        violations.push(format!(
+            "{through_surviving_windows} copies passed windows that survived, \
+             but the instances let only {fail_open_during_copies} through without Redis"
+        ));
+    }
+
+    // Once each instance reports Redis healthy, the surviving windows
+    // refuse every copy again, before the database.
+    if let Err(why) = wait_until_redis_healthy(&instances).await {
+        violations.push(why);
+    }
+    let again = fire_copies(&instances, &holders, &first_transfers, target.wallet_id).await;
+    for ((holder, answers), on_victim) in again.iter().zip(&on_victim) {
+        if *on_victim {
+            continue;
+        }
+        for answer in answers.iter().filter(|answer| answer.status != 429) {
+            violations.push(format!(
+                "{holder}'s window survived and Redis was healthy, yet a copy was answered {answer}"
+            ));
         }
     }
 
@@ -345,7 +355,10 @@ pub async fn run_cooldown_failover() -> RedisFailoverReport {
             ),
             (
                 "copies that reached PostgreSQL",
-                format!("{reached_postgres}, each a replay"),
+                format!(
+                    "{reached_postgres}, each a replay ({through_surviving_windows} past a surviving \
+                     window while the cooldown failed open)"
+                ),
             ),
             ("keyed double effects", double_effects.to_string()),
             (
@@ -362,6 +375,111 @@ pub async fn run_cooldown_failover() -> RedisFailoverReport {
             ),
         ],
         violations,
+    }
+}
+
+/// How one copy of a holder's first request was answered.
+struct CopyAnswer {
+    status: u16,
+    replayed: bool,
+    /// The body names the holder's first transfer.
+    names_first_transfer: bool,
+}
+
+impl CopyAnswer {
+    fn replays_first_transfer(&self) -> bool {
+        self.status == 201 && self.replayed && self.names_first_transfer
+    }
+}
+
+impl std::fmt::Display for CopyAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (a replay: {}, of its first transfer: {})",
+            self.status, self.replayed, self.names_first_transfer
+        )
+    }
+}
+
+/// `COPIES` copies of every holder's first request at once, across both
+/// instances; each holder's name with its copies' answers.
+async fn fire_copies(
+    instances: &[&TestApp; 2],
+    holders: &[TestUser],
+    first_transfers: &[(String, String)],
+    target: Uuid,
+) -> Vec<(String, Vec<CopyAnswer>)> {
+    let requests = holders
+        .iter()
+        .zip(first_transfers)
+        .flat_map(|(holder, (key, _))| {
+            (0..COPIES).map(move |copy| instances[copy % 2].transfer_request(holder, target, 100, Some(key)))
+        })
+        .collect();
+    let mut responses = fire_together(requests).await.into_iter();
+    let mut answers = Vec::new();
+    for (holder, (_, transfer_id)) in holders.iter().zip(first_transfers) {
+        let mut copies = Vec::new();
+        for response in responses.by_ref().take(COPIES) {
+            let status = response.status().as_u16();
+            let replayed = response.headers().get("idempotent-replayed").is_some();
+            let body: serde_json::Value = response.json().await.unwrap_or_default();
+            copies.push(CopyAnswer {
+                status,
+                replayed,
+                names_first_transfer: body["id"].as_str() == Some(transfer_id.as_str()),
+            });
+        }
+        answers.push((holder.name.clone(), copies));
+    }
+    answers
+}
+
+/// Requests the instances let through without asking Redis, by their
+/// admin listeners' readiness reports, added up.
+async fn fail_open_passes(instances: &[&TestApp; 2]) -> u64 {
+    let mut passes = 0;
+    for instance in instances {
+        let report = readiness_report(instance).await;
+        passes += report["cooldown_fail_open_passes"]
+            .as_u64()
+            .expect("the readiness report counts fail-open passes");
+    }
+    passes
+}
+
+async fn readiness_report(instance: &TestApp) -> serde_json::Value {
+    instance
+        .client
+        .get(instance.admin_url("/readyz"))
+        .send()
+        .await
+        .expect("the admin listener's /readyz")
+        .json()
+        .await
+        .expect("a readiness report")
+}
+
+/// Waits, up to `SETTLE_SECONDS_MAX`, until every instance's admin
+/// listener reports Redis `ok`.
+async fn wait_until_redis_healthy(instances: &[&TestApp; 2]) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(SETTLE_SECONDS_MAX);
+    loop {
+        let mut healthy = 0;
+        for instance in instances {
+            healthy += usize::from(readiness_report(instance).await["redis"] == "ok");
+        }
+        if healthy == instances.len() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{healthy} of {} instances reported Redis healthy {SETTLE_SECONDS_MAX} s after the promotion",
+                instances.len()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
