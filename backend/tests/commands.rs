@@ -323,6 +323,23 @@ async fn the_shipped_acl_lets_the_broker_publish_commands_and_read_results_and_n
         "{results:?}"
     );
 
+    refuses_the_broker_everything_else(&mut broker, &streams, &alice).await;
+    refuses_whoever_has_not_signed_in(&redis).await;
+
+    // The one command applied once, beside the one transfer.
+    assert_eq!(app.transfer_count().await, 2);
+    assert_eq!(app.balance(alice.wallet_id).await, 100_000 - 350);
+    assert_eq!(app.balance(bob.wallet_id).await, 100_000 + 350);
+    app.assert_invariants().await;
+}
+
+/// What the shipped ACL refuses the broker: anything but appending to a
+/// command stream and reading the results.
+async fn refuses_the_broker_everything_else(
+    broker: &mut redis::aio::MultiplexedConnection,
+    streams: &layered_wallet::command::Streams,
+    alice: &TestUser,
+) {
     let cooldown_key = format!(
         "{}cooldown:{{{}}}:transfer",
         ShippedCommandsRedis::KEY_PREFIX,
@@ -369,12 +386,12 @@ async fn the_shipped_acl_lets_the_broker_publish_commands_and_read_results_and_n
         ),
     ];
     for (what, command) in &mut forbidden {
-        let refused = command
-            .query_async::<redis::Value>(&mut broker)
-            .await
-            .expect_err(what);
+        let refused = command.query_async::<redis::Value>(broker).await.expect_err(what);
         assert_eq!(refused.code(), Some("NOPERM"), "{what}: {refused}");
     }
+}
+
+async fn refuses_whoever_has_not_signed_in(redis: &ShippedCommandsRedis) {
     let anonymous = redis::Client::open(redis.url_as(None))
         .expect("redis url")
         .get_multiplexed_async_connection()
@@ -387,10 +404,4 @@ async fn the_shipped_acl_lets_the_broker_publish_commands_and_read_results_and_n
         Err(error) => error,
     };
     assert!(refused.to_string().contains("NOAUTH"), "{refused}");
-
-    // The one command applied once, beside the one transfer.
-    assert_eq!(app.transfer_count().await, 2);
-    assert_eq!(app.balance(alice.wallet_id).await, 100_000 - 350);
-    assert_eq!(app.balance(bob.wallet_id).await, 100_000 + 350);
-    app.assert_invariants().await;
 }
