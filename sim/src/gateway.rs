@@ -8,7 +8,8 @@
 //! another payload is refused. And it misbehaves on purpose, as set on its
 //! command line: latency, failures before anything is applied, answers
 //! lost after the money was sent, a crash after sending, destinations it
-//! refuses for good, and (for demonstrations only) no deduplication at all.
+//! refuses for good, keys forgotten after a retention period, and (for
+//! demonstrations only) no deduplication at all.
 //!
 //! Its ledger (`gateway_sent`) is the truth about money that left: each row
 //! is one sending. The checks of a payout run read it.
@@ -24,6 +25,8 @@ use serde_json::json;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
+
+use layered_wallet::payout::gateway::{PROBLEM_CONTENT_TYPE, UNKNOWN_KEY_PROBLEM_TYPE};
 
 /// The largest request body the gateway reads.
 pub const GATEWAY_BODY_BYTES_MAX: usize = 16 * 1024;
@@ -84,6 +87,11 @@ pub struct GatewayArgs {
     /// DEMO ONLY: every request sends money, whatever its key.
     #[arg(long)]
     pub no_dedup: bool,
+    /// How long a key is remembered after its first request, as a real
+    /// gateway's retention period; 0: for ever. A forgotten key is
+    /// answered as unknown, and a request with it is applied afresh.
+    #[arg(long, default_value_t = 0)]
+    pub key_retention_ms: u64,
 }
 
 /// A payout as the gateway's API takes it.
@@ -265,9 +273,22 @@ enum Applied {
     KeyReused,
 }
 
+/// Forgets the keys older than `--key-retention-ms`, as a gateway past its
+/// retention period does; the ledger of sendings stays.
+async fn forget_old_keys(gateway: &Gateway) -> Result<(), sqlx::Error> {
+    if gateway.args.key_retention_ms > 0 {
+        sqlx::query("DELETE FROM gateway_requests WHERE created_at < now() - make_interval(secs => $1)")
+            .bind(gateway.args.key_retention_ms as f64 / 1000.0)
+            .execute(&gateway.db)
+            .await?;
+    }
+    Ok(())
+}
+
 /// Claims the key, sends (or refuses), and stores the answer, in one
 /// transaction; or answers what the key's first request got.
 async fn apply(gateway: &Gateway, key: &str, payout: &PayoutBody) -> Result<Applied, sqlx::Error> {
+    forget_old_keys(gateway).await?;
     let refused = payout.destination.starts_with(&gateway.args.refuse_prefix);
     let sending = Uuid::now_v7();
     let (status, body) = if refused {
@@ -350,13 +371,20 @@ async fn apply(gateway: &Gateway, key: &str, payout: &PayoutBody) -> Result<Appl
 }
 
 /// The answer the first request with `key` got, for a caller that lost it
-/// (reconciliation): 404 when no request with the key was ever applied.
+/// (reconciliation); when no request with the key was applied (or it was
+/// forgotten), the protocol's unknown-key answer: 404, problem+json, of
+/// type `UNKNOWN_KEY_PROBLEM_TYPE`, the one answer a caller may release a
+/// hold on.
 async fn payout_by_key(key: web::Path<String>, gateway: web::Data<Gateway>) -> HttpResponse {
-    let stored: Result<Option<(i16, String)>, sqlx::Error> =
-        sqlx::query_as("SELECT status, body FROM gateway_requests WHERE idempotency_key = $1")
-            .bind(key.as_str())
-            .fetch_optional(&gateway.db)
-            .await;
+    let stored: Result<Option<(i16, String)>, sqlx::Error> = match forget_old_keys(&gateway).await {
+        Ok(()) => {
+            sqlx::query_as("SELECT status, body FROM gateway_requests WHERE idempotency_key = $1")
+                .bind(key.as_str())
+                .fetch_optional(&gateway.db)
+                .await
+        }
+        Err(database) => Err(database),
+    };
     match stored {
         Ok(Some((status, body))) => answer(
             u16::try_from(status)
@@ -365,11 +393,18 @@ async fn payout_by_key(key: web::Path<String>, gateway: web::Data<Gateway>) -> H
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             &body,
         ),
-        Ok(None) => error(
-            StatusCode::NOT_FOUND,
-            "unknown_idempotency_key",
-            "no payout was ever sent or refused with this Idempotency-Key",
-        ),
+        Ok(None) => HttpResponse::NotFound()
+            .content_type(PROBLEM_CONTENT_TYPE)
+            .body(
+                json!({
+                    "type": UNKNOWN_KEY_PROBLEM_TYPE,
+                    "title": "No payout with this Idempotency-Key",
+                    "status": 404,
+                    "detail": "no payout was sent or refused with this Idempotency-Key within the key retention period",
+                    "error": "unknown_idempotency_key",
+                })
+                .to_string(),
+            ),
         Err(database) => {
             eprintln!("gateway: database error: {database}");
             error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "try again")

@@ -87,8 +87,11 @@ async fn an_answer_lost_after_sending_leaves_the_money_sent_and_the_key_tells() 
 
     let (status, unknown) = gateway.look_up("po_never").await;
     assert_eq!(
-        (status, unknown["error"].as_str()),
-        (404, Some("unknown_idempotency_key"))
+        (status, unknown["type"].as_str()),
+        (
+            404,
+            Some(layered_wallet::payout::gateway::UNKNOWN_KEY_PROBLEM_TYPE)
+        )
     );
 }
 
@@ -128,6 +131,44 @@ async fn a_failure_before_applying_sends_nothing_and_says_when_to_retry() {
         Some("1")
     );
     assert_eq!(gateway.sent_in_all().await, 0);
+}
+
+/// A gateway past its key retention period forgets the key, not the
+/// sending: it answers the key as unknown, in the protocol's own words, and
+/// a retry with it would send again. The wallet's reconcile therefore
+/// takes that answer only for payouts younger than the promised retention.
+#[tokio::test]
+async fn a_key_past_its_retention_is_forgotten_but_its_sending_is_not() {
+    let gateway = Gateway::start(&["--key-retention-ms", "100"]).await;
+    let body = payout(300, "acct-4");
+    assert_eq!(gateway.send("po_1", &body).await.0, 201);
+    assert_eq!(
+        gateway.look_up("po_1").await.0,
+        201,
+        "remembered within its retention"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let response = gateway
+        .http
+        .get(format!("{}/v1/payouts/po_1", gateway.url))
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(response.status(), 404);
+    assert_eq!(
+        response.headers()["content-type"],
+        layered_wallet::payout::gateway::PROBLEM_CONTENT_TYPE
+    );
+    let forgotten: Value = response.json().await.expect("a problem");
+    assert_eq!(
+        forgotten["type"],
+        layered_wallet::payout::gateway::UNKNOWN_KEY_PROBLEM_TYPE
+    );
+    assert_eq!(gateway.sent("po_1").await, 1, "the sending stays in the ledger");
+    let (status, _, replayed) = gateway.send("po_1", &body).await;
+    assert_eq!((status, replayed), (201, false));
+    assert_eq!(gateway.sent("po_1").await, 2, "a forgotten key sends again");
 }
 
 /// The demonstration mode: without deduplication, every retry of one

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sqlx::PgPool;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 
 use crate::{closed_port, create_database, database_url_of, drop_database};
 
@@ -160,4 +162,90 @@ impl Drop for Gateway {
         })
         .join();
     }
+}
+
+/// The longest request head a stand-in reads.
+const STAND_IN_REQUEST_BYTES_MAX: usize = 64 * 1024;
+
+/// Something standing where the gateway should be: a real HTTP server on a
+/// free port that answers every request, whatever its path, with one
+/// canned answer (a proxy's 404 page, a redirect, a 503 asking for a day's
+/// wait), then closes the connection. It stops with the test's runtime.
+pub struct StandIn {
+    pub url: String,
+}
+
+impl StandIn {
+    /// Answers every request with `status_line` (e.g. `302 Found`), the
+    /// `headers` given and `body`.
+    pub async fn start(status_line: &str, headers: &[(&str, &str)], body: &str) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a free port");
+        let url = format!("http://{}", listener.local_addr().expect("its address"));
+        let mut answer = format!("HTTP/1.1 {status_line}\r\n");
+        for (name, value) in headers {
+            answer.push_str(&format!("{name}: {value}\r\n"));
+        }
+        answer.push_str(&format!(
+            "Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ));
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(answer_one(stream, answer.clone()));
+            }
+        });
+        Self { url }
+    }
+
+    /// A proxy or load balancer with no route to the gateway: an HTML 404
+    /// on every path.
+    pub async fn proxy_404() -> Self {
+        Self::start(
+            "404 Not Found",
+            &[("Content-Type", "text/html")],
+            "<html><head><title>404 Not Found</title></head><body><center><h1>404 Not Found</h1></center>\
+             <hr><center>nginx</center></body></html>",
+        )
+        .await
+    }
+
+    /// A redirect of every path to `to`.
+    pub async fn redirect_to(to: &str) -> Self {
+        Self::start("302 Found", &[("Location", to)], "").await
+    }
+}
+
+/// Reads one request (its head, then as many body bytes as it says), then
+/// writes the answer: the client has sent all it meant to before it reads.
+async fn answer_one(mut stream: TcpStream, answer: String) {
+    let mut request = Vec::new();
+    let mut buffer = [0u8; 4096];
+    let head_end = loop {
+        if let Some(end) = request.windows(4).position(|window| window == b"\r\n\r\n") {
+            break end + 4;
+        }
+        match stream.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(read) if request.len() + read <= STAND_IN_REQUEST_BYTES_MAX => {
+                request.extend_from_slice(&buffer[..read])
+            }
+            Ok(_) => return,
+        }
+    };
+    let head = String::from_utf8_lossy(&request[..head_end]).to_ascii_lowercase();
+    let body_bytes = head
+        .lines()
+        .find_map(|line| line.strip_prefix("content-length:"))
+        .and_then(|length| length.trim().parse::<usize>().ok())
+        .unwrap_or(0)
+        .min(STAND_IN_REQUEST_BYTES_MAX);
+    let mut body_read = request.len() - head_end;
+    while body_read < body_bytes {
+        match stream.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(read) => body_read += read,
+        }
+    }
+    let _ = stream.write_all(answer.as_bytes()).await;
+    let _ = stream.shutdown().await;
 }

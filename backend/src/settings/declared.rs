@@ -324,6 +324,12 @@ declare_settings! {
         /// after its last attempt, so that a gateway still working on a call
         /// given up on has finished it before it is asked.
         payout_reconcile_quiet_ms: u64 = 60_000, within 0..=86_400_000 "ms";
+        /// How long the bank gateway promises to remember an
+        /// `Idempotency-Key` after its first request. Past it, the gateway's
+        /// "no such payout" may mean it forgot a sending, so `wallet-server
+        /// reconcile` keeps such a payout's hold for a person; and a
+        /// payout's attempts must all fall within it.
+        payout_gateway_key_retention_hours: u16 = 24, within 1..=8_760 "hours";
         /// Largest single payout.
         payout_amount_minor_max: i64 = 1_000_000, within 1..=1_000_000_000_000_000 "minor units";
     }

@@ -175,6 +175,8 @@ pub struct Payouts {
     pub idle: Duration,
     pub census_interval: Duration,
     pub reconcile_quiet: Duration,
+    /// How long the gateway remembers a key (`payout_gateway_key_retention_hours`).
+    pub gateway_key_retention: Duration,
     pub amount_minor_max: i64,
 }
 
@@ -584,6 +586,16 @@ impl Payouts {
             s.payout_retry_cap_ms >= s.payout_retry_base_ms,
             "payout_retry_cap_ms must be at least payout_retry_base_ms",
         );
+        // Each attempt after the first waits at most a lease (a dispatcher
+        // that died) and a capped backoff; a later one would reach a
+        // gateway that may have forgotten the key, and send again.
+        let attempts_span_ms = u128::from(s.payout_attempts_max.saturating_sub(1))
+            * u128::from(s.payout_lease_ms + s.payout_retry_cap_ms);
+        check.require(
+            attempts_span_ms < u128::from(s.payout_gateway_key_retention_hours) * 3_600_000,
+            "(payout_attempts_max - 1) × (payout_lease_ms + payout_retry_cap_ms) must stay under \
+             payout_gateway_key_retention_hours, or a late attempt could reach a gateway that forgot its key",
+        );
         Self {
             gateway_url,
             dispatcher_enabled: s.payout_dispatcher_enabled,
@@ -603,6 +615,7 @@ impl Payouts {
             idle: Duration::from_millis(s.payout_dispatch_idle_ms),
             census_interval: Duration::from_millis(s.payout_census_interval_ms),
             reconcile_quiet: Duration::from_millis(s.payout_reconcile_quiet_ms),
+            gateway_key_retention: Duration::from_secs(u64::from(s.payout_gateway_key_retention_hours) * 3_600),
             amount_minor_max: s.payout_amount_minor_max,
         }
     }
