@@ -15,8 +15,10 @@
 //!   every other answer is one transaction: release (a definitive refusal
 //!   only), or postpone with exponential backoff and
 //!   full jitter (`payout_retry_base_ms`, `payout_retry_cap_ms`, the
-//!   gateway's `Retry-After`), until `payout_attempts_max`, after which the
-//!   payout needs a person. An unknown outcome never releases the hold.
+//!   gateway's `Retry-After` up to that cap), until `payout_attempts_max`,
+//!   after which the payout needs a person. An unknown outcome never
+//!   releases the hold, nor does any answer but the gateway's own refusal
+//!   (`gateway` sorts them; a redirect or a proxy's 404 needs a person).
 //!
 //! The dispatcher's span continues the trace of the request that made the
 //! payout, and the gateway call is a client span under it that passes the
@@ -336,7 +338,11 @@ pub async fn record_answer(
         ),
         GatewayAnswer::Unknown { why, retry_after } => {
             let attempt = u32::try_from(row.attempts.max(1) - 1).unwrap_or_default();
-            let delay = payouts.retry.delay(attempt, *retry_after);
+            // The gateway's `Retry-After` is honoured up to the cap: a day's
+            // wait would hold the money past what the owner was promised,
+            // and past the gateway's memory of the key.
+            let retry_after = retry_after.map(|after| after.min(payouts.retry.cap));
+            let delay = payouts.retry.delay(attempt, retry_after);
             postpone(db, row, delay, why, payouts.retry.attempts_max, false).await
         }
         GatewayAnswer::Rejected { why } => {

@@ -139,6 +139,10 @@ pub async fn list_payouts(request: HttpRequest, state: web::Data<AppState>) -> R
 
 /// A person's payouts, newest first, before the one named, if any. The
 /// race lab's payouts of lab money are the lab's, never listed here.
+///
+/// The cursor counts only if it is one of the person's own listed
+/// payouts: another person's payout id gives the same empty page as an id
+/// that does not exist, so it reveals nothing (not even when it was made).
 pub async fn list_for_user(
     db: &sqlx::PgPool,
     user: Uuid,
@@ -150,7 +154,8 @@ pub async fn list_for_user(
         payout_columns!(),
         " FROM payouts
           WHERE user_id = $1 AND currency <> 'LAB'
-            AND ($2::uuid IS NULL OR (created_at, id) < (SELECT created_at, id FROM payouts WHERE id = $2))
+            AND ($2::uuid IS NULL OR (created_at, id) < (
+                SELECT created_at, id FROM payouts WHERE id = $2 AND user_id = $1 AND currency <> 'LAB'))
           ORDER BY created_at DESC, id DESC
           LIMIT $3"
     ))
