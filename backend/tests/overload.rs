@@ -3,7 +3,8 @@
 //! `transfers_admission_wait_ms_max`, or finds
 //! `transfers_admission_queue_max` already waiting, gets 503
 //! `/problems/overloaded` with `Retry-After`, having changed nothing, while
-//! the ones admitted go on.
+//! the ones admitted go on. Only transfers that passed the cooldown are
+//! counted: a copy inside its window is refused by the cooldown first.
 
 use std::time::Duration;
 
@@ -41,7 +42,8 @@ async fn a_transfer_past_the_limit_is_refused_at_once_and_changes_nothing() {
     assert_eq!(claims, 0, "not even a claim");
 
     // The lock goes: the admitted transfer completes, and Carol's retry,
-    // with its key, at once (the refusal took no window), is made once.
+    // with its key, at once (the refusal gave its window back), is made
+    // once.
     locker.rollback().await.expect("release the lock");
     let first = held.await.expect("the held transfer").expect("answered");
     assert_eq!(first.status(), 201);
@@ -107,6 +109,46 @@ async fn a_transfer_that_finds_the_queue_full_is_refused_while_the_queued_one_wa
         app.transfer_count().await,
         2,
         "Dave's refused transfer was not made"
+    );
+    app.assert_invariants().await;
+}
+
+/// Admission counts only what passed the cooldown: with the one place
+/// taken and no turn to wait for, a copy of the transfer in flight is
+/// refused by its window (429), not as overload. A transfer refused as
+/// overloaded gives back the window it took, so that its keyless retry is
+/// made once the place frees, and not refused for a window that changed
+/// nothing.
+#[tokio::test]
+async fn a_copy_meets_the_cooldown_even_when_the_instance_is_full() {
+    let app = spawn_app(|settings| {
+        settings.transfers_in_flight_max = 1;
+        settings.transfers_admission_queue_max = 0;
+    })
+    .await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let carol = app.sign_up("carol").await;
+    let (locker, held) = hold_the_one_place(&app, &alice, &bob).await;
+
+    let copy = app.transfer(&alice, bob.wallet_id, 100, None).await;
+    let (status, body) = problem(copy).await;
+    assert_eq!(
+        (status, body["type"].as_str()),
+        (429, Some("/problems/cooldown-active")),
+        "{body}"
+    );
+    let refused = app.transfer(&carol, alice.wallet_id, 100, None).await;
+    assert_refused_as_overloaded(refused, "are waiting (0)").await;
+
+    locker.rollback().await.expect("release the lock");
+    let first = held.await.expect("the held transfer").expect("answered");
+    assert_eq!(first.status(), 201);
+    let retried = app.transfer(&carol, alice.wallet_id, 100, None).await;
+    assert_eq!(retried.status(), 201, "Carol's window was given back");
+    assert_eq!(
+        app.transfer_count().await,
+        2,
+        "Alice's transfer once, and Carol's retry"
     );
     app.assert_invariants().await;
 }

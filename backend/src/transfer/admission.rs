@@ -15,9 +15,18 @@
 //! instance as little as possible. A queue as long as the places keeps
 //! every freed place taken at once, which is all a queue is for here;
 //! past that, a transfer that waited would only be refused later, after a
-//! timer, a wake-up and the memory of a request held all that time. The
-//! same reason puts admission before the cooldown: a refusal takes no
-//! Redis round trip (nor a window to give back).
+//! timer, a wake-up and the memory of a request held all that time.
+//!
+//! Admission comes after the cooldown, and counts only the transfers that
+//! passed it. A burst of copies of one transfer is not overload: the
+//! cooldown refuses every copy but the first with a 429 in one Redis round
+//! trip, without touching PostgreSQL. Were the copies counted here first,
+//! they would fill the places and the queue, and most would be told 503
+//! "overloaded" instead of the 429 that says what they are (448 of 500
+//! identical copies sent at once, when admission came first). What real
+//! overload pays for this is that round trip, and one more to give the
+//! window back: a refused transfer changed nothing, and its honest retry
+//! must not meet the window.
 
 use std::time::Duration;
 

@@ -3,6 +3,9 @@
 //! layers in order, and every exit is one decision:
 //!
 //! 1. the cooldown lock (Redis), which refuses without touching PostgreSQL;
+//!    then admission (`admission`), which counts only what the cooldown let
+//!    through, so that a burst of copies meets the cooldown's 429s, not
+//!    the 503 of a full instance;
 //! 2. and 3. the idempotency claim and the row guard, in one PostgreSQL
 //!    transaction (`transaction`);
 //!
@@ -190,20 +193,6 @@ async fn decide(
 ) -> Decided {
     let user = Some(caller.user_id);
 
-    // Admission, before the layers: past what this instance takes at once,
-    // a transfer is refused now, before it costs a Redis round trip or
-    // waits for a connection (`transfer::admission`). The place is held
-    // until the decision is made. The race lab's requests have bounds of
-    // their own (`lab_requests`, `lab_db_slots`), and a run must show the
-    // layers, not this limit.
-    let _place = match lab {
-        None => match state.transfer_admission.admit().await {
-            Ok(place) => Some(place),
-            Err(overloaded) => return Decided::of_refusal(overloaded, user, key),
-        },
-        Some(_) => None,
-    };
-
     // Layer 1: the cooldown lock. A refusal here touches no database.
     let started = Instant::now();
     let cooldown = match cooldown_action(lab) {
@@ -219,6 +208,26 @@ async fn decide(
     let cooldown = match cooldown {
         Ok(pass) => pass,
         Err(refusal) => return Decided::of_refusal(refusal, user, key).for_a_live_token(),
+    };
+
+    // Admission, after the cooldown and before the transaction: a copy of
+    // a transfer already in its window was refused above in one Redis
+    // round trip, and is no load; only what passed is counted against what
+    // this instance takes at once (`transfer::admission`). A transfer
+    // refused here changed nothing, so it gives its window back. The place
+    // is held until the decision is made. The race lab's requests have
+    // bounds of their own (`lab_requests`, `lab_db_slots`), and a run must
+    // show the layers, not this limit.
+    let _place = match lab {
+        None => match state.transfer_admission.admit().await {
+            Ok(place) => Some(place),
+            Err(overloaded) => {
+                let decided = Decided::of_refusal(overloaded, user, key);
+                give_the_window_back_if_unused(state, cooldown, &decided.answer).await;
+                return decided;
+            }
+        },
+        Some(_) => None,
     };
 
     // Layers 2 and 3: the idempotency claim and the row guard, in one
