@@ -3,7 +3,6 @@
 //! `main` and the tests both go through `Application::build`, so the tests
 //! run exactly the server users run.
 
-use std::net::TcpListener;
 use std::sync::Arc;
 
 use actix_web::dev::Server;
@@ -70,16 +69,19 @@ impl Application {
                 .await
                 .map_err(|error| anyhow::anyhow!("failed to make the payouts' clearing accounts: {error}"))?;
         }
-        let listener = TcpListener::bind((config.http.host.as_str(), config.http.port)).map_err(|error| {
-            anyhow::anyhow!(
-                "failed to bind {}:{}: {error}",
-                config.http.host,
-                config.http.port
-            )
-        })?;
+        let backlog = config.http.listen_backlog_connections;
+        listener::warn_if_the_kernel_caps(backlog);
+        let listener =
+            listener::bind((config.http.host.as_str(), config.http.port), backlog).map_err(|error| {
+                anyhow::anyhow!(
+                    "failed to bind {}:{}: {error}",
+                    config.http.host,
+                    config.http.port
+                )
+            })?;
         let public_address = reachable_from_here(listener.local_addr()?);
         let port = public_address.port();
-        let admin_listener = TcpListener::bind(config.http.admin_addr.as_str()).map_err(|error| {
+        let admin_listener = listener::bind(config.http.admin_addr.as_str(), backlog).map_err(|error| {
             anyhow::anyhow!(
                 "failed to bind admin_http_addr {}: {error}",
                 config.http.admin_addr

@@ -31,6 +31,14 @@ declare_settings! {
         /// wait in the kernel's backlog: idle keep-alive connections cannot
         /// take the process's memory and file descriptors without bound.
         http_connections_per_worker_max: usize = 10_000, within 1..=100_000 "connections";
+        /// New connections the kernel queues for each listener until the
+        /// server accepts them (`listen(2)`'s backlog). A burst past it is
+        /// dropped at the door, and its clients try again 1 s later, then
+        /// 3 s: a copy of a transfer can then arrive after its cooldown
+        /// window and pay again. The kernel lowers it to
+        /// `net.core.somaxconn` (4096 on Linux since 5.4); a larger value
+        /// starts with a warning that names both.
+        http_listen_backlog_connections: u32 = 2_048, within 1..=65_535 "connections";
         /// How long an idle keep-alive connection is kept open for its
         /// next request; 0 closes each connection after its response. A
         /// proxy in front must let its idle connections go sooner (nginx's

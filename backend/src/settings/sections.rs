@@ -49,6 +49,8 @@ pub struct Http {
     pub admin_addr: String,
     pub workers: usize,
     pub connections_per_worker_max: usize,
+    /// Each listener's backlog, for the kernel to queue new connections in.
+    pub listen_backlog_connections: u32,
     /// `None`: each connection is closed after its response.
     pub keep_alive: Option<Duration>,
     pub request_head_wait_max: Duration,
@@ -408,6 +410,7 @@ impl Http {
             admin_addr: s.admin_http_addr.clone(),
             workers: s.http_workers,
             connections_per_worker_max: s.http_connections_per_worker_max,
+            listen_backlog_connections: s.http_listen_backlog_connections,
             keep_alive: (s.http_keep_alive_s > 0).then(|| Duration::from_secs(s.http_keep_alive_s)),
             request_head_wait_max: Duration::from_millis(s.http_request_head_wait_ms_max),
             request_body_bytes_max: s.request_body_bytes_max,
