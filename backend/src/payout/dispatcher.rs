@@ -16,9 +16,8 @@
 //!   only), or postpone with exponential backoff and
 //!   full jitter (`payout_retry_base_ms`, `payout_retry_cap_ms`, the
 //!   gateway's `Retry-After` up to that cap), until `payout_attempts_max`,
-//!   after which the payout needs a person. An unknown outcome never
-//!   releases the hold, nor does any answer but the gateway's own refusal
-//!   (`gateway` sorts them; a redirect or a proxy's 404 needs a person).
+//!   after which the payout needs a person. Only the gateway's own refusal
+//!   releases the hold (`gateway` sorts the answers).
 //!
 //! The dispatcher's span continues the trace of the request that made the
 //! payout, and the gateway call is a client span under it that passes the
@@ -325,6 +324,7 @@ pub async fn record_answer(
     let db = &state.db;
     let payouts = &state.config.payouts;
     let ended = |recorded: Result<Recorded, sqlx::Error>| recorded.map(|recorded| (recorded, false));
+    let attempts_max = payouts.retry.attempts_max;
     match answer {
         GatewayAnswer::Sent { reference } => ended(settle(db, row.payout_id, reference).await),
         GatewayAnswer::Refused { reason } => ended(
@@ -338,26 +338,14 @@ pub async fn record_answer(
         ),
         GatewayAnswer::Unknown { why, retry_after } => {
             let attempt = u32::try_from(row.attempts.max(1) - 1).unwrap_or_default();
-            // The gateway's `Retry-After` is honoured up to the cap: a day's
-            // wait would hold the money past what the owner was promised,
-            // and past the gateway's memory of the key.
+            // Honoured up to the cap: a day's wait would outlast the key.
             let retry_after = retry_after.map(|after| after.min(payouts.retry.cap));
             let delay = payouts.retry.delay(attempt, retry_after);
-            postpone(db, row, delay, why, payouts.retry.attempts_max, false).await
+            postpone(db, row, delay, why, attempts_max, false).await
         }
-        GatewayAnswer::Rejected { why } => {
-            postpone(db, row, Duration::ZERO, why, payouts.retry.attempts_max, true).await
-        }
+        GatewayAnswer::Rejected { why } => postpone(db, row, Duration::ZERO, why, attempts_max, true).await,
         GatewayAnswer::NeverReceived => {
-            postpone(
-                db,
-                row,
-                Duration::ZERO,
-                "no answer",
-                payouts.retry.attempts_max,
-                false,
-            )
-            .await
+            postpone(db, row, Duration::ZERO, "no answer", attempts_max, false).await
         }
     }
 }

@@ -51,21 +51,7 @@ pub async fn run(db: &PgPool, config: &Config) -> anyhow::Result<Reconciled> {
         "reconcile asks the gateway by the payout's own key, which only payout_mode = outbox sends"
     );
     let gateway = GatewayClient::new(&payouts.gateway_url, payouts.retry.request_timeout)?;
-    // The gateway's memory is counted from the payout's creation, which is
-    // no later than its first attempt: the count errs towards keeping the
-    // hold.
-    let waiting: Vec<(Uuid, DateTime<Utc>, bool)> = sqlx::query_as(
-        "SELECT id, created_at, created_at <= now() - make_interval(secs => $3)
-           FROM payouts
-          WHERE state = 'needs_attention' AND currency <> 'LAB' AND updated_at <= now() - make_interval(secs => $1)
-          ORDER BY created_at
-          LIMIT $2",
-    )
-    .bind(payouts.reconcile_quiet.as_secs_f64())
-    .bind(RECONCILE_BATCH_PAYOUTS_MAX)
-    .bind(payouts.gateway_key_retention.as_secs_f64())
-    .fetch_all(db)
-    .await?;
+    let waiting = waiting(db, config).await?;
     let mut reconciled = Reconciled::default();
     for (payout_id, created_at, past_retention) in waiting {
         let answer = gateway.look_up(&payout_id.to_string()).await;
@@ -112,6 +98,26 @@ pub async fn run(db: &PgPool, config: &Config) -> anyhow::Result<Reconciled> {
         }
     }
     Ok(reconciled)
+}
+
+/// The payouts needing a person whose last attempt is quiet enough, with
+/// when each was made and whether that is past the gateway's key
+/// retention. The retention is counted from the payout's creation, which
+/// is no later than its first attempt: the count errs towards keeping the
+/// hold.
+async fn waiting(db: &PgPool, config: &Config) -> sqlx::Result<Vec<(Uuid, DateTime<Utc>, bool)>> {
+    sqlx::query_as(
+        "SELECT id, created_at, created_at <= now() - make_interval(secs => $3)
+           FROM payouts
+          WHERE state = 'needs_attention' AND currency <> 'LAB' AND updated_at <= now() - make_interval(secs => $1)
+          ORDER BY created_at
+          LIMIT $2",
+    )
+    .bind(config.payouts.reconcile_quiet.as_secs_f64())
+    .bind(RECONCILE_BATCH_PAYOUTS_MAX)
+    .bind(config.payouts.gateway_key_retention.as_secs_f64())
+    .fetch_all(db)
+    .await
 }
 
 /// Leaves the payout needing a person, its hold kept, with why as its
