@@ -8,6 +8,7 @@
 
 pub mod account_limits;
 pub mod auth;
+pub mod body_deadline;
 pub mod command;
 pub mod database_hosts;
 pub mod decision;
@@ -27,6 +28,7 @@ pub mod redis_store;
 pub mod router;
 pub mod routes;
 pub mod settings;
+pub mod shutdown;
 pub mod startup;
 pub mod state;
 pub mod sweep;

@@ -68,8 +68,50 @@ async fn main() -> anyhow::Result<()> {
 
     let app = Application::build(settings).await?;
     tracing::info!(port = app.port(), "wallet-server listening");
+    tokio::spawn(stop_on_signals(app.stopper()));
     app.run_until_stopped().await?;
     Ok(())
+}
+
+/// On SIGTERM or SIGINT: drain within the grace, and exit within
+/// `shutdown_grace_s` + `shutdown_cleanup_ms_max` whatever is still running
+/// then (a task stuck in a store call, a blocking thread the runtime would
+/// wait for). A second signal exits at once.
+async fn stop_on_signals(stopper: layered_wallet::shutdown::Stopper) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut terminate), Ok(mut interrupt)) =
+        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
+        tracing::error!("could not listen for SIGTERM and SIGINT; stop this process with SIGKILL");
+        return;
+    };
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = interrupt.recv() => {}
+    }
+    let bound = stopper.exit_bound();
+    tracing::info!(
+        grace_s = stopper.grace.as_secs(),
+        exit_within_ms = bound.as_millis() as u64,
+        "stopping: the listeners are closed, requests in flight get the grace"
+    );
+    // A thread of its own: it must fire even if the runtime is wedged.
+    std::thread::spawn(move || {
+        std::thread::sleep(bound);
+        eprintln!(
+            "wallet-server: still running {} ms after the stop signal; exiting",
+            bound.as_millis()
+        );
+        std::process::exit(1);
+    });
+    let stopping = stopper.clone();
+    tokio::spawn(async move { stopping.stop().await });
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = interrupt.recv() => {}
+    }
+    tracing::warn!("a second stop signal: exiting now");
+    std::process::exit(1);
 }
 
 /// `GET /readyz` on the local port with a plain socket: true on a 200.

@@ -37,6 +37,7 @@ pub struct Application {
     consumers: Vec<tokio::task::JoinHandle<()>>,
     /// The payout dispatcher, when this instance sends payouts.
     dispatcher: Option<tokio::task::JoinHandle<()>>,
+    stopper: crate::shutdown::Stopper,
 }
 
 impl Application {
@@ -155,6 +156,7 @@ impl Application {
             instance_id,
             transfer_admission: Arc::new(crate::transfer::admission::Admission::new(&config.database)),
             api_document: serde_json::to_vec(&openapi::document(&config))?.into(),
+            draining: crate::shutdown::Draining::default(),
             config: Arc::new(config),
         };
         let sweeper = crate::sweep::spawn_sweeper(
@@ -172,6 +174,8 @@ impl Application {
         let http = state.config.http.clone();
         let workers = http.workers;
         let grace_s = http.shutdown_grace.as_secs();
+        let doors = crate::shutdown::Doors::of(&[&listener, &admin_listener])?;
+        let draining = state.draining.clone();
         let data = web::Data::new(state);
         // One per instance, shared by its workers: probes within
         // `readiness_cache_ms` of each other share one verdict.
@@ -182,6 +186,12 @@ impl Application {
                 .app_data(last_verdict.clone())
                 .app_data(telemetry::RoutePatterns(router::pattern_of))
                 .app_data(web::FormConfig::default().error_handler(crate::web::pages::unreadable_form))
+                .wrap(actix_web::middleware::from_fn(
+                    crate::body_deadline::bound_body_wait,
+                ))
+                .wrap(actix_web::middleware::from_fn(
+                    crate::shutdown::close_connections_while_draining,
+                ))
                 .wrap(security_headers())
                 .wrap(actix_web::middleware::from_fn(telemetry::trace_requests))
                 .wrap(actix_web::middleware::from_fn(listener::keep_listeners_apart))
@@ -204,13 +214,24 @@ impl Application {
         .keep_alive(http.keep_alive)
         .client_request_timeout(http.request_head_wait_max)
         .shutdown_timeout(grace_s)
+        // `main` handles the signals (`shutdown::Stopper`): it marks the
+        // instance draining before the workers stop, and bounds the exit.
+        .disable_signals()
         .listen(listener)?
         .listen(admin_listener)?
         .run();
+        let stopper = crate::shutdown::Stopper {
+            server: server.handle(),
+            draining,
+            doors: Arc::new(doors),
+            grace: http.shutdown_grace,
+            cleanup: http.shutdown_cleanup_max,
+        };
         Ok(Self {
             port,
             admin_port,
             server,
+            stopper,
             sweeper,
             consumers,
             dispatcher,
@@ -231,8 +252,14 @@ impl Application {
         self.server.handle()
     }
 
-    /// Serves until SIGINT or SIGTERM, then drains in-flight requests for
-    /// up to `shutdown_grace_s` and stops the sweeper.
+    /// Stops the instance as a signal does: draining first, within the
+    /// grace (`shutdown`).
+    pub fn stopper(&self) -> crate::shutdown::Stopper {
+        self.stopper.clone()
+    }
+
+    /// Serves until stopped (`stopper`; `main` stops it on SIGTERM or
+    /// SIGINT), then stops the background tasks.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let result = self.server.await;
         self.sweeper.abort();

@@ -44,6 +44,9 @@ pub struct AppState {
     pub lab_passes: Arc<crate::race_lab::pass::LabPasses>,
     /// The places for transfers in flight (`transfers_in_flight_max`).
     pub transfer_admission: Arc<crate::transfer::admission::Admission>,
+    /// Set once the instance starts stopping: live streams end, and each
+    /// answer closes its connection.
+    pub draining: crate::shutdown::Draining,
     /// The OpenAPI document, serialised once at start-up.
     pub api_document: actix_web::web::Bytes,
 }

@@ -125,6 +125,34 @@ impl ServerProcess {
         assert!(status.success(), "kill {signal} {pid} failed");
     }
 
+    /// SIGTERM: the process stops as a deployment stops it, draining the
+    /// requests in flight within its grace.
+    pub fn terminate(&self) {
+        self.signal("-TERM");
+    }
+
+    /// Waits up to `within` for the process to exit: its exit status, or
+    /// `None` while it still runs.
+    pub async fn wait_for_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            let child = self.child.as_mut().expect("the instance was started");
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The instance's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     /// SIGKILL: the process ends at once, mid-request, without releasing
     /// anything it holds.
     pub fn kill_9(&mut self) {

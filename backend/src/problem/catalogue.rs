@@ -18,6 +18,7 @@ pub enum ProblemType {
     MethodNotAllowed,
     NameTaken,
     PayloadTooLarge,
+    BodyTooSlow,
     UnsupportedMediaType,
     IdempotencyKeyReused,
     IdempotencyKeyInFlight,
@@ -60,7 +61,7 @@ struct Entry {
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 37] = [
+    pub const ALL: [ProblemType; 38] = [
         ProblemType::MalformedRequest,
         ProblemType::ValidationFailed,
         ProblemType::Unauthorized,
@@ -70,6 +71,7 @@ impl ProblemType {
         ProblemType::MethodNotAllowed,
         ProblemType::NameTaken,
         ProblemType::PayloadTooLarge,
+        ProblemType::BodyTooSlow,
         ProblemType::UnsupportedMediaType,
         ProblemType::IdempotencyKeyReused,
         ProblemType::IdempotencyKeyInFlight,
@@ -165,6 +167,13 @@ impl ProblemType {
                 "Request body too large",
                 "What you sent is too large.",
                 "The body is larger than request_body_bytes_max. Nothing was changed.",
+            ),
+            BodyTooSlow => (
+                "body-too-slow",
+                StatusCode::REQUEST_TIMEOUT,
+                "Request body too slow",
+                "What you sent took too long to arrive. Check your connection and try again.",
+                "The body did not arrive whole within http_request_body_wait_ms_max of the request's head, so it was not read, and the connection is closed. Nothing was changed.",
             ),
             UnsupportedMediaType => (
                 "unsupported-media-type",

@@ -224,6 +224,7 @@ async fn open_stream(
     let lifetime = config.feed.stream_lifetime;
     let idle = config.feed.stream_idle;
     let db = state.db.clone();
+    let draining = state.draining.clone();
     let now = Instant::now();
     let live = LiveStream {
         connection,
@@ -243,9 +244,16 @@ async fn open_stream(
     let events = futures::stream::unfold(live, move |mut live| {
         let key = key.clone();
         let db = db.clone();
+        let draining = draining.clone();
         async move {
             if live.ended {
                 return None;
+            }
+            // A stopping instance ends its streams at once, cleanly, rather
+            // than hold their connections through the grace and be cut.
+            if draining.is_draining() {
+                live.ended = true;
+                return Some((Ok(end_event("shutdown")), live));
             }
             if live.opened.elapsed() >= lifetime {
                 live.ended = true;
@@ -270,16 +278,23 @@ async fn open_stream(
                 .min(live.delivered + idle)
                 .saturating_duration_since(Instant::now());
             let block_ms = keepalive.min(until_due).as_millis().max(1) as u64;
-            let reply: Result<feed::XreadReply, _> = redis::cmd("XREAD")
+            let mut command = redis::cmd("XREAD");
+            command
                 .arg("BLOCK")
                 .arg(block_ms)
                 .arg("COUNT")
                 .arg(100)
                 .arg("STREAMS")
                 .arg(&key)
-                .arg(&live.last_id)
-                .query_async(&mut live.connection)
-                .await;
+                .arg(&live.last_id);
+            let read = command.query_async::<feed::XreadReply>(&mut live.connection);
+            let reply = tokio::select! {
+                reply = read => reply,
+                () = draining.started() => {
+                    live.ended = true;
+                    return Some((Ok(end_event("shutdown")), live));
+                }
+            };
             let streams = match reply {
                 Ok(streams) => streams.unwrap_or_default(),
                 Err(error) => {
@@ -328,8 +343,8 @@ async fn newest_id(connection: &mut StreamConnection, key: &str) -> Result<Strin
 }
 
 /// The last event of a stream that the server ends: `reason` is `token`
-/// (revoked or expired: sign in again), `lifetime` or `idle` (reconnect
-/// with `Last-Event-ID`).
+/// (revoked or expired: sign in again), `lifetime`, `idle` or `shutdown`
+/// (the instance is stopping; reconnect with `Last-Event-ID`).
 fn end_event(reason: &str) -> Bytes {
     Bytes::from(format!("event: end\ndata: {{\"reason\":\"{reason}\"}}\n\n"))
 }

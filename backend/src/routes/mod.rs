@@ -59,8 +59,19 @@ pub async fn read_json_body(
     }
     let mut body = BytesMut::new();
     while let Some(chunk) = payload.next().await {
-        let chunk =
-            chunk.map_err(|error| Problem::bad_request(format!("Could not read the body: {error}.")))?;
+        let chunk = chunk.map_err(|error| {
+            if crate::body_deadline::is_deadline(&error) {
+                Problem::new(
+                    problem::ProblemType::BodyTooSlow,
+                    format!(
+                        "The body must arrive whole within {} ms of the request's head.",
+                        config.http.request_body_wait_max.as_millis()
+                    ),
+                )
+            } else {
+                Problem::bad_request(format!("Could not read the body: {error}."))
+            }
+        })?;
         if body.len() + chunk.len() > limit_bytes {
             drain(&mut payload, config).await;
             return Err(Problem::payload_too_large(limit_bytes));

@@ -49,6 +49,10 @@ declare_settings! {
         /// that sends it slower gets 408 and is closed, so that trickling
         /// headers cannot hold a connection.
         http_request_head_wait_ms_max: u64 = 5_000, within 100..=60_000 "ms";
+        /// How long a request's body has, from the end of its head, to
+        /// arrive whole; one that is slower gets 408 and its connection is
+        /// closed, so that a body trickled in cannot hold a connection.
+        http_request_body_wait_ms_max: u64 = 10_000, within 100..=300_000 "ms";
         /// Largest request body accepted; a larger one gets 413.
         request_body_bytes_max: usize = 16 * 1024, within 256..=(1024 * 1024) "bytes";
         /// An oversized body is read and thrown away up to this many bytes
@@ -59,8 +63,15 @@ declare_settings! {
         /// How long an oversized body is drained at most (see
         /// `oversized_body_drain_bytes_max`).
         oversized_body_drain_ms_max: u64 = 2_000, within 0..=60_000 "ms";
-        /// How long in-flight requests get to finish after SIGTERM.
+        /// How long in-flight requests get to finish after SIGTERM or
+        /// SIGINT. New connections are refused at once, and each answer in
+        /// the meantime closes its connection. Keep it above `http_keep_alive_s`,
+        /// so that idle connections are closed by their keep-alive, which
+        /// clients expect, rather than cut when the grace ends.
         shutdown_grace_s: u64 = 10, within 0..=3_600 "s";
+        /// After the grace, how long the process has to stop its background
+        /// tasks and flush its spans before it exits whatever still runs.
+        shutdown_cleanup_ms_max: u64 = 2_000, within 100..=60_000 "ms";
         /// How long a readiness verdict answers `/readyz`, so that probes
         /// from anyone cost the stores one round trip each per period at
         /// most; 0 probes on every call.
@@ -70,6 +81,12 @@ declare_settings! {
         /// Names this process in the decision feed and the logs. Empty: the
         /// host name and a random suffix.
         instance_id: String = String::new(), empty "the host name and a random suffix";
+        /// Whether the cookies this service sets carry `Secure` (sent over
+        /// HTTPS only). Set it where browsers reach the service over HTTPS,
+        /// as behind a TLS load balancer. It is a setting and not the
+        /// request's scheme, because `X-Forwarded-Proto` is any client's to
+        /// send, and a proxy in front may overwrite it with its own `http`.
+        cookies_secure: bool = false;
     }
 
     section "PostgreSQL" {

@@ -54,10 +54,14 @@ pub struct Http {
     /// `None`: each connection is closed after its response.
     pub keep_alive: Option<Duration>,
     pub request_head_wait_max: Duration,
+    pub request_body_wait_max: Duration,
     pub request_body_bytes_max: usize,
     pub oversized_body_drain_bytes_max: usize,
     pub oversized_body_drain_max: Duration,
     pub shutdown_grace: Duration,
+    pub shutdown_cleanup_max: Duration,
+    /// Cookies carry `Secure`.
+    pub cookies_secure: bool,
     pub readiness_cache: Duration,
     pub log_format: LogFormat,
     /// Empty: the host name and a random suffix.
@@ -413,10 +417,13 @@ impl Http {
             listen_backlog_connections: s.http_listen_backlog_connections,
             keep_alive: (s.http_keep_alive_s > 0).then(|| Duration::from_secs(s.http_keep_alive_s)),
             request_head_wait_max: Duration::from_millis(s.http_request_head_wait_ms_max),
+            request_body_wait_max: Duration::from_millis(s.http_request_body_wait_ms_max),
             request_body_bytes_max: s.request_body_bytes_max,
             oversized_body_drain_bytes_max: s.oversized_body_drain_bytes_max,
             oversized_body_drain_max: Duration::from_millis(s.oversized_body_drain_ms_max),
             shutdown_grace: Duration::from_secs(s.shutdown_grace_s),
+            shutdown_cleanup_max: Duration::from_millis(s.shutdown_cleanup_ms_max),
+            cookies_secure: s.cookies_secure,
             readiness_cache: Duration::from_millis(s.readiness_cache_ms),
             log_format: s.log_format,
             instance_id: s.instance_id.clone(),

@@ -65,14 +65,21 @@ pub async fn session(request: &HttpRequest, state: &AppState) -> Result<Option<S
     }))
 }
 
-/// The session cookie for a fresh token; `Secure` when the request came
-/// over TLS (directly or, per `Forwarded`/`X-Forwarded-Proto`, via a proxy).
+/// Whether this deployment's cookies carry `Secure` (`cookies_secure`).
+/// Not the request's scheme: `X-Forwarded-Proto` is any client's to send.
+fn cookies_secure(request: &HttpRequest) -> bool {
+    request
+        .app_data::<web::Data<AppState>>()
+        .is_some_and(|state| state.config.http.cookies_secure)
+}
+
+/// The session cookie for a fresh token; `Secure` per `cookies_secure`.
 pub fn session_cookie(request: &HttpRequest, token: &str, ttl: chrono::TimeDelta) -> Cookie<'static> {
     Cookie::build(auth::SESSION_COOKIE, token.to_owned())
         .path("/")
         .http_only(true)
         .same_site(SameSite::Strict)
-        .secure(request.connection_info().scheme() == "https")
+        .secure(cookies_secure(request))
         .max_age(time::Duration::seconds(ttl.num_seconds()))
         .finish()
 }
@@ -99,7 +106,7 @@ pub fn pre_session_csrf(request: &HttpRequest, tokens: &TokenSigner) -> (String,
         .path("/")
         .http_only(true)
         .same_site(SameSite::Strict)
-        .secure(request.connection_info().scheme() == "https")
+        .secure(cookies_secure(request))
         .finish();
     (value, Some(cookie))
 }

@@ -1,0 +1,186 @@
+//! How an instance stops, so that every request it accepted is answered
+//! with a status and the process is gone within a known time.
+//!
+//! On SIGTERM (or SIGINT) `main` calls [`Stopper::stop`]. First the doors
+//! shut ([`Doors`]): new handshakes go unanswered, and the connections the
+//! kernel had already completed are still accepted and served, since
+//! closing a listener resets those, requests and all. Then the listeners
+//! close, and for `shutdown_grace_s` the requests in flight finish. While
+//! it lasts, each response closes its connection (`Connection: close`), so
+//! a client sends its next request on a new connection, which is refused
+//! before anything is sent: a safe retry elsewhere, where a request on a
+//! connection cut at the end of the grace would leave its client not
+//! knowing. Live decision streams end at once with an `end` event, instead
+//! of holding their connections until the grace is over and being cut.
+//!
+//! Past the grace actix drops what is left, and the process has
+//! `shutdown_cleanup_ms_max` more to stop its background tasks and flush
+//! its spans; then it exits whatever still runs (`main`'s watchdog), so a
+//! task stuck in a store call or a blocking thread cannot keep it alive.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServerHandle, ServiceRequest, ServiceResponse};
+use actix_web::http::ConnectionType;
+use actix_web::middleware::Next;
+use tokio::sync::watch;
+
+/// Whether this instance is stopping; cheap to clone and to ask.
+#[derive(Clone)]
+pub struct Draining(Arc<watch::Sender<bool>>);
+
+impl Default for Draining {
+    fn default() -> Self {
+        Self(Arc::new(watch::Sender::new(false)))
+    }
+}
+
+impl Draining {
+    pub fn begin(&self) {
+        self.0.send_replace(true);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Resolves once the instance starts stopping (at once if it has).
+    pub async fn started(&self) {
+        let mut receiver = self.0.subscribe();
+        let _ = receiver.wait_for(|draining| *draining).await;
+    }
+}
+
+/// Stops one instance: what `main` calls on a signal, and tests may too.
+#[derive(Clone)]
+pub struct Stopper {
+    pub(crate) server: ServerHandle,
+    pub(crate) draining: Draining,
+    pub(crate) doors: Arc<Doors>,
+    /// `shutdown_grace_s`.
+    pub grace: Duration,
+    /// `shutdown_cleanup_ms_max`.
+    pub cleanup: Duration,
+}
+
+impl Stopper {
+    /// Closes the listeners, lets the requests in flight finish within the
+    /// grace, and resolves when the workers have stopped.
+    pub async fn stop(&self) {
+        self.draining.begin();
+        self.doors.shut();
+        // Normally a few milliseconds; past the grace, `main`'s bound on
+        // the exit ends it.
+        self.doors.wait_until_taken(self.grace).await;
+        self.server.stop(true).await;
+    }
+
+    /// The longest the process may take to exit once `stop` is called.
+    pub fn exit_bound(&self) -> Duration {
+        self.grace + self.cleanup
+    }
+}
+
+/// While the instance drains, each response closes its connection: the
+/// client's next request goes out on a new connection, which a stopped
+/// listener refuses before anything is sent.
+pub async fn close_connections_while_draining(
+    request: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let draining = request
+        .app_data::<actix_web::web::Data<crate::state::AppState>>()
+        .map(|state| state.draining.clone());
+    let mut response = next.call(request).await?;
+    if draining.is_some_and(|draining| draining.is_draining()) {
+        response
+            .response_mut()
+            .head_mut()
+            .set_connection_type(ConnectionType::Close);
+    }
+    Ok(response)
+}
+
+/// The instance's listening sockets, as the kernel holds them (duplicates
+/// of the ones actix accepts from).
+pub struct Doors(Vec<std::net::TcpListener>);
+
+/// A classic BPF program of one instruction, `ret #0`: every packet to the
+/// socket is dropped. On a listener that is every new handshake; the
+/// connections already completed are sockets of their own and unaffected.
+const DROP_EVERY_PACKET: [socket2::SockFilter; 1] = [socket2::SockFilter::new(0x06, 0, 0, 0)];
+
+/// A listening socket's state in `/proc/net/tcp`.
+const TCP_LISTEN: &str = "0A";
+
+impl Doors {
+    pub fn of(listeners: &[&std::net::TcpListener]) -> std::io::Result<Self> {
+        listeners
+            .iter()
+            .map(|listener| listener.try_clone())
+            .collect::<Result<_, _>>()
+            .map(Self)
+    }
+
+    /// From now on a new client's handshake goes unanswered; its retry,
+    /// a second later, finds the port closed: refused before anything was
+    /// sent.
+    fn shut(&self) {
+        for listener in &self.0 {
+            if let Err(error) = socket2::SockRef::from(listener).attach_filter(&DROP_EVERY_PACKET) {
+                tracing::warn!(%error, "could not shut a listener to new connections before closing it");
+            }
+        }
+    }
+
+    /// Waits, at most `within`, until actix has accepted every connection
+    /// the kernel queued on these listeners.
+    async fn wait_until_taken(&self, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        let ports: Vec<u16> = self
+            .0
+            .iter()
+            .filter_map(|listener| listener.local_addr().ok())
+            .map(|address| address.port())
+            .collect();
+        while queued(&ports).is_some_and(|queued| queued > 0) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// Connections completed by the kernel and not yet accepted on listeners
+/// at `ports`: for a listening socket, the `rx_queue` of
+/// `/proc/net/tcp{,6}` is its accept queue. `None` where there is no such
+/// file.
+fn queued(ports: &[u16]) -> Option<usize> {
+    let mut total = None;
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        let total = total.get_or_insert(0);
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(state), Some(queues)) = (fields.get(1), fields.get(3), fields.get(4))
+            else {
+                continue;
+            };
+            let port = local
+                .rsplit(':')
+                .next()
+                .and_then(|hex| u16::from_str_radix(hex, 16).ok());
+            if *state != TCP_LISTEN || !port.is_some_and(|port| ports.contains(&port)) {
+                continue;
+            }
+            *total += queues
+                .split(':')
+                .nth(1)
+                .and_then(|hex| usize::from_str_radix(hex, 16).ok())
+                .unwrap_or(0);
+        }
+    }
+    total
+}
