@@ -1,6 +1,7 @@
 //! What a connection may hold: a request head must arrive whole within
-//! `http_request_head_wait_ms_max`, and an idle keep-alive connection is
-//! closed after `http_keep_alive_s`.
+//! `http_request_head_wait_ms_max`, its body within
+//! `http_request_body_wait_ms_max` after it, and an idle keep-alive
+//! connection is closed after `http_keep_alive_s`.
 
 use std::time::Duration;
 
@@ -16,6 +17,9 @@ const CLOSE_WAIT_S_MAX: u64 = 3;
 /// A whole request head, ended by its blank line; and one without it.
 const HEALTHZ_REQUEST: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n";
 const HALF_A_HEAD: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n";
+/// A sign-up's head, announcing a body of 64 bytes.
+const SIGN_UP_HEAD: &[u8] =
+    b"POST /api/v1/users HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 64\r\n\r\n";
 
 #[tokio::test]
 async fn a_request_head_that_trickles_in_is_answered_408_and_the_connection_closed() {
@@ -25,6 +29,27 @@ async fn a_request_head_that_trickles_in_is_answered_408_and_the_connection_clos
     send(&mut stream, HALF_A_HEAD).await;
     let answer = read_until_closed(&mut stream).await;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+}
+
+#[tokio::test]
+async fn a_request_body_that_trickles_in_is_answered_408_and_the_connection_closed() {
+    let app = spawn_app(|settings| settings.http_request_body_wait_ms_max = 500).await;
+    let mut stream = connect(&app).await;
+    send(&mut stream, SIGN_UP_HEAD).await;
+    // A few bytes of the body, one at a time, and then nothing more: at a
+    // byte a second, the body would hold the connection for minutes.
+    for byte in b"{\"na" {
+        send(&mut stream, &[*byte]).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let answer = read_until_closed(&mut stream).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("/problems/body-too-slow"), "{answer}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM users").await,
+        0,
+        "nothing was changed"
+    );
 }
 
 #[tokio::test]
