@@ -30,8 +30,10 @@
 --                  not known yet: the money may have left;
 -- settled          the gateway sent it; the hold became a posted debit;
 -- failed           the gateway refused it for good; the hold was released;
--- needs_attention  every attempt ended without a known outcome; the hold
---                  stays until `wallet-server reconcile` asks the gateway.
+-- needs_attention  every attempt ended without a known outcome, or a retry
+--                  came after the gateway may have forgotten the key; the
+--                  hold stays until `wallet-server reconcile` asks the
+--                  gateway, or a person looks.
 CREATE TYPE payout_state AS ENUM ('pending', 'sent', 'settled', 'failed', 'needs_attention');
 
 CREATE TABLE payouts (
@@ -288,7 +290,8 @@ $$;
 -- counted as an attempt. A pending payout becomes 'sent' here, before the
 -- call: from now on the money may have left. The dispatcher (p_lab_user
 -- NULL) takes real money only; the race lab takes its visitor's lab
--- payouts, which it sends to the lab's own bank.
+-- payouts, which it sends to the lab's own bank. created_at says how old
+-- the payout is: a retry past the gateway's key retention is not sent.
 CREATE FUNCTION payout_take(p_rows int, p_lease_ms int, p_lab_user uuid)
 RETURNS TABLE (
     payout_id    uuid,
@@ -299,7 +302,8 @@ RETURNS TABLE (
     currency     text,
     destination  text,
     attempts     int,
-    traceparent  text
+    traceparent  text,
+    created_at   timestamptz
 )
 LANGUAGE sql AS $$
     WITH due AS (
@@ -325,7 +329,7 @@ LANGUAGE sql AS $$
           FROM leased
          WHERE p.id = leased.payout_id
         RETURNING p.id, leased.lease_token, p.user_id, p.wallet_id, p.amount_minor, p.currency,
-                  p.destination, p.attempts, p.traceparent
+                  p.destination, p.attempts, p.traceparent, p.created_at
     )
     SELECT * FROM counted
 $$;
@@ -433,8 +437,9 @@ $$;
 -- The outcome is unknown (a time-out, a 5xx, a broken connection): the
 -- row is due again after p_delay_ms, for the next attempt with the same
 -- key. Once p_attempts_max attempts were made, or with p_give_up (an
--- answer no retry can change, that is not a refusal either), the payout
--- needs a person instead, and keeps its hold. Only the lease's holder
+-- answer no retry can change, that is not a refusal either; or a retry
+-- not sent, past the gateway's key retention), the payout needs a person
+-- instead, and keeps its hold. Only the lease's holder
 -- may postpone it.
 CREATE FUNCTION payout_postpone(
     p_payout_id uuid,

@@ -130,7 +130,8 @@ impl Metrics {
         .expect("static metric definition");
         let payouts_given_up = IntCounter::new(
             "payouts_needs_attention_total",
-            "Payouts whose gateway calls ran out (payout_attempts_max) without a known outcome",
+            "Payouts set aside for a person: their gateway calls ran out (payout_attempts_max) without a known outcome, \
+             or a retry came past payout_gateway_key_retention_hours",
         )
         .expect("static metric definition");
         let payout_outbox_rows = IntGauge::new(

@@ -1,7 +1,8 @@
 //! The edges of money that leaves: what `reconcile` does when the answer
 //! it gets is not the gateway's own word on the key (a wrong path, a
-//! proxy's 404, a redirect, a gateway past its key retention), how long a
-//! gateway's `Retry-After` may hold a payout, and whose payouts a list's
+//! proxy's 404, a redirect, a gateway past its key retention), what the
+//! dispatcher does with a retry that comes after that retention, how long
+//! a gateway's `Retry-After` may hold a payout, and whose payouts a list's
 //! cursor may name. Each payout here was really sent by the gateway
 //! simulator, so a released hold would be money paid twice.
 
@@ -165,6 +166,94 @@ async fn a_gateway_that_forgot_the_key_after_its_retention_keeps_the_hold_of_an_
     )
     .await;
     assert_eq!(gateway.sent(&payout.to_string()).await, 1);
+}
+
+/// The instance dies while the gateway holds back its answer to a sending,
+/// and no dispatcher runs again for longer than the gateway's key
+/// retention, which forgets the key meanwhile. The retry with the same key
+/// would be a new sending: it is not made, and the payout needs a person.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_retry_after_the_gateways_key_retention_is_not_sent_and_the_payout_needs_attention() {
+    let gateway = Gateway::start(
+        &wallet_sim_binary(),
+        &[
+            "--lose-answer-rate",
+            "1",
+            "--lose-answer-ms",
+            "2000",
+            "--key-retention-ms",
+            "1",
+        ],
+    )
+    .await;
+    let mut first = spawn_app(|settings| {
+        with_payouts(&gateway.url)(settings);
+        settings.payout_call_timeout_ms = 2_500;
+    })
+    .await;
+    let alice = first.sign_up("alice").await;
+    let payout = pay_out(&first, &alice, AMOUNT_MINOR).await;
+    let deadline = Instant::now() + Duration::from_secs(PAYOUT_WAIT_SECONDS_MAX);
+    while gateway.sent(&payout.to_string()).await == 0 {
+        assert!(Instant::now() < deadline, "the gateway never sent");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    first.kill().await;
+    assert_eq!(
+        first.payout_state(payout).await,
+        "sent",
+        "killed before the settlement"
+    );
+
+    // A day and an hour later, past payout_gateway_key_retention_hours; the
+    // dead instance's lease has long run out.
+    sqlx::query("UPDATE payouts SET created_at = created_at - interval '25 hours' WHERE id = $1")
+        .bind(payout)
+        .execute(&first.db)
+        .await
+        .expect("the payout made a day ago");
+    sqlx::query("UPDATE payout_outbox SET due_at = now() WHERE payout_id = $1")
+        .bind(payout)
+        .execute(&first.db)
+        .await
+        .expect("the lease ran out");
+    let (status, _) = gateway.look_up(&payout.to_string()).await;
+    assert_eq!(status, 404, "the gateway forgot the key");
+
+    let second = spawn_second_instance(&first).await;
+    assert_eq!(
+        second
+            .wait_for_payout(payout, &["needs_attention", "settled", "failed"])
+            .await,
+        "needs_attention"
+    );
+    let (reason, attempts): (Option<String>, i32) =
+        sqlx::query_as("SELECT reason, attempts FROM payouts WHERE id = $1")
+            .bind(payout)
+            .fetch_one(&second.db)
+            .await
+            .expect("the payout");
+    assert!(
+        reason
+            .as_deref()
+            .is_some_and(|reason| reason.starts_with("not retried")
+                && reason.contains("payout_gateway_key_retention_hours")),
+        "{reason:?}"
+    );
+    assert_eq!(attempts, 2, "taken once more, and set aside");
+    assert_eq!(gateway.sent(&payout.to_string()).await, 1, "sent once, not again");
+    assert_eq!(second.held_minor().await, AMOUNT_MINOR, "the hold stays");
+    assert_eq!(
+        second.balance(alice.wallet_id).await,
+        STARTING_MINOR - AMOUNT_MINOR
+    );
+    let outbox_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM payout_outbox WHERE payout_id = $1")
+        .bind(payout)
+        .fetch_one(&second.db)
+        .await
+        .expect("the outbox");
+    assert_eq!(outbox_rows, 0, "no further attempt is due");
+    assert_eq!(money_invariant_violations(&second.db).await, Vec::<String>::new());
 }
 
 /// A gateway asking for a day's wait gets at most `payout_retry_cap_ms`.

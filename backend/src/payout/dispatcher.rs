@@ -18,6 +18,12 @@
 //!   gateway's `Retry-After` up to that cap), until `payout_attempts_max`,
 //!   after which the payout needs a person. Only the gateway's own refusal
 //!   releases the hold (`gateway` sorts the answers).
+//! - **No retry past the key's retention.** The gateway remembers a key
+//!   for `payout_gateway_key_retention_hours`: a retry of an older payout
+//!   (after a dispatcher outage) could reach a gateway that forgot a
+//!   sending, and be sent again. It is not sent: the payout is set aside
+//!   as when its attempts run out, and needs a person. A first attempt,
+//!   which nothing was sent before, still goes.
 //!
 //! The dispatcher's span continues the trace of the request that made the
 //! payout, and the gateway call is a client span under it that passes the
@@ -25,7 +31,7 @@
 
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use futures::future::join_all;
 use sqlx::PgPool;
 use tracing::Instrument;
@@ -53,6 +59,7 @@ pub struct Taken {
     /// This attempt's number, from 1.
     pub attempts: i32,
     pub traceparent: Option<String>,
+    pub created_at: DateTime<Utc>,
 }
 
 /// One gateway call's answer, waiting to be recorded.
@@ -119,6 +126,11 @@ impl Dispatcher {
     /// together, in one transaction (`payout_settle_all()`); every other
     /// answer is recorded on its own.
     async fn dispatch(&self, taken: Vec<Taken>) {
+        let retention = self.state.config.payouts.gateway_key_retention;
+        let (too_late, taken): (Vec<Taken>, Vec<Taken>) = taken
+            .into_iter()
+            .partition(|row| row.retry_past_key_retention(retention, Utc::now()));
+        join_all(too_late.iter().map(|row| self.set_aside(row))).await;
         let attempts = join_all(taken.into_iter().map(|row| self.attempt(row))).await;
         let sent: Vec<(Uuid, &str)> = attempts
             .iter()
@@ -156,17 +168,7 @@ impl Dispatcher {
     /// The gateway call for one row, under the payout's span, which
     /// continues the trace of the request that made it.
     async fn attempt(&self, row: Taken) -> Attempt {
-        let span = tracing::info_span!(
-            "payout.dispatch",
-            otel.kind = "consumer",
-            payout.id = %row.payout_id,
-            payout.attempt = row.attempts,
-            payout.answer = tracing::field::Empty,
-            instance.id = %self.state.instance_id,
-        );
-        if let Some(traceparent) = &row.traceparent {
-            telemetry::continue_trace(&span, traceparent);
-        }
+        let span = self.span(&row);
         let started = Instant::now();
         let answer = self.call(&row).instrument(span.clone()).await;
         span.record("payout.answer", answer.label());
@@ -181,6 +183,69 @@ impl Dispatcher {
             took: started.elapsed(),
             span,
         }
+    }
+
+    /// The payout's `payout.dispatch` span, which continues the trace of
+    /// the request that made it.
+    fn span(&self, row: &Taken) -> tracing::Span {
+        let span = tracing::info_span!(
+            "payout.dispatch",
+            otel.kind = "consumer",
+            payout.id = %row.payout_id,
+            payout.attempt = row.attempts,
+            payout.answer = tracing::field::Empty,
+            instance.id = %self.state.instance_id,
+        );
+        if let Some(traceparent) = &row.traceparent {
+            telemetry::continue_trace(&span, traceparent);
+        }
+        span
+    }
+
+    /// A retry the gateway may no longer recognise is not sent: the
+    /// payout needs a person, its hold kept, by the path whose attempts
+    /// ran out (`payout_postpone()` giving up), never released.
+    async fn set_aside(&self, row: &Taken) {
+        let payouts = &self.state.config.payouts;
+        let why = format!(
+            "not retried: the payout was made at {} and the gateway remembers keys for {} hours \
+             (payout_gateway_key_retention_hours); an earlier attempt may have been sent, and a retry it no longer \
+             recognises would send it again: the hold stays until a person checks the gateway's ledger",
+            row.created_at.format("%Y-%m-%d %H:%M:%S UTC"),
+            payouts.gateway_key_retention.as_secs() / 3_600,
+        );
+        let span = self.span(row);
+        let recorded = postpone(
+            &self.state.db,
+            row,
+            Duration::ZERO,
+            &why,
+            payouts.retry.attempts_max,
+            true,
+        )
+        .instrument(span.clone())
+        .await;
+        span.in_scope(|| match recorded {
+            Ok((Recorded::Done, true)) => {
+                self.state.metrics.payouts_given_up.inc();
+                tracing::warn!(
+                    payout.id = %row.payout_id,
+                    attempts = row.attempts,
+                    reason = why,
+                    "a payout's retry past the gateway's key retention was not sent; it needs a person"
+                );
+                let problem = Some(ProblemType::PayoutNeedsAttention);
+                self.publish(row, Outcome::Error, 503, problem, Duration::ZERO);
+            }
+            // Another holder of the row records it.
+            Ok(_) => {}
+            Err(error) => tracing::warn!(
+                payout.id = %row.payout_id,
+                error = %error,
+                "could not set aside a retry past the gateway's key retention; when the lease runs out it is \
+                 set aside again"
+            ),
+        });
     }
 
     async fn call(&self, row: &Taken) -> GatewayAnswer {
@@ -246,6 +311,18 @@ impl Dispatcher {
             // A postponed attempt is not an ending.
             _ => return,
         };
+        self.publish(row, outcome, status, problem, took);
+    }
+
+    /// Puts one ending of the payout in its owner's feed.
+    fn publish(
+        &self,
+        row: &Taken,
+        outcome: Outcome,
+        status: u16,
+        problem: Option<ProblemType>,
+        took: Duration,
+    ) {
         let span = tracing::Span::current();
         let trace_id = telemetry::traceparent_of(&span)
             .or_else(|| row.traceparent.clone())
@@ -293,6 +370,16 @@ impl Dispatcher {
 }
 
 impl Taken {
+    /// Whether this is a retry (an earlier attempt may have reached the
+    /// gateway) of a payout made `retention` or longer ago: the gateway may
+    /// have forgotten its key, and would send it again. Counted from the
+    /// payout's creation, no later than its first attempt, so the count
+    /// errs towards not sending.
+    pub fn retry_past_key_retention(&self, retention: Duration, now: DateTime<Utc>) -> bool {
+        let age = now.signed_duration_since(self.created_at);
+        self.attempts > 1 && age.to_std().is_ok_and(|age| age >= retention)
+    }
+
     /// The payout as the gateway's API takes it.
     pub fn as_gateway_payout(&self) -> GatewayPayout<'_> {
         GatewayPayout {
@@ -360,7 +447,7 @@ pub async fn take(
 ) -> Result<Vec<Taken>, sqlx::Error> {
     sqlx::query_as(
         "SELECT payout_id, lease_token, user_id, wallet_id, amount_minor, currency, destination, attempts,
-                traceparent
+                traceparent, created_at
            FROM payout_take($1, $2, $3)",
     )
     .bind(i32::try_from(rows).unwrap_or(i32::MAX))
