@@ -16,12 +16,14 @@
 --   'unknown_source'      no real wallet has the source id;
 --   'unknown_target'      no wallet can receive it (as for transfers);
 --   'currency_mismatch'   the wallets hold different currencies;
---   'too_old'             published longer ago than the inbox remembers;
+--   'too_old'             published longer ago than p_age_hours_max;
+--   'published_in_future' published (by its entry id) more than
+--                         p_future_s ahead of the database's clock;
 --   'dead_lettered'       delivered commands_deliveries_max times without
 --                         an outcome; moved to the dead-letter stream.
 CREATE TYPE command_verdict AS ENUM (
     'applied', 'insufficient_funds', 'unknown_source', 'unknown_target', 'currency_mismatch', 'too_old',
-    'dead_lettered');
+    'published_in_future', 'dead_lettered');
 
 -- The result body, the same bytes for every delivery of one command.
 CREATE FUNCTION command_result(
@@ -45,7 +47,10 @@ $$;
 -- the source wallet's owner, the result stored with the claim. With
 -- p_dead_letter_reason set, the command is recorded as dead-lettered
 -- instead, unless the inbox already holds its outcome. A command's time is
--- its stream entry's (p_published_at).
+-- its stream entry's (p_published_at), which the broker may choose: it is
+-- accepted only from p_age_hours_max ago to p_future_s ahead of now. The
+-- claim is kept p_retention_hours, longer than those two together, so that
+-- every command a swept claim could stand for is refused as too old.
 CREATE FUNCTION broker_command(
     p_command_id text,
     p_fingerprint bytea,
@@ -55,6 +60,8 @@ CREATE FUNCTION broker_command(
     p_amount bigint,
     p_published_at timestamptz,
     p_dead_letter_reason text,
+    p_age_hours_max int,
+    p_future_s int,
     p_retention_hours int,
     p_claim_wait_ms int,
     p_wallet_wait_ms int,
@@ -92,8 +99,15 @@ BEGIN
     v_started := clock_timestamp();
     IF p_dead_letter_reason IS NOT NULL THEN
         v_verdict := 'dead_lettered';
-    ELSIF p_published_at < now() - make_interval(hours => p_retention_hours) THEN
+    ELSIF p_published_at < now() - make_interval(hours => p_age_hours_max) THEN
+        -- Too old to be told apart from a command whose claim was swept:
+        -- had it been applied, its row might be gone.
         v_verdict := 'too_old';
+    ELSIF p_published_at > now() + make_interval(secs => p_future_s) THEN
+        -- An entry id ahead of any clock's drift (XADD with an explicit
+        -- id): it would stay young past its claim's sweep, and a copy
+        -- published again then would be applied a second time.
+        v_verdict := 'published_in_future';
     ELSIF owner IS NULL THEN
         v_verdict := 'unknown_source';
     ELSE

@@ -97,6 +97,58 @@ async fn one_wallets_commands_apply_in_order_and_a_refusal_is_an_outcome() {
     first.assert_invariants().await;
 }
 
+/// A broker may choose its entry ids (`XADD stream <id> …`), and so a
+/// command's time. One dated a day ahead would stay young past its claim's
+/// sweep, so it is refused and the refusal stored; one within the clock
+/// tolerance is applied.
+#[tokio::test]
+async fn a_command_published_past_the_future_tolerance_is_refused_and_the_refusal_kept() {
+    let app = spawn_app(with_commands).await;
+    let (alice, bob) = app.alice_and_bob().await;
+    assert_eq!(app.settings.commands_future_tolerance_s, 300);
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    let within = transfer_command(alice.wallet_id, bob.wallet_id, 1_000);
+    let ahead = transfer_command(alice.wallet_id, bob.wallet_id, 2_000);
+    // One stream (one source wallet): its ids must rise.
+    app.publish_command_as(&within, &format!("{}-0", now_ms + 60_000))
+        .await;
+    app.publish_command_as(&ahead, &format!("{}-0", now_ms + 86_400_000))
+        .await;
+    assert_eq!(
+        app.wait_for_outcome(&within.command_id).await["outcome"],
+        "applied"
+    );
+    let refused = app.wait_for_outcome(&ahead.command_id).await;
+    assert_eq!(refused["outcome"], "published_in_future", "{refused}");
+    assert!(refused.get("transfer_id").is_none(), "{refused}");
+    // Published again, it gets the stored refusal.
+    app.publish_command_as(&ahead, &format!("{}-0", now_ms + 86_400_001))
+        .await;
+    app.wait_until_nothing_pending().await;
+    let results = app.stream_entries(app.command_streams().results()).await;
+    let refusals = results
+        .iter()
+        .filter(|entry| entry["command_id"] == ahead.command_id)
+        .inspect(|entry| assert_eq!(entry["outcome"], "published_in_future"))
+        .count();
+    assert_eq!(refusals, 2, "{results:?}");
+    let stored: String =
+        sqlx::query_scalar("SELECT verdict FROM inbox WHERE source = 'broker' AND event_id = $1")
+            .bind(&ahead.command_id)
+            .fetch_one(&app.db)
+            .await
+            .expect("the refusal's inbox row");
+    assert_eq!(stored, "published_in_future");
+    assert_eq!(
+        app.transfer_count().await,
+        1,
+        "only the command within the tolerance"
+    );
+    assert_eq!(app.balance(alice.wallet_id).await, 100_000 - 1_000);
+    assert_eq!(app.balance(bob.wallet_id).await, 100_000 + 1_000);
+    app.assert_invariants().await;
+}
+
 /// Consumers scale out: an instance alone works every partition; when a
 /// second one starts, the first gives up partitions until each holds its
 /// share.

@@ -131,6 +131,19 @@ impl TestApp {
             .expect("XADD")
     }
 
+    /// Publishes `command` under an entry id the issuer chose
+    /// (`XADD stream <id> …`) rather than one from Redis's clock; the id
+    /// must exceed the stream's last.
+    pub async fn publish_command_as(&self, command: &Command, entry_id: &str) -> String {
+        let mut add = redis::cmd("XADD");
+        add.arg(self.command_streams().stream_for(command.from))
+            .arg(entry_id);
+        for (name, value) in command.fields() {
+            add.arg(name).arg(value);
+        }
+        add.query_async(&mut redis().await).await.expect("XADD")
+    }
+
     /// Publishes any fields to `stream`: a command, or something that is not.
     pub async fn publish_fields(&self, stream: String, fields: &[(&str, String)]) -> String {
         let mut add = redis::cmd("XADD");

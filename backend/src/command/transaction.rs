@@ -16,8 +16,9 @@ use crate::settings::Config;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Applied {
     pub decision: Decision,
-    /// The outcome's name (`applied`, `insufficient_funds`, …,
-    /// `payload_changed` for a command id reused for another command).
+    /// The outcome's name (`applied`, `insufficient_funds`, `too_old`,
+    /// `published_in_future`, …, `payload_changed` for a command id
+    /// reused for another command).
     pub verdict: String,
     /// The result body, as stored and published.
     pub result: String,
@@ -57,7 +58,7 @@ pub async fn apply(
 ) -> Result<Applied, NotApplied> {
     let row: CommandRow = sqlx::query_as(
         "SELECT claim, verdict, owner, result
-         FROM broker_command($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+         FROM broker_command($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
     )
     .bind(&command.command_id)
     .bind(&command.fingerprint()[..])
@@ -67,6 +68,8 @@ pub async fn apply(
     .bind(command.amount_minor)
     .bind(published_at)
     .bind(dead_letter_reason)
+    .bind(i32::from(config.commands.age_hours_max))
+    .bind(i32::try_from(config.commands.future_tolerance.as_secs()).unwrap_or(i32::MAX))
     .bind(i32::from(config.deposits.inbox_retention_hours))
     .bind(i32::from(config.deposits.inbox_wait_ms_max))
     .bind(i32::from(config.database.wallet_lock_wait_ms_max))

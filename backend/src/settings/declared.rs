@@ -245,9 +245,9 @@ declare_settings! {
         /// How long the inbox keeps an event's claim. It must exceed
         /// `deposit_event_age_hours_max` + `provider_signature_tolerance_s`:
         /// by the time a claim is swept, every event it could stand for is
-        /// refused as too old, so none is applied twice. A broker command
-        /// older than this is refused too. Providers retry for up to a few
-        /// days.
+        /// refused as too old, so none is applied twice; likewise
+        /// `commands_age_hours_max` + `commands_future_tolerance_s` for
+        /// broker commands. Providers retry for up to a few days.
         inbox_retention_hours: u16 = 744, within 1..=8_760 "hours";
         /// How long a delivery waits in PostgreSQL for a concurrent delivery of
         /// the same event to commit, before answering 409.
@@ -307,6 +307,14 @@ declare_settings! {
         commands_results_entries_max: u64 = 100_000, within 100..=100_000_000 "entries";
         /// Length cap of the dead-letter stream (approximate, `MAXLEN ~`).
         commands_dead_letters_entries_max: u64 = 100_000, within 100..=100_000_000 "entries";
+        /// The oldest command applied, by its stream entry id's time; an
+        /// older one is refused (`too_old`), and the refusal stored.
+        commands_age_hours_max: u16 = 720, within 1..=8_760 "hours";
+        /// How far a command's entry id may lie ahead of the database's
+        /// clock: the drift allowed between the broker's Redis and it. A
+        /// command published further ahead (an explicit id in `XADD`) is
+        /// refused (`published_in_future`), and the refusal stored.
+        commands_future_tolerance_s: u64 = 300, within 1..=3_600 "s";
     }
 
     section "Payouts through a bank gateway" {

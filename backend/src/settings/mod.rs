@@ -213,6 +213,35 @@ mod tests {
     }
 
     #[test]
+    fn the_inbox_keeps_a_claim_longer_than_any_command_it_accepts() {
+        let settings = Settings {
+            commands_age_hours_max: 720,
+            commands_future_tolerance_s: 300,
+            deposit_event_age_hours_max: 1,
+            inbox_retention_hours: 720,
+            ..Settings::default()
+        };
+        let error = settings
+            .validate()
+            .expect_err("a claim swept while its command is still accepted");
+        assert!(
+            error.to_string().contains("commands_future_tolerance_s"),
+            "{error}"
+        );
+        Settings {
+            inbox_retention_hours: 721,
+            ..settings
+        }
+        .validate()
+        .expect("an hour past the oldest command and the tolerance");
+        let defaults = Settings::default();
+        assert!(
+            u64::from(defaults.inbox_retention_hours) * 3_600
+                > u64::from(defaults.commands_age_hours_max) * 3_600 + defaults.commands_future_tolerance_s
+        );
+    }
+
+    #[test]
     fn every_number_has_a_ceiling() {
         let settings = Settings {
             api_token_ttl_hours: u64::MAX,

@@ -167,6 +167,9 @@ pub struct Commands {
     pub retry_backoff: Duration,
     pub results_entries_max: u64,
     pub dead_letters_entries_max: u64,
+    /// In PostgreSQL's hours, as `int`.
+    pub age_hours_max: u16,
+    pub future_tolerance: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -299,7 +302,7 @@ impl Config {
                 mode: settings.row_guard_mode,
             },
             deposits: Deposits::checked(settings, &mut check),
-            commands: Commands::from(settings),
+            commands: Commands::checked(settings, &mut check),
             payouts: Payouts::checked(settings, &mut check),
             demo: Demo::from(settings),
             race_lab: RaceLab::from(settings),
@@ -561,8 +564,21 @@ impl Deposits {
     }
 }
 
-impl From<&Settings> for Commands {
-    fn from(s: &Settings) -> Self {
+impl Commands {
+    fn checked(s: &Settings, check: &mut Checks) -> Self {
+        // As for deposits: a command whose claim was swept must be refused
+        // as too old by then. Its entry id's time lies at most the future
+        // tolerance ahead of its claim's, and is accepted until the age
+        // limit after that.
+        let accepted_s = u64::from(s.commands_age_hours_max) * 3_600 + s.commands_future_tolerance_s;
+        check.require(
+            u64::from(s.inbox_retention_hours) * 3_600 > accepted_s,
+            format!(
+                "inbox_retention_hours ({} h) must exceed commands_age_hours_max + \
+                 commands_future_tolerance_s ({accepted_s} s), or a swept command could be applied twice",
+                s.inbox_retention_hours
+            ),
+        );
         Self {
             enabled: s.commands_enabled,
             redis_url: s.commands_redis_url.clone(),
@@ -574,6 +590,8 @@ impl From<&Settings> for Commands {
             retry_backoff: Duration::from_millis(s.commands_retry_backoff_ms),
             results_entries_max: s.commands_results_entries_max,
             dead_letters_entries_max: s.commands_dead_letters_entries_max,
+            age_hours_max: s.commands_age_hours_max,
+            future_tolerance: Duration::from_secs(s.commands_future_tolerance_s),
         }
     }
 }
