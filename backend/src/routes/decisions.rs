@@ -278,22 +278,9 @@ async fn open_stream(
                 .min(live.delivered + idle)
                 .saturating_duration_since(Instant::now());
             let block_ms = keepalive.min(until_due).as_millis().max(1) as u64;
-            let mut command = redis::cmd("XREAD");
-            command
-                .arg("BLOCK")
-                .arg(block_ms)
-                .arg("COUNT")
-                .arg(100)
-                .arg("STREAMS")
-                .arg(&key)
-                .arg(&live.last_id);
-            let read = command.query_async::<feed::XreadReply>(&mut live.connection);
-            let reply = tokio::select! {
-                reply = read => reply,
-                () = draining.started() => {
-                    live.ended = true;
-                    return Some((Ok(end_event("shutdown")), live));
-                }
+            let Some(reply) = read_unless_stopping(&mut live, &key, block_ms, &draining).await else {
+                live.ended = true;
+                return Some((Ok(end_event("shutdown")), live));
             };
             let streams = match reply {
                 Ok(streams) => streams.unwrap_or_default(),
@@ -323,6 +310,29 @@ async fn open_stream(
         // Tells nginx not to buffer the stream.
         .insert_header(("X-Accel-Buffering", "no"))
         .streaming(events))
+}
+
+/// The entries after the stream's last id, waiting up to `block_ms` for
+/// some; `None` if the instance starts stopping first.
+async fn read_unless_stopping(
+    live: &mut LiveStream,
+    key: &str,
+    block_ms: u64,
+    draining: &crate::shutdown::Draining,
+) -> Option<redis::RedisResult<feed::XreadReply>> {
+    let mut command = redis::cmd("XREAD");
+    command
+        .arg("BLOCK")
+        .arg(block_ms)
+        .arg("COUNT")
+        .arg(100)
+        .arg("STREAMS")
+        .arg(key)
+        .arg(&live.last_id);
+    tokio::select! {
+        reply = command.query_async::<feed::XreadReply>(&mut live.connection) => Some(reply),
+        () = draining.started() => None,
+    }
 }
 
 /// The last entry's id in the stream, or `0-0` when it has none yet.
