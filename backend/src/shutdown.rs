@@ -74,6 +74,9 @@ impl Stopper {
         // Normally a few milliseconds; past the grace, `main`'s bound on
         // the exit ends it.
         self.doors.wait_until_taken(self.grace).await;
+        // Ours are duplicates: once they and actix's are closed, the ports
+        // refuse new clients outright instead of leaving them to retry.
+        self.doors.close();
         self.server.stop(true).await;
     }
 
@@ -104,8 +107,8 @@ pub async fn close_connections_while_draining(
 }
 
 /// The instance's listening sockets, as the kernel holds them (duplicates
-/// of the ones actix accepts from).
-pub struct Doors(Vec<std::net::TcpListener>);
+/// of the ones actix accepts from), until `close`.
+pub struct Doors(std::sync::Mutex<Vec<std::net::TcpListener>>);
 
 /// A classic BPF program of one instruction, `ret #0`: every packet to the
 /// socket is dropped. On a listener that is every new handshake; the
@@ -121,14 +124,22 @@ impl Doors {
             .iter()
             .map(|listener| listener.try_clone())
             .collect::<Result<_, _>>()
-            .map(Self)
+            .map(|listeners| Self(std::sync::Mutex::new(listeners)))
+    }
+
+    fn listeners(&self) -> std::sync::MutexGuard<'_, Vec<std::net::TcpListener>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn close(&self) {
+        self.listeners().clear();
     }
 
     /// From now on a new client's handshake goes unanswered; its retry,
     /// a second later, finds the port closed: refused before anything was
     /// sent.
     fn shut(&self) {
-        for listener in &self.0 {
+        for listener in self.listeners().iter() {
             if let Err(error) = socket2::SockRef::from(listener).attach_filter(&DROP_EVERY_PACKET) {
                 tracing::warn!(%error, "could not shut a listener to new connections before closing it");
             }
@@ -140,7 +151,7 @@ impl Doors {
     async fn wait_until_taken(&self, within: Duration) {
         let deadline = tokio::time::Instant::now() + within;
         let ports: Vec<u16> = self
-            .0
+            .listeners()
             .iter()
             .filter_map(|listener| listener.local_addr().ok())
             .map(|address| address.port())
