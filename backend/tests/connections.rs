@@ -17,9 +17,12 @@ const CLOSE_WAIT_S_MAX: u64 = 3;
 /// A whole request head, ended by its blank line; and one without it.
 const HEALTHZ_REQUEST: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n";
 const HALF_A_HEAD: &[u8] = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n";
-/// A sign-up's head, announcing a body of 64 bytes.
+/// A sign-up's head and a sign-in form's, each announcing a body of 64
+/// bytes.
 const SIGN_UP_HEAD: &[u8] =
     b"POST /api/v1/users HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 64\r\n\r\n";
+const SIGN_IN_FORM_HEAD: &[u8] = b"POST /signin HTTP/1.1\r\nHost: localhost\r\n\
+    Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 64\r\n\r\n";
 
 #[tokio::test]
 async fn a_request_head_that_trickles_in_is_answered_408_and_the_connection_closed() {
@@ -34,17 +37,23 @@ async fn a_request_head_that_trickles_in_is_answered_408_and_the_connection_clos
 #[tokio::test]
 async fn a_request_body_that_trickles_in_is_answered_408_and_the_connection_closed() {
     let app = spawn_app(|settings| settings.http_request_body_wait_ms_max = 500).await;
-    let mut stream = connect(&app).await;
-    send(&mut stream, SIGN_UP_HEAD).await;
-    // A few bytes of the body, one at a time, and then nothing more: at a
-    // byte a second, the body would hold the connection for minutes.
-    for byte in b"{\"na" {
-        send(&mut stream, &[*byte]).await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    // An API call and a browser's form: each says why, in its own terms.
+    for (head, says) in [
+        (SIGN_UP_HEAD, "/problems/body-too-slow"),
+        (SIGN_IN_FORM_HEAD, "took too long to arrive"),
+    ] {
+        let mut stream = connect(&app).await;
+        send(&mut stream, head).await;
+        // A few bytes of the body, one at a time, and then nothing more: at
+        // a byte a second, the body would hold the connection for minutes.
+        for byte in b"name" {
+            send(&mut stream, &[*byte]).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let answer = read_until_closed(&mut stream).await;
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(answer.contains(says), "{answer}");
     }
-    let answer = read_until_closed(&mut stream).await;
-    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
-    assert!(answer.contains("/problems/body-too-slow"), "{answer}");
     assert_eq!(
         app.count("SELECT count(*) FROM users").await,
         0,

@@ -95,7 +95,17 @@ fn error_page(
 /// session here, so it shows none.
 pub fn unreadable_form(error: actix_web::error::UrlencodedError, request: &HttpRequest) -> actix_web::Error {
     tracing::info!(error = %error, path = request.path(), "a browser form could not be read");
+    let too_slow = matches!(&error, actix_web::error::UrlencodedError::Payload(payload)
+        if crate::body_deadline::is_deadline(payload));
     let response = match request.app_data::<actix_web::web::Data<AppState>>() {
+        Some(state) if too_slow => error_page(
+            state,
+            None,
+            StatusCode::REQUEST_TIMEOUT,
+            "This form took too long to arrive",
+            "Your browser's connection was too slow to send the form, so nothing was done with it. Go back and try \
+             again.",
+        ),
         Some(state) => error_page(
             state,
             None,
