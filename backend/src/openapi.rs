@@ -62,9 +62,10 @@ impl Modify for BearerAuth {
 }
 
 /// Failures a JSON body can meet before the operation looks at it.
-const BODY: [ProblemType; 4] = [
+const BODY: [ProblemType; 5] = [
     MalformedRequest,
     PayloadTooLarge,
+    BodyTooSlow,
     UnsupportedMediaType,
     ValidationFailed,
 ];
@@ -80,6 +81,7 @@ fn failures(method: &str, path: &str) -> Vec<ProblemType> {
         ("post", "/api/v1/tokens") => vec![
             MalformedRequest,
             PayloadTooLarge,
+            BodyTooSlow,
             UnsupportedMediaType,
             Unauthorized,
             TooManyAttempts,
