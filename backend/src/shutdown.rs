@@ -13,43 +13,66 @@
 //! knowing. Live decision streams end at once with an `end` event, instead
 //! of holding their connections until the grace is over and being cut.
 //!
-//! Past the grace actix drops what is left, and the process has
-//! `shutdown_cleanup_ms_max` more to stop its background tasks and flush
-//! its spans; then it exits whatever still runs (`main`'s watchdog), so a
-//! task stuck in a store call or a blocking thread cannot keep it alive.
+//! A request still running when the grace ends is answered then, 503
+//! (`outcome-unknown` for a write, which may have been done), rather than
+//! cut: actix drops the connections left [`LAST_ANSWERS`] later. The
+//! process then has `shutdown_cleanup_ms_max` more to stop its background
+//! tasks and flush its spans, and exits whatever still runs (`main`'s
+//! watchdog), so a task stuck in a store call or a blocking thread cannot
+//! keep it alive.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServerHandle, ServiceRequest, ServiceResponse};
-use actix_web::http::ConnectionType;
+use actix_web::http::{ConnectionType, Method};
 use actix_web::middleware::Next;
 use tokio::sync::watch;
 
-/// Whether this instance is stopping; cheap to clone and to ask.
+use crate::problem::{Problem, ProblemType};
+
+/// How long after the grace the answers given at its end have to be
+/// written before actix drops the connections left.
+pub const LAST_ANSWERS: Duration = Duration::from_secs(1);
+
+/// Whether this instance is stopping, and when its grace ends; cheap to
+/// clone and to ask.
 #[derive(Clone)]
-pub struct Draining(Arc<watch::Sender<bool>>);
+pub struct Draining(Arc<watch::Sender<Option<tokio::time::Instant>>>);
 
 impl Default for Draining {
     fn default() -> Self {
-        Self(Arc::new(watch::Sender::new(false)))
+        Self(Arc::new(watch::Sender::new(None)))
     }
 }
 
 impl Draining {
-    pub fn begin(&self) {
-        self.0.send_replace(true);
+    pub fn begin(&self, grace: Duration) {
+        self.0.send_replace(Some(tokio::time::Instant::now() + grace));
     }
 
     pub fn is_draining(&self) -> bool {
-        *self.0.borrow()
+        self.0.borrow().is_some()
     }
 
     /// Resolves once the instance starts stopping (at once if it has).
     pub async fn started(&self) {
+        self.grace_end().await;
+    }
+
+    /// Resolves when the grace is over.
+    async fn grace_over(&self) {
+        tokio::time::sleep_until(self.grace_end().await).await;
+    }
+
+    async fn grace_end(&self) -> tokio::time::Instant {
         let mut receiver = self.0.subscribe();
-        let _ = receiver.wait_for(|draining| *draining).await;
+        match receiver.wait_for(Option::is_some).await {
+            Ok(end) => end.unwrap_or_else(tokio::time::Instant::now),
+            // The sender lives as long as the state: never.
+            Err(_) => std::future::pending().await,
+        }
     }
 }
 
@@ -69,7 +92,7 @@ impl Stopper {
     /// Closes the listeners, lets the requests in flight finish within the
     /// grace, and resolves when the workers have stopped.
     pub async fn stop(&self) {
-        self.draining.begin();
+        self.draining.begin(self.grace);
         self.doors.shut();
         // Normally a few milliseconds; past the grace, `main`'s bound on
         // the exit ends it.
@@ -82,7 +105,7 @@ impl Stopper {
 
     /// The longest the process may take to exit once `stop` is called.
     pub fn exit_bound(&self) -> Duration {
-        self.grace + self.cleanup
+        self.grace + LAST_ANSWERS + self.cleanup
     }
 }
 
@@ -104,6 +127,43 @@ pub async fn close_connections_while_draining(
             .set_connection_type(ConnectionType::Close);
     }
     Ok(response)
+}
+
+/// A request still running when the grace ends is answered then, before
+/// actix drops its connection: a read with 503 `service-unavailable`, a
+/// write with 503 `outcome-unknown`, since it may have been done.
+pub async fn answer_before_the_grace_ends(
+    request: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let Some(draining) = request
+        .app_data::<actix_web::web::Data<crate::state::AppState>>()
+        .map(|state| state.draining.clone())
+    else {
+        return next.call(request).await;
+    };
+    let reads = matches!(*request.method(), Method::GET | Method::HEAD);
+    tokio::select! {
+        response = next.call(request) => response,
+        () = draining.grace_over() => {
+            let problem = if reads {
+                Problem::unavailable("This instance stopped before it could answer. Retry.")
+            } else {
+                Problem::new(
+                    ProblemType::OutcomeUnknown,
+                    "This instance stopped before this request finished, so we cannot tell whether it was done. \
+                     Retry with the same Idempotency-Key; without one, look for the transfer in \
+                     GET /api/v1/transfers first.",
+                )
+                .with_retry_after_s(1)
+            };
+            let mut response = problem.into_response();
+            response.head_mut().set_connection_type(ConnectionType::Close);
+            // The request went with the handler's future, so the answer
+            // leaves as an error that carries its own response.
+            Err(actix_web::error::InternalError::from_response("the shutdown grace ended", response).into())
+        }
+    }
 }
 
 /// The instance's listening sockets, as the kernel holds them (duplicates

@@ -192,6 +192,9 @@ impl Application {
                 .wrap(actix_web::middleware::from_fn(
                     crate::shutdown::close_connections_while_draining,
                 ))
+                .wrap(actix_web::middleware::from_fn(
+                    crate::shutdown::answer_before_the_grace_ends,
+                ))
                 .wrap(security_headers())
                 .wrap(actix_web::middleware::from_fn(telemetry::trace_requests))
                 .wrap(actix_web::middleware::from_fn(listener::keep_listeners_apart))
@@ -213,7 +216,8 @@ impl Application {
         .max_connections(http.connections_per_worker_max)
         .keep_alive(http.keep_alive)
         .client_request_timeout(http.request_head_wait_max)
-        .shutdown_timeout(grace_s)
+        // The answers given when the grace ends get time to go out.
+        .shutdown_timeout(grace_s + crate::shutdown::LAST_ANSWERS.as_secs())
         // `main` handles the signals (`shutdown::Stopper`): it marks the
         // instance draining before the workers stop, and bounds the exit.
         .disable_signals()

@@ -69,8 +69,9 @@ declare_settings! {
         /// so that idle connections are closed by their keep-alive, which
         /// clients expect, rather than cut when the grace ends.
         shutdown_grace_s: u64 = 10, within 0..=3_600 "s";
-        /// After the grace, how long the process has to stop its background
-        /// tasks and flush its spans before it exits whatever still runs.
+        /// After the grace (and a second for the answers given at its end),
+        /// how long the process has to stop its background tasks and flush
+        /// its spans before it exits whatever still runs.
         shutdown_cleanup_ms_max: u64 = 2_000, within 100..=60_000 "ms";
         /// How long a readiness verdict answers `/readyz`, so that probes
         /// from anyone cost the stores one round trip each per period at
