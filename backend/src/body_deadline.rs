@@ -26,14 +26,17 @@ use actix_web::middleware::Next;
 use actix_web::web::Bytes;
 use futures::Stream;
 
+/// `http_request_body_wait_ms_max`, as the app's data: how long a body
+/// may take to arrive.
+#[derive(Clone, Copy)]
+pub struct BodyWait(pub std::time::Duration);
+
 /// Puts the deadline on the request's body, if it has one.
 pub async fn bound_body_wait(
     mut request: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
-    let wait = request
-        .app_data::<actix_web::web::Data<crate::state::AppState>>()
-        .map(|state| state.config.http.request_body_wait_max);
+    let wait = request.app_data::<BodyWait>().map(|wait| wait.0);
     let expired = Arc::new(AtomicBool::new(false));
     match (request.take_payload(), wait) {
         (Payload::None, _) => {}

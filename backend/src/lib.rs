@@ -10,6 +10,7 @@ pub mod account_limits;
 pub mod auth;
 pub mod body_deadline;
 pub mod command;
+pub mod database;
 pub mod database_hosts;
 pub mod decision;
 pub mod defense;

@@ -9,8 +9,9 @@
 
 use std::path::PathBuf;
 
+use layered_wallet::database;
 use layered_wallet::settings::Settings;
-use layered_wallet::startup::{self, Application};
+use layered_wallet::startup::Application;
 use layered_wallet::telemetry;
 
 #[tokio::main]
@@ -44,8 +45,8 @@ async fn main() -> anyhow::Result<()> {
     let config = settings.validate()?;
 
     if command == "migrate" {
-        let owner = startup::migration_pool(&config.database)?;
-        startup::migrate(&owner).await?;
+        let owner = database::migration_pool(&config.database)?;
+        database::migrate(&owner).await?;
         layered_wallet::system_accounts::ensure(&owner, &config).await?;
         layered_wallet::system_accounts::ensure_provider_clearing(&owner, &config).await?;
         layered_wallet::system_accounts::ensure_payout_accounts(&owner, &config).await?;
@@ -54,7 +55,7 @@ async fn main() -> anyhow::Result<()> {
     }
 
     if command == "reconcile" {
-        let db = startup::db_pool(&config.database)?;
+        let db = database::db_pool(&config.database)?;
         let reconciled = layered_wallet::payout::reconcile::run(&db, &config).await?;
         println!("{}", serde_json::to_string_pretty(&reconciled)?);
         tracing::info!(

@@ -116,9 +116,7 @@ pub async fn close_connections_while_draining(
     request: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
-    let draining = request
-        .app_data::<actix_web::web::Data<crate::state::AppState>>()
-        .map(|state| state.draining.clone());
+    let draining = request.app_data::<Draining>().cloned();
     let mut response = next.call(request).await?;
     if draining.is_some_and(|draining| draining.is_draining()) {
         response
@@ -136,10 +134,7 @@ pub async fn answer_before_the_grace_ends(
     request: ServiceRequest,
     next: Next<impl MessageBody>,
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
-    let Some(draining) = request
-        .app_data::<actix_web::web::Data<crate::state::AppState>>()
-        .map(|state| state.draining.clone())
-    else {
+    let Some(draining) = request.app_data::<Draining>().cloned() else {
         return next.call(request).await;
     };
     let reads = matches!(*request.method(), Method::GET | Method::HEAD);

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use layered_wallet::startup::{MIGRATOR, migrate};
+use layered_wallet::database::{MIGRATOR, migrate};
 use sqlx::PgPool;
 use wallet_testkit::*;
 

@@ -540,7 +540,7 @@ async fn the_name_migration_keeps_older_accounts_valid() {
     let db = sqlx::PgPool::connect_with(options.clone())
         .await
         .expect("connect");
-    layered_wallet::startup::MIGRATOR
+    layered_wallet::database::MIGRATOR
         .run(&db)
         .await
         .expect("the schema");
