@@ -103,7 +103,7 @@ pub async fn spawn_with(settings: Settings, db_options: PgConnectOptions) -> Tes
         db,
         db_options,
         redis_prefix: settings.redis_key_prefix.clone(),
-        client: reqwest::Client::builder()
+        client: wallet_client::http_client_builder()
             .pool_max_idle_per_host(256)
             .build()
             .expect("client"),

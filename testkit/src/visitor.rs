@@ -17,7 +17,7 @@ pub struct Visitor {
 
 impl Visitor {
     pub fn new(app: &TestApp) -> Self {
-        let http = reqwest::Client::builder()
+        let http = wallet_client::http_client_builder()
             .redirect(Policy::none())
             .build()
             .expect("client");

@@ -162,7 +162,10 @@ impl Deployment {
             failover: None,
             instances: processes,
             db,
-            client: reqwest::Client::builder()
+            // Idle connections are let go before the instances' keep-alive
+            // closes them, as every client of the service must: a request
+            // sent on a connection being closed gets a reset, not an answer.
+            client: wallet_client::http_client_builder()
                 .timeout(Duration::from_secs(2 * REQUEST_SECONDS_MAX))
                 .pool_max_idle_per_host(64)
                 .build()
