@@ -643,7 +643,9 @@ impl Payouts {
             idle: Duration::from_millis(s.payout_dispatch_idle_ms),
             census_interval: Duration::from_millis(s.payout_census_interval_ms),
             reconcile_quiet: Duration::from_millis(s.payout_reconcile_quiet_ms),
-            gateway_key_retention: Duration::from_secs(u64::from(s.payout_gateway_key_retention_hours) * 3_600),
+            gateway_key_retention: Duration::from_secs(
+                u64::from(s.payout_gateway_key_retention_hours) * 3_600,
+            ),
             amount_minor_max: s.payout_amount_minor_max,
         }
     }
