@@ -19,23 +19,6 @@ const AMOUNT_MINOR: i64 = 5_000;
 /// What every new user starts with.
 const STARTING_MINOR: i64 = 100_000;
 
-/// Makes a payout and returns its id; panics unless it is accepted.
-async fn pay_out(app: &TestApp, user: &TestUser, amount_minor: i64) -> Uuid {
-    let response = app
-        .payout_request(
-            user,
-            &payout_body(user.wallet_id, amount_minor, "acct-1"),
-            Some(Uuid::new_v4()),
-        )
-        .send()
-        .await
-        .expect("sent");
-    let status = response.status().as_u16();
-    let body: Value = response.json().await.expect("json");
-    assert_eq!(status, 202, "{body}");
-    body["id"].as_str().expect("an id").parse().expect("a uuid")
-}
-
 /// A payout the gateway sent whose answer was lost, with one attempt
 /// allowed: it needs a person, and the gateway's ledger shows it sent.
 async fn sent_and_needing_attention(gateway_knobs: &[&str]) -> (Gateway, TestApp, TestUser, Uuid) {
@@ -48,7 +31,7 @@ async fn sent_and_needing_attention(gateway_knobs: &[&str]) -> (Gateway, TestApp
     })
     .await;
     let alice = app.sign_up("alice").await;
-    let payout = pay_out(&app, &alice, AMOUNT_MINOR).await;
+    let payout = app.pay_out(&alice, AMOUNT_MINOR, "acct-1").await;
     assert_eq!(
         app.wait_for_payout(payout, &["needs_attention"]).await,
         "needs_attention"
@@ -192,7 +175,7 @@ async fn a_retry_after_the_gateways_key_retention_is_not_sent_and_the_payout_nee
     })
     .await;
     let alice = first.sign_up("alice").await;
-    let payout = pay_out(&first, &alice, AMOUNT_MINOR).await;
+    let payout = first.pay_out(&alice, AMOUNT_MINOR, "acct-1").await;
     let deadline = Instant::now() + Duration::from_secs(PAYOUT_WAIT_SECONDS_MAX);
     while gateway.sent(&payout.to_string()).await == 0 {
         assert!(Instant::now() < deadline, "the gateway never sent");
@@ -272,7 +255,7 @@ async fn a_gateways_retry_after_of_a_day_is_capped_by_payout_retry_cap_ms() {
     })
     .await;
     let alice = app.sign_up("alice").await;
-    let payout = pay_out(&app, &alice, AMOUNT_MINOR).await;
+    let payout = app.pay_out(&alice, AMOUNT_MINOR, "acct-1").await;
 
     let deadline = Instant::now() + Duration::from_secs(PAYOUT_WAIT_SECONDS_MAX);
     let (next_attempt_in_s, attempts, state) = loop {
@@ -316,10 +299,10 @@ async fn another_persons_payout_as_the_list_cursor_answers_as_an_unknown_id() {
     .await;
     let alice = app.sign_up("alice").await;
     let bob = app.sign_up("bob").await;
-    let bobs_older = pay_out(&app, &bob, 100).await;
+    let bobs_older = app.pay_out(&bob, 100, "acct-1").await;
     tokio::time::sleep(Duration::from_millis(150)).await;
-    let bobs_newer = pay_out(&app, &bob, 200).await;
-    let alices = pay_out(&app, &alice, 300).await;
+    let bobs_newer = app.pay_out(&bob, 200, "acct-1").await;
+    let alices = app.pay_out(&alice, 300, "acct-1").await;
 
     let page = |before: Uuid| {
         let app = &app;

@@ -27,23 +27,6 @@ async fn sendings(gateway: &Gateway) -> Vec<(Uuid, i64)> {
         .collect()
 }
 
-/// Makes a payout and returns its id; panics unless it is accepted.
-async fn pay_out(app: &TestApp, user: &TestUser, amount_minor: i64, destination: &str) -> Uuid {
-    let response = app
-        .payout_request(
-            user,
-            &payout_body(user.wallet_id, amount_minor, destination),
-            Some(Uuid::new_v4()),
-        )
-        .send()
-        .await
-        .expect("sent");
-    let status = response.status().as_u16();
-    let body: Value = response.json().await.expect("json");
-    assert_eq!(status, 202, "{body}");
-    body["id"].as_str().expect("an id").parse().expect("a uuid")
-}
-
 async fn attempts(app: &TestApp, payout: Uuid) -> i32 {
     sqlx::query_scalar("SELECT attempts FROM payouts WHERE id = $1")
         .bind(payout)
@@ -264,7 +247,7 @@ async fn a_refused_destination_releases_the_hold_and_tells_the_owner() {
     let gateway = gateway(&[]).await;
     let app = spawn_app(with_payouts(&gateway.url)).await;
     let alice = app.sign_up("alice").await;
-    let payout = pay_out(&app, &alice, 4_000, "closed-9").await;
+    let payout = app.pay_out(&alice, 4_000, "closed-9").await;
     assert_eq!(app.wait_for_payout(payout, &["failed"]).await, "failed");
     let shown = app
         .get_json(&format!("/api/v1/payouts/{payout}"), Some(&alice))
@@ -309,7 +292,7 @@ async fn answers_lost_after_sending_are_retried_with_the_same_key_and_each_payou
     let mut payouts = Vec::new();
     for name in ["alice", "bob", "carol", "dave", "erin"] {
         let user = app.sign_up(name).await;
-        payouts.push((pay_out(&app, &user, 1_000, "acct-7").await, user));
+        payouts.push((app.pay_out(&user, 1_000, "acct-7").await, user));
     }
     for (payout, user) in &payouts {
         assert_eq!(app.wait_for_payout(*payout, &["settled"]).await, "settled");
@@ -341,13 +324,13 @@ async fn the_gateway_down_past_the_retries_leaves_payouts_needing_attention_unti
     let app = spawn_app(with_payouts(&gateway.url)).await;
     let alice = app.sign_up("alice").await;
     let bob = app.sign_up("bob").await;
-    let sent_before_the_crash = pay_out(&app, &alice, 3_000, "acct-1").await;
+    let sent_before_the_crash = app.pay_out(&alice, 3_000, "acct-1").await;
     assert_eq!(
         app.wait_for_payout(sent_before_the_crash, &["needs_attention"])
             .await,
         "needs_attention"
     );
-    let never_received = pay_out(&app, &bob, 2_000, "acct-2").await;
+    let never_received = app.pay_out(&bob, 2_000, "acct-2").await;
     assert_eq!(
         app.wait_for_payout(never_received, &["needs_attention"]).await,
         "needs_attention"
@@ -394,7 +377,7 @@ async fn two_instances_racing_for_the_outbox_send_each_payout_once_even_without_
     for index in 0..24 {
         let app = if index % 2 == 0 { &first } else { &second };
         let user = app.sign_up(&format!("payee-{index}")).await;
-        payouts.push(pay_out(app, &user, 100 + index, "acct-9").await);
+        payouts.push(app.pay_out(&user, 100 + index, "acct-9").await);
     }
     for payout in &payouts {
         assert_eq!(first.wait_for_payout(*payout, &["settled"]).await, "settled");
@@ -435,7 +418,7 @@ async fn an_instance_killed_between_the_call_and_the_settlement_is_taken_over_an
     })
     .await;
     let alice = first.sign_up("alice").await;
-    let payout = pay_out(&first, &alice, 6_000, "acct-3").await;
+    let payout = first.pay_out(&alice, 6_000, "acct-3").await;
 
     // The gateway has sent; its answer is held back, and the instance dies
     // waiting for it.
@@ -477,7 +460,7 @@ async fn a_new_key_per_attempt_pays_once_per_lost_answer() {
     })
     .await;
     let alice = app.sign_up("alice").await;
-    let payout = pay_out(&app, &alice, 1_500, "acct-5").await;
+    let payout = app.pay_out(&alice, 1_500, "acct-5").await;
     assert_eq!(
         app.wait_for_payout(payout, &["needs_attention"]).await,
         "needs_attention"
@@ -547,7 +530,7 @@ async fn a_batch_settles_each_sent_payout_once_whoever_settled_some_first() {
     let alice = app.sign_up("alice").await;
     let mut batch = Vec::new();
     for amount in [100, 200, 300] {
-        batch.push(pay_out(&app, &alice, amount, "acct-7").await);
+        batch.push(app.pay_out(&alice, amount, "acct-7").await);
         after_the_cooldown().await;
     }
     let settle_one: String = sqlx::query_scalar("SELECT recorded::text FROM payout_settle($1, $2, 'first')")

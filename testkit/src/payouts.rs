@@ -35,6 +35,24 @@ impl TestApp {
         }
     }
 
+    /// Makes a payout of `amount_minor` to `destination`, with a key of its
+    /// own, and returns its id; panics unless it is accepted.
+    pub async fn pay_out(&self, user: &TestUser, amount_minor: i64, destination: &str) -> Uuid {
+        let response = self
+            .payout_request(
+                user,
+                &payout_body(user.wallet_id, amount_minor, destination),
+                Some(Uuid::new_v4()),
+            )
+            .send()
+            .await
+            .expect("sent");
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.expect("json");
+        assert_eq!(status, 202, "{body}");
+        body["id"].as_str().expect("an id").parse().expect("a uuid")
+    }
+
     /// A payout's state, as the database holds it.
     pub async fn payout_state(&self, payout: Uuid) -> String {
         sqlx::query_scalar("SELECT state::text FROM payouts WHERE id = $1")
