@@ -221,6 +221,97 @@ async fn a_consumer_that_stalls_past_the_claim_time_runs_twice_and_applies_once(
     first.assert_invariants().await;
 }
 
+/// A consumer that lost its partition's lease may still be waiting in a
+/// read (`XREADGROUP … BLOCK`), sent before it stalled: Redis gives it the
+/// next entry, and the one behind goes to the holder. Made exactly so: a
+/// consumer without the lease waits on the stream ahead of the holder, and
+/// two commands of one wallet are published at once. The holder claims the
+/// first before it applies the second: the first fits, the second no
+/// longer does.
+#[tokio::test]
+async fn an_entry_read_by_a_consumer_without_the_lease_still_applies_before_those_behind_it() {
+    let app = spawn_app(with_commands).await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let streams = app.command_streams();
+    let stream = streams.stream_for(layered_wallet::domain::WalletId(alice.wallet_id));
+    app.wait_for_lease_holders("every partition held", |holders| {
+        holders.iter().all(Option::is_some)
+    })
+    .await;
+    let stalled = format!("stalled-{}", uuid::Uuid::new_v4().simple());
+    let waiting = {
+        let (stream, stalled) = (stream.clone(), stalled.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut conn = redis::Client::open(redis_url())
+                .and_then(|client| client.get_connection())
+                .expect("a connection to Redis");
+            redis::cmd("CLIENT")
+                .arg("SETNAME")
+                .arg(&stalled)
+                .query::<()>(&mut conn)
+                .expect("CLIENT SETNAME");
+            let reply: layered_wallet::decision::feed::XreadReply = redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg(layered_wallet::command::GROUP)
+                .arg(&stalled)
+                .arg("COUNT")
+                .arg(1)
+                .arg("BLOCK")
+                .arg(30_000)
+                .arg("STREAMS")
+                .arg(&stream)
+                .arg(">")
+                .query(&mut conn)
+                .expect("XREADGROUP");
+            reply
+                .into_iter()
+                .flatten()
+                .flat_map(|(_, entries)| entries.into_iter().map(|(id, _)| id))
+                .collect::<Vec<String>>()
+        })
+    };
+    let mut conn = redis::Client::open(redis_url())
+        .expect("redis url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    for _ in 0..300 {
+        let clients: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(&mut conn)
+            .await
+            .expect("CLIENT LIST");
+        if clients
+            .lines()
+            .any(|line| line.contains(&format!("name={stalled} ")) && line.contains("cmd=xreadgroup"))
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // The holder's read, sent before the other one, runs out after
+    // `commands_read_wait_ms`: the next one waits behind the other one.
+    let read_wait = std::time::Duration::from_millis(app.settings.commands_read_wait_ms);
+    tokio::time::sleep(3 * read_wait).await;
+
+    let fits = transfer_command(alice.wallet_id, bob.wallet_id, 60_000);
+    let too_much = transfer_command(alice.wallet_id, bob.wallet_id, 50_000);
+    let (fits_id, _): (String, String) = redis::pipe()
+        .atomic()
+        .add_command(fits.publication(&streams))
+        .add_command(too_much.publication(&streams))
+        .query_async(&mut conn)
+        .await
+        .expect("XADD");
+    assert_eq!(waiting.await.expect("the read"), [fits_id]);
+    assert_eq!(app.wait_for_outcome(&fits.command_id).await["outcome"], "applied");
+    let refused = app.wait_for_outcome(&too_much.command_id).await;
+    assert_eq!(refused["outcome"], "insufficient_funds", "{refused}");
+    app.wait_until_nothing_pending().await;
+    assert_eq!(app.balance(alice.wallet_id).await, 100_000 - 60_000);
+    app.assert_invariants().await;
+}
+
 /// A consumer killed after its commit and before its `XACK`: the command
 /// is applied in PostgreSQL and still pending in Redis. The state is made
 /// exactly so (the consumer's own transaction, then no acknowledgement),

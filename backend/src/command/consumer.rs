@@ -21,7 +21,11 @@
 //! consumer holds (`XCLAIM`) before it reads anything new, so the slow
 //! consumer's entry runs on two consumers at once, and still before the
 //! entries behind it. The inbox lets one of them apply it and the other
-//! only acknowledge it.
+//! only acknowledge it. Within a batch the lease is only renewed, never
+//! taken again once it lapsed, and a read that brought entries is followed
+//! by another claim: a consumer that stalled may wake with a read it sent
+//! before (`XREADGROUP … BLOCK`), which Redis answered with an entry older
+//! than those the holder just read.
 //!
 //! **Acknowledged after the commit.** `XACK` (with `XDEL`: the outcome is
 //! in PostgreSQL, so the stream keeps only what is still to be applied)
@@ -63,10 +67,23 @@ use crate::redis_store::{StreamClient, StreamConnection};
 use crate::state::AppState;
 
 /// Takes or renews the lease (`KEYS[1]`) for `ARGV[1]` for `ARGV[2]` ms,
-/// unless another consumer holds it.
+/// unless another consumer holds it. Only between batches: a consumer that
+/// takes a lease claims the entries of others before it applies anything.
 const HOLD_LEASE: &str = r"
 local holder = redis.call('GET', KEYS[1])
 if holder == false or holder == ARGV[1] then
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    return 1
+end
+return 0
+";
+
+/// Renews the lease (`KEYS[1]`) for `ARGV[1]` for `ARGV[2]` ms if `ARGV[1]`
+/// still holds it. Within a batch: a lease that lapsed may have been taken
+/// and let go by another consumer meanwhile, which applied entries behind
+/// this batch's; taking it again here would apply this batch after them.
+const RENEW_LEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
     return 1
 end
@@ -104,6 +121,7 @@ struct PartitionWorker {
     streams: Streams,
     consumer: String,
     hold_lease: Script,
+    renew_lease: Script,
     release_lease: Script,
     /// Whether this task holds its partition's lease, as far as it knows.
     holding: AtomicBool,
@@ -146,6 +164,7 @@ impl PartitionWorker {
             client,
             partition,
             hold_lease: Script::new(HOLD_LEASE),
+            renew_lease: Script::new(RENEW_LEASE),
             release_lease: Script::new(RELEASE_LEASE),
             holding: AtomicBool::new(false),
             held,
@@ -185,19 +204,7 @@ impl PartitionWorker {
                 tokio::time::sleep(settings.read_wait).await;
                 continue;
             }
-            let claimed = self.claim_entries_of_others(connection).await?;
-            if claimed > 0 {
-                self.state.metrics.commands_claimed.inc_by(claimed);
-                tracing::info!(
-                    commands.partition = self.partition,
-                    commands.claimed = claimed,
-                    "claimed commands whose consumer ran out of time"
-                );
-            }
-            let (entries, deliveries) = match self.own_pending(connection).await? {
-                (pending, deliveries) if !pending.is_empty() => (pending, deliveries),
-                _ => (self.read_new(connection).await?, HashMap::new()),
-            };
+            let (entries, deliveries) = self.next_batch(connection).await?;
             if entries.is_empty() {
                 self.refresh_gauges(connection).await;
                 continue;
@@ -255,6 +262,30 @@ impl PartitionWorker {
         }
     }
 
+    /// The entries to apply next, in order, with how often each was
+    /// delivered; none when there is nothing to apply (or not yet).
+    async fn next_batch(
+        &self,
+        connection: &mut StreamConnection,
+    ) -> Result<(Vec<RawEntry>, HashMap<String, u64>), String> {
+        self.claim_entries_of_others(connection).await?;
+        let (pending, deliveries) = self.own_pending(connection).await?;
+        if !pending.is_empty() {
+            return Ok((pending, deliveries));
+        }
+        let new = self.read_new(connection).await?;
+        // A consumer that lost the lease may still have had a read waiting
+        // (`BLOCK`), sent before it stalled: Redis gave it an entry older
+        // than these after the claims above. Claimed now, it is applied
+        // first: the next round takes this consumer's pending entries,
+        // those just read among them, oldest first. One claimed later was
+        // delivered after these, so it is newer.
+        if !new.is_empty() && self.claim_entries_of_others(connection).await? > 0 {
+            return Ok((Vec::new(), HashMap::new()));
+        }
+        Ok((new, HashMap::new()))
+    }
+
     async fn join_the_group(&self, connection: &mut StreamConnection) -> Result<(), String> {
         let created = redis::cmd("XGROUP")
             .arg("CREATE")
@@ -291,7 +322,7 @@ impl PartitionWorker {
                     })
                     .is_ok();
             if !give_up {
-                return self.renew_lease(connection).await;
+                return self.hold_lease(connection).await;
             }
             self.holding.store(false, Ordering::SeqCst);
             self.release_lease
@@ -318,7 +349,7 @@ impl PartitionWorker {
             return Ok(false);
         }
         self.holding.store(true, Ordering::SeqCst);
-        self.renew_lease(connection).await
+        self.hold_lease(connection).await
     }
 
     /// Notes that this consumer is alive and how many partitions it holds,
@@ -378,11 +409,25 @@ impl PartitionWorker {
         self.streams.partitions()
     }
 
-    /// Takes or renews this task's lease; a lease another consumer holds
-    /// means this one lost the partition.
-    async fn renew_lease(&self, connection: &mut StreamConnection) -> Result<bool, String> {
+    /// Takes or renews this task's lease, between batches; a lease another
+    /// consumer holds means this one lost the partition.
+    async fn hold_lease(&self, connection: &mut StreamConnection) -> Result<bool, String> {
         let held: i64 = self
             .hold_lease
+            .key(&self.lease)
+            .arg(&self.consumer)
+            .arg(self.state.config.commands.claim_idle.as_millis())
+            .invoke_async(connection)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(self.lease_still_held(held))
+    }
+
+    /// Renews this task's lease within a batch; a lease that lapsed, even
+    /// one nobody holds now, means this one lost the partition.
+    async fn renew_lease(&self, connection: &mut StreamConnection) -> Result<bool, String> {
+        let held: i64 = self
+            .renew_lease
             .key(&self.lease)
             .arg(&self.consumer)
             .arg(self.state.config.commands.claim_idle.as_millis())
@@ -442,9 +487,18 @@ impl PartitionWorker {
             }
             match pending.last() {
                 Some((last, _, _, _)) if pending.len() >= batch => start = format!("({last}"),
-                _ => return Ok(claimed),
+                _ => break,
             }
         }
+        if claimed > 0 {
+            self.state.metrics.commands_claimed.inc_by(claimed);
+            tracing::info!(
+                commands.partition = self.partition,
+                commands.claimed = claimed,
+                "claimed commands whose consumer ran out of time"
+            );
+        }
+        Ok(claimed)
     }
 
     /// This consumer's pending entries, oldest first, with how often each
@@ -613,7 +667,7 @@ impl PartitionWorker {
             // The script's text rather than its hash: a pipeline does not
             // load a script the server has lost (a restart, a failover).
             .cmd("EVAL")
-            .arg(HOLD_LEASE)
+            .arg(RENEW_LEASE)
             .arg(1)
             .arg(&self.lease)
             .arg(&self.consumer)
