@@ -534,18 +534,12 @@ impl Deposits {
                 .all(|secret| secret.expose_secret().len() >= 32),
             "each of provider_webhook_secrets must be at least 32 bytes",
         );
-        // A claim swept while an event it stands for could still be
-        // accepted would let a redelivery of that event be credited again.
-        // The latest such event lies the future tolerance ahead of the
-        // claim's time, and is accepted until the age limit after that.
-        let accepted_s = u64::from(s.deposit_event_age_hours_max) * 3_600 + s.provider_signature_tolerance_s;
-        check.require(
-            u64::from(s.inbox_retention_hours) * 3_600 > accepted_s,
-            format!(
-                "inbox_retention_hours ({} h) must exceed deposit_event_age_hours_max + \
-                 provider_signature_tolerance_s ({accepted_s} s), or a swept event could be credited twice",
-                s.inbox_retention_hours
-            ),
+        require_the_inbox_to_outlast(
+            s,
+            check,
+            ("deposit_event_age_hours_max", s.deposit_event_age_hours_max),
+            ("provider_signature_tolerance_s", s.provider_signature_tolerance_s),
+            "a swept event could be credited twice",
         );
         Self {
             provider_webhook_secrets: s.provider_webhook_secrets.clone(),
@@ -564,20 +558,36 @@ impl Deposits {
     }
 }
 
+/// The inbox must keep a claim for longer than any message it stands for
+/// can still be accepted, or a redelivery after the sweep would be taken
+/// as new. A message's own time lies at most the future tolerance ahead of
+/// its claim's, and it is accepted until the age limit after that.
+fn require_the_inbox_to_outlast(
+    s: &Settings,
+    check: &mut Checks,
+    (age_setting, age_hours_max): (&str, u16),
+    (tolerance_setting, future_tolerance_s): (&str, u64),
+    otherwise: &str,
+) {
+    let accepted_s = u64::from(age_hours_max) * 3_600 + future_tolerance_s;
+    check.require(
+        u64::from(s.inbox_retention_hours) * 3_600 > accepted_s,
+        format!(
+            "inbox_retention_hours ({} h) must exceed {age_setting} + {tolerance_setting} ({accepted_s} s), \
+             or {otherwise}",
+            s.inbox_retention_hours
+        ),
+    );
+}
+
 impl Commands {
     fn checked(s: &Settings, check: &mut Checks) -> Self {
-        // As for deposits: a command whose claim was swept must be refused
-        // as too old by then. Its entry id's time lies at most the future
-        // tolerance ahead of its claim's, and is accepted until the age
-        // limit after that.
-        let accepted_s = u64::from(s.commands_age_hours_max) * 3_600 + s.commands_future_tolerance_s;
-        check.require(
-            u64::from(s.inbox_retention_hours) * 3_600 > accepted_s,
-            format!(
-                "inbox_retention_hours ({} h) must exceed commands_age_hours_max + \
-                 commands_future_tolerance_s ({accepted_s} s), or a swept command could be applied twice",
-                s.inbox_retention_hours
-            ),
+        require_the_inbox_to_outlast(
+            s,
+            check,
+            ("commands_age_hours_max", s.commands_age_hours_max),
+            ("commands_future_tolerance_s", s.commands_future_tolerance_s),
+            "a swept command could be applied twice",
         );
         Self {
             enabled: s.commands_enabled,
