@@ -125,8 +125,45 @@ pub async fn assert_redis_cluster_reachable() {
     }
 }
 
-/// A TCP port on which nothing listens: a store that is down.
+/// A TCP port on which nothing listens: a store that is down, or the port
+/// a server the test starts will bind.
+///
+/// It is drawn below the kernel's ephemeral range, and never twice in one
+/// test process. A port the kernel hands out for port 0 lies inside that
+/// range, where any outgoing connection of a busy suite (a burst opens a
+/// thousand) may take it between this call and the server's bind: a private
+/// Redis Cluster node then failed to start.
 pub fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr").port()
+    use rand::Rng;
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let Some(below) = ephemeral_range_start().filter(|start| *start > PRIVATE_PORTS_START + 1_000) else {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        return listener.local_addr().expect("addr").port();
+    };
+    let mut rng = rand::thread_rng();
+    loop {
+        let port = rng.gen_range(PRIVATE_PORTS_START..below);
+        let mut handed_out = HANDED_OUT
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if handed_out.contains(&port) || std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+            continue;
+        }
+        handed_out.insert(port);
+        return port;
+    }
+}
+
+/// Where `closed_port` draws from, up to the ephemeral range.
+const PRIVATE_PORTS_START: u16 = 20_000;
+
+/// The first port of the kernel's ephemeral range, if it can be read.
+fn ephemeral_range_start() -> Option<u16> {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
