@@ -33,8 +33,10 @@ use tokio::sync::watch;
 use crate::problem::{Problem, ProblemType};
 
 /// How long after the grace the answers given at its end have to be
-/// written before actix drops the connections left.
-pub const LAST_ANSWERS: Duration = Duration::from_secs(1);
+/// written before actix drops the connections left. One second was not
+/// always enough on a machine busy with other work: a client then saw its
+/// connection cut instead of its 503.
+pub const LAST_ANSWERS: Duration = Duration::from_secs(3);
 
 /// Whether this instance is stopping, and when its grace ends; cheap to
 /// clone and to ask.

@@ -83,11 +83,10 @@ async fn a_redis_outage_under_fail_closed_answers_every_keep_alive_request_with_
 
 /// The shutdown grace the stopping instance gets, and how much longer a
 /// busy machine may take than the exit bound the instance promises
-/// (`shutdown_grace_s`, a second for the last answers to go out, and
+/// (`shutdown_grace_s`, `shutdown::LAST_ANSWERS` for the last answers to go out, and
 /// `shutdown_cleanup_ms_max`) to start the process, deliver the signal
 /// and reap it.
 const GRACE_S: u64 = 2;
-const LAST_ANSWERS_S: u64 = 1;
 const CLEANUP_MS: u64 = 2_000;
 const EXIT_MARGIN_S: u64 = 8;
 /// Clients paying in a loop while the instance stops.
@@ -139,7 +138,9 @@ impl Instance {
     async fn stop(&mut self) -> Duration {
         self.process.terminate();
         let terminated = Instant::now();
-        let bound = Duration::from_secs(GRACE_S + LAST_ANSWERS_S) + Duration::from_millis(CLEANUP_MS);
+        let bound = Duration::from_secs(GRACE_S)
+            + layered_wallet::shutdown::LAST_ANSWERS
+            + Duration::from_millis(CLEANUP_MS);
         let exited = self
             .process
             .wait_for_exit(bound + Duration::from_secs(EXIT_MARGIN_S))
