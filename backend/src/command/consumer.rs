@@ -412,22 +412,22 @@ impl PartitionWorker {
     /// Takes or renews this task's lease, between batches; a lease another
     /// consumer holds means this one lost the partition.
     async fn hold_lease(&self, connection: &mut StreamConnection) -> Result<bool, String> {
-        let held: i64 = self
-            .hold_lease
-            .key(&self.lease)
-            .arg(&self.consumer)
-            .arg(self.state.config.commands.claim_idle.as_millis())
-            .invoke_async(connection)
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(self.lease_still_held(held))
+        self.run_lease_script(&self.hold_lease, connection).await
     }
 
     /// Renews this task's lease within a batch; a lease that lapsed, even
     /// one nobody holds now, means this one lost the partition.
     async fn renew_lease(&self, connection: &mut StreamConnection) -> Result<bool, String> {
-        let held: i64 = self
-            .renew_lease
+        self.run_lease_script(&self.renew_lease, connection).await
+    }
+
+    /// Runs a lease script for this task, for `commands_claim_idle_ms`.
+    async fn run_lease_script(
+        &self,
+        script: &Script,
+        connection: &mut StreamConnection,
+    ) -> Result<bool, String> {
+        let held: i64 = script
             .key(&self.lease)
             .arg(&self.consumer)
             .arg(self.state.config.commands.claim_idle.as_millis())
