@@ -8,6 +8,11 @@ use uuid::Uuid;
 
 use crate::problem::{Fields, Problem};
 
+/// The currency of lab money. No deployment may use it for real money
+/// (`settings` refuses it), so the row guard's currency check is the wall
+/// between the sandbox and real wallets.
+pub const LAB_CURRENCY: &str = "LAB";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct UserId(pub Uuid);

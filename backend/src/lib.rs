@@ -16,6 +16,7 @@ pub mod decision;
 pub mod defense;
 pub mod deposit;
 pub mod domain;
+pub mod feed;
 pub mod headers;
 pub mod kept_pages;
 pub mod listener;

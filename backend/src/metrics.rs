@@ -372,7 +372,7 @@ impl Metrics {
         set("max", max);
     }
 
-    pub fn set_transfer_admission(&self, occupancy: crate::transfer::admission::Occupancy) {
+    pub fn set_transfer_admission(&self, occupancy: Occupancy) {
         let set = |state: &str, value: u32| {
             self.transfer_admission
                 .with_label_values(&[state])
@@ -403,4 +403,13 @@ fn count(decisions: &IntCounterVec, decision: Decision) {
     decisions
         .with_label_values(&[decision.layer.as_str(), decision.outcome.as_str()])
         .inc();
+}
+
+/// How full the transfer admission's places and the queue are, at one moment.
+#[derive(Debug, Clone, Copy)]
+pub struct Occupancy {
+    pub running: u32,
+    pub waiting: u32,
+    pub running_max: u32,
+    pub waiting_max: u32,
 }

@@ -44,7 +44,7 @@ use crate::state::AppState;
         health::healthz,
         health::readyz,
     ),
-    components(schemas(crate::problem::Problem, crate::problem::FieldError, crate::decision::feed::Source)),
+    components(schemas(crate::problem::Problem, crate::problem::FieldError, crate::feed::Source)),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;

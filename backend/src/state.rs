@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use crate::auth::TokenSigner;
-use crate::decision::feed::DecisionFeed;
 use crate::defense::cooldown::CooldownLock;
+use crate::feed::DecisionFeed;
 use crate::metrics::Metrics;
 use crate::settings::Config;
 
@@ -28,8 +28,8 @@ pub struct AppState {
     /// Bounds the live decision streams this instance serves at once.
     pub stream_slots: Arc<tokio::sync::Semaphore>,
     /// ...and those each user holds on it.
-    pub streams_per_user: Arc<crate::decision::stream_slots::StreamsPer<crate::domain::UserId>>,
-    pub streams_per_address: Arc<crate::decision::stream_slots::StreamsPer<std::net::IpAddr>>,
+    pub streams_per_user: Arc<crate::feed::stream_slots::StreamsPer<crate::domain::UserId>>,
+    pub streams_per_address: Arc<crate::feed::stream_slots::StreamsPer<std::net::IpAddr>>,
     pub instance_id: Arc<str>,
     /// Where this instance's public listener answers from this host: the
     /// race lab fires its bursts at it, like any client.

@@ -250,7 +250,7 @@ async fn an_entry_read_by_a_consumer_without_the_lease_still_applies_before_thos
                 .arg(&stalled)
                 .query::<()>(&mut conn)
                 .expect("CLIENT SETNAME");
-            let reply: layered_wallet::decision::feed::XreadReply = redis::cmd("XREADGROUP")
+            let reply: layered_wallet::feed::XreadReply = redis::cmd("XREADGROUP")
                 .arg("GROUP")
                 .arg(layered_wallet::command::GROUP)
                 .arg(&stalled)

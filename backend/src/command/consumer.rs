@@ -60,8 +60,8 @@ use sqlx::pool::PoolConnection;
 
 use super::transaction::{self, NotApplied};
 use super::{Command, GROUP, Streams, published_at};
-use crate::decision::feed::{EntryPoint, FeedEntry};
-use crate::decision::feed::{RawEntry, XreadReply};
+use crate::feed::{EntryPoint, FeedEntry};
+use crate::feed::{RawEntry, XreadReply};
 use crate::problem::DatabaseFailure;
 use crate::redis_store::{StreamClient, StreamConnection};
 use crate::state::AppState;

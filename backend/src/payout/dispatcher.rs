@@ -38,9 +38,9 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::gateway::{GatewayAnswer, GatewayClient, GatewayPayout};
-use crate::decision::feed::{EntryPoint, FeedEntry};
 use crate::decision::{Layer, Outcome};
 use crate::domain::UserId;
+use crate::feed::{EntryPoint, FeedEntry};
 use crate::problem::ProblemType;
 use crate::settings::PayoutMode;
 use crate::state::AppState;

@@ -34,10 +34,7 @@ use crate::domain::{TransferRequest, UserId};
 
 pub use switches::Switches;
 
-/// The currency of lab money. No deployment may use it for real money
-/// (`settings` refuses it), so the row guard's currency check is the wall
-/// between the sandbox and real wallets.
-pub const LAB_CURRENCY: &str = "LAB";
+pub use crate::domain::LAB_CURRENCY;
 
 /// A visitor's two lab wallets.
 #[derive(Debug, Clone, Copy)]

@@ -14,9 +14,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::auth::{self, VerifiedToken};
-use crate::decision::feed::{self, StoredEntry};
-use crate::decision::stream_slots::{StreamSlot, StreamsPer};
 use crate::domain::UserId;
+use crate::feed::stream_slots::{StreamSlot, StreamsPer};
+use crate::feed::{self, StoredEntry};
 use crate::problem::{Problem, ProblemType};
 use crate::redis_store::StreamConnection;
 use crate::routes::authenticate;

@@ -735,7 +735,7 @@ impl Money {
             "currency must be three upper-case letters, e.g. USD",
         );
         check.require(
-            s.currency != crate::race_lab::LAB_CURRENCY,
+            s.currency != crate::domain::LAB_CURRENCY,
             "currency must not be LAB: that code marks the race lab's sandbox money",
         );
         Self {

@@ -34,6 +34,7 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::decision::{Layer, Outcome};
 use crate::defense::Refusal;
+use crate::metrics::Occupancy;
 use crate::problem::{Problem, ProblemType};
 use crate::settings::Database;
 
@@ -56,15 +57,6 @@ pub struct Admission {
 pub struct Admitted<'a> {
     _place: SemaphorePermit<'a>,
     _entry: SemaphorePermit<'a>,
-}
-
-/// How full the places and the queue are, at one moment.
-#[derive(Debug, Clone, Copy)]
-pub struct Occupancy {
-    pub running: u32,
-    pub waiting: u32,
-    pub running_max: u32,
-    pub waiting_max: u32,
 }
 
 impl Admission {

@@ -20,12 +20,12 @@ use actix_web::http::{StatusCode, header};
 use chrono::Utc;
 
 use crate::auth::VerifiedToken;
-use crate::decision::feed::{EntryPoint, FeedEntry};
 use crate::decision::{Decision, Layer, Outcome};
 use crate::defense::Refusal;
 use crate::defense::cooldown::CooldownPass;
 use crate::defense::idempotency::{IdempotencyKey, StoredResponse};
 use crate::domain::{TransferRequest, UserId};
+use crate::feed::{EntryPoint, FeedEntry};
 use crate::problem::{PROBLEM_CONTENT_TYPE, Problem, ProblemType};
 use crate::race_lab::Switches;
 use crate::state::AppState;

@@ -15,7 +15,7 @@ use askama_web::WebTemplate;
 use serde::{Deserialize, Serialize};
 
 use crate::auth;
-use crate::decision::feed::{DropReason, Gaps, Source};
+use crate::feed::{DropReason, Gaps, Source};
 use crate::kept_pages::{self, Kind};
 use crate::race_lab::presets::{KeyStrategy, Preset};
 use crate::race_lab::run::{self, RunError, RunRequest};

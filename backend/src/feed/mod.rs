@@ -31,6 +31,8 @@
 //! least recently first. New decisions are always written; what goes is the
 //! oldest, and its owner's feed page says when and why.
 
+pub mod stream_slots;
+
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};

@@ -7,9 +7,6 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-pub mod feed;
-pub mod stream_slots;
-
 /// Lower-case, as `HeaderName::from_static` requires; HTTP header names are
 /// case-insensitive.
 pub const HEADER: &str = "defense-decision";
