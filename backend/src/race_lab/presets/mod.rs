@@ -7,12 +7,12 @@
 
 use std::time::Duration;
 
-use uuid::Uuid;
-
 use super::burst::{Answer, Shot};
-use super::{LabState, LabWallets, Switches};
+use super::{LabState, Switches};
 use crate::decision::{Layer, Outcome};
 use crate::settings::IdempotencyMode;
+
+mod plan;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Preset {
@@ -203,90 +203,6 @@ impl Preset {
                 "Each payout leaves the bank exactly once and is debited once: after the lost answer, the retry \
                  asks again with the same key and the bank replays what it did."
             }
-        }
-    }
-
-    /// The requests of a run of `count` against wallets of `balance_minor`.
-    pub fn plan(
-        self,
-        wallets: LabWallets,
-        count: usize,
-        balance_minor: i64,
-        keys: KeyStrategy,
-        window: Duration,
-    ) -> Plan {
-        let shared_key = Uuid::new_v4();
-        // Every delivery carries the event's id, and every payout order a
-        // key of its own: the keys strategy is a retrying client's.
-        let keys = if self.is_delivery() || self.is_payout() {
-            self.default_keys()
-        } else {
-            keys
-        };
-        let key = |_: usize| match keys {
-            KeyStrategy::Same => Some(shared_key),
-            KeyStrategy::NewPerRequest => Some(Uuid::new_v4()),
-            KeyStrategy::None => None,
-        };
-        let count_i64 = i64::try_from(count).unwrap_or(i64::MAX);
-        let amount_minor = match self {
-            // N × amount ≈ 2 × balance: about half must be refused.
-            Preset::Overdraw => ((2 * balance_minor + count_i64 - 1) / count_i64.max(1)).max(1),
-            // Small enough that wallet B covers every delivery even if each
-            // one credits: the damage is counted, never refused.
-            // Small enough that wallet A covers every payout.
-            Preset::WebhookStorm | Preset::Redelivery | Preset::LostAnswer => {
-                (balance_minor / (2 * count_i64).max(1)).max(1)
-            }
-            _ => (balance_minor / 20).max(1),
-        };
-        let shot = |index: usize, from: Uuid, to: Uuid| Shot {
-            from,
-            to,
-            amount_minor,
-            key: key(index),
-        };
-        let (waves, pause) = match self {
-            Preset::RetryAfterWindow => {
-                let first = vec![shot(0, wallets.a, wallets.b)];
-                let retries = (1..count).map(|i| shot(i, wallets.a, wallets.b)).collect();
-                // Past the window, with a margin for clocks and queues.
-                (vec![first, retries], window + Duration::from_millis(250))
-            }
-            Preset::Crossing => {
-                let both_ways = (0..count)
-                    .map(|i| {
-                        if i % 2 == 0 {
-                            shot(i, wallets.a, wallets.b)
-                        } else {
-                            shot(i, wallets.b, wallets.a)
-                        }
-                    })
-                    .collect();
-                (vec![both_ways], Duration::ZERO)
-            }
-            // The money arrives in A from B, B standing in for the
-            // provider's clearing account.
-            Preset::WebhookStorm => (
-                vec![(0..count).map(|i| shot(i, wallets.b, wallets.a)).collect()],
-                Duration::ZERO,
-            ),
-            Preset::Redelivery => (
-                vec![
-                    vec![shot(0, wallets.b, wallets.a)],
-                    (1..count).map(|i| shot(i, wallets.b, wallets.a)).collect(),
-                ],
-                REDELIVERY_AFTER,
-            ),
-            _ => (
-                vec![(0..count).map(|i| shot(i, wallets.a, wallets.b)).collect()],
-                Duration::ZERO,
-            ),
-        };
-        Plan {
-            waves,
-            pause,
-            amount_minor,
         }
     }
 
