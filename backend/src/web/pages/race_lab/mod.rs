@@ -15,10 +15,9 @@ use askama_web::WebTemplate;
 use serde::{Deserialize, Serialize};
 
 use crate::auth;
-use crate::feed::{DropReason, Gaps, Source};
 use crate::kept_pages::{self, Kind};
 use crate::race_lab::presets::{KeyStrategy, Preset};
-use crate::race_lab::run::{self, RunError, RunRequest};
+use crate::race_lab::run::{self, RunRequest};
 use crate::race_lab::switches::{Choice, IDEMPOTENCY_CHOICES, ROW_GUARD_CHOICES};
 use crate::race_lab::{LAB_CURRENCY, Switches};
 use crate::settings::{IdempotencyMode, PayoutMode, RowGuardMode, choice_name, parse_choice};
@@ -27,12 +26,18 @@ use crate::web::money;
 
 use super::*;
 use comparison::{CompareChoices, CompareForm};
+use not_fired::NotFired;
 use results::RunView;
 
+mod answers;
 mod comparison;
+mod live_feed;
+mod not_fired;
 mod results;
+mod timeline;
 
 pub use comparison::{fire_comparison, show_comparison};
+pub use live_feed::feed;
 
 #[derive(Template, WebTemplate)]
 #[template(path = "race_lab.html")]
@@ -86,22 +91,6 @@ struct PresetChoice {
     /// The switches the preset starts with, for the page's script.
     cooldown: bool,
     keys: &'static str,
-}
-
-#[derive(Template, WebTemplate)]
-#[template(path = "feed.html")]
-struct FeedPage {
-    chrome: Chrome,
-    /// The visitor's lab wallets, comma-separated: a transfer to one of
-    /// them moved lab money (the row guard allows lab transfers only
-    /// between a visitor's own two). Lab entries say so themselves when
-    /// the run sent switches; a deployment that keeps every layer on sends
-    /// none, and its lab entries share the real stream.
-    lab_wallets: String,
-    /// The deployment's currency, for every other transfer.
-    currency: String,
-    /// What is missing from the feed, and why, in sentences.
-    gaps: Vec<String>,
 }
 
 /// `GET /race-lab`: the form, as the visitor last set it when they come
@@ -211,108 +200,6 @@ pub struct RunForm {
     csrf: String,
     #[serde(flatten)]
     fields: RunFields,
-}
-
-/// Why a run was not fired. Carried in the address the form redirects to,
-/// as a slug, so that the page can say it after post/redirect/get.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum NotFired {
-    NoPreset,
-    BadCount,
-    NoKeys,
-    WindowTooLong,
-    Busy,
-    AlreadyRunning,
-    TooSoon,
-    DatabaseLost,
-    NoLayer,
-    SwitchesOff,
-}
-
-impl NotFired {
-    const ALL: [NotFired; 10] = [
-        NotFired::NoPreset,
-        NotFired::BadCount,
-        NotFired::NoKeys,
-        NotFired::WindowTooLong,
-        NotFired::Busy,
-        NotFired::AlreadyRunning,
-        NotFired::TooSoon,
-        NotFired::DatabaseLost,
-        NotFired::NoLayer,
-        NotFired::SwitchesOff,
-    ];
-
-    fn slug(self) -> &'static str {
-        match self {
-            NotFired::NoPreset => "no-preset",
-            NotFired::BadCount => "bad-count",
-            NotFired::NoKeys => "no-keys",
-            NotFired::WindowTooLong => "window-too-long",
-            NotFired::Busy => "busy",
-            NotFired::AlreadyRunning => "already-running",
-            NotFired::TooSoon => "too-soon",
-            NotFired::DatabaseLost => "database-lost",
-            NotFired::NoLayer => "no-layer",
-            NotFired::SwitchesOff => "switches-off",
-        }
-    }
-
-    fn from_slug(slug: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|refusal| refusal.slug() == slug)
-    }
-
-    fn sentence(self, state: &AppState, wait_s: u64) -> String {
-        let requests_max = state.config.race_lab.requests_max;
-        match self {
-            NotFired::NoPreset => "Choose one of the presets. Nothing was sent.".to_owned(),
-            NotFired::BadCount => {
-                format!("The number of requests must be a whole number from 2 to {requests_max}. Nothing was sent.")
-            }
-            NotFired::NoKeys => "Choose which idempotency keys the requests carry. Nothing was sent.".to_owned(),
-            NotFired::WindowTooLong => format!(
-                "The cooldown window here lasts {} s, longer than a race-lab run may wait, so this preset cannot run \
-                 on this deployment. Nothing was sent.",
-                state.config.cooldown.ttl.as_secs()
-            ),
-            NotFired::Busy => {
-                "The race lab is busy with other visitors' runs. Nothing was sent; try again in a few seconds."
-                    .to_owned()
-            }
-            NotFired::AlreadyRunning => "Another run of yours is still going, perhaps in another tab. Nothing was \
-                                         sent; wait for it to finish."
-                .to_owned(),
-            NotFired::TooSoon => format!(
-                "You started runs too quickly: the lab spaces each visitor's runs so that it never slows other \
-                 people's transfers. Nothing was sent; fire again in {} s.",
-                wait_s.max(1)
-            ),
-            NotFired::DatabaseLost => "The race lab lost the database during this run, so it cannot show what \
-                                       happened. Only lab money can have moved: your real balance is untouched. Fire \
-                                       again in a moment; the next run starts from refilled lab wallets."
-                .to_owned(),
-            NotFired::NoLayer => "Choose the layer whose alternatives to compare. Nothing was sent.".to_owned(),
-            NotFired::SwitchesOff => "This deployment keeps every defense on in the race lab, so there are no \
-                                      alternatives to compare. Nothing was sent."
-                .to_owned(),
-        }
-    }
-
-    /// Why a run or a comparison that was admitted could not go on, and
-    /// how many whole seconds to wait, if that is why.
-    fn because(error: RunError) -> (NotFired, u64) {
-        match error {
-            RunError::Busy => (NotFired::Busy, 0),
-            RunError::AlreadyRunning => (NotFired::AlreadyRunning, 0),
-            RunError::TooSoon { retry_after } => {
-                (NotFired::TooSoon, retry_after.as_millis().div_ceil(1000) as u64)
-            }
-            RunError::Database(error) => {
-                tracing::error!(error = %error, "database error during a race-lab run");
-                (NotFired::DatabaseLost, 0)
-            }
-        }
-    }
 }
 
 /// `POST /race-lab/runs`: fires the burst, keeps the results, and
@@ -533,71 +420,4 @@ impl LabForm {
             bank_deduplicates: request.switches.bank_deduplicates,
         }
     }
-}
-
-pub async fn feed(request: HttpRequest, state: web::Data<AppState>) -> HttpResponse {
-    let session = match require_session(&request, &state).await {
-        Ok(session) => session,
-        Err(response) => return response,
-    };
-    let lab_wallets: Vec<uuid::Uuid> =
-        match sqlx::query_scalar("SELECT id FROM wallets WHERE user_id = $1 AND lab_slot IS NOT NULL")
-            .bind(session.token.user_id.0)
-            .fetch_all(&state.db)
-            .await
-        {
-            Ok(wallets) => wallets,
-            Err(error) => return unavailable(&state, Some(&session), &error),
-        };
-    with_page(
-        StatusCode::OK,
-        FeedPage {
-            chrome: Chrome::new(&state, "Live feed", Some(&session)),
-            lab_wallets: lab_wallets
-                .iter()
-                .map(uuid::Uuid::to_string)
-                .collect::<Vec<_>>()
-                .join(","),
-            currency: session.currency.clone(),
-            gaps: gaps_in_words(&state.feed.gaps(session.token.user_id).await, &state.config.feed),
-        },
-    )
-}
-
-/// The feed's gaps as the page tells them to a visitor.
-fn gaps_in_words(gaps: &Gaps, feed: &crate::settings::Feed) -> Vec<String> {
-    let time = |at: &chrono::DateTime<chrono::Utc>| at.format("%H:%M:%S UTC on %Y-%m-%d").to_string();
-    let removed = gaps.removed.iter().map(|(source, at)| {
-        let which = match source {
-            Source::Real => "your real transfers",
-            Source::Lab => "your race-lab runs",
-        };
-        format!(
-            "The decisions on {which} before {} were removed. The feed keeps at most {} entries across everyone's \
-             streams, and when it is full it removes the streams written to least recently. Decisions since then \
-             appear as usual, and your money was not affected.",
-            time(at),
-            money::group_thousands(feed.entries_max),
-        )
-    });
-    let dropped = gaps.dropped.iter().map(|drops| {
-        let why = match drops.reason {
-            DropReason::QueueFull => format!(
-                "decisions came faster than it could write them (it holds up to {} waiting)",
-                money::group_thousands(feed.queue_entries_max as u64)
-            ),
-            DropReason::RedisFailed => "Redis, where the feed is kept, failed or did not answer in time".to_owned(),
-        };
-        let entries = match drops.entries {
-            1 => "1 decision".to_owned(),
-            n => format!("{} decisions", money::group_thousands(n)),
-        };
-        format!(
-            "This server left {entries} out of the feed between {} and {}, because {why}. Yours may be among them; \
-             the transfers themselves were made or refused as their answers said.",
-            time(&drops.first),
-            time(&drops.last),
-        )
-    });
-    removed.chain(dropped).collect()
 }
