@@ -75,6 +75,15 @@ fn after_send(decided: &Decided, original: Option<StoredResponse>) -> AfterSend 
     }
 }
 
+/// The confirmation's fields, parsed: the transfer as reviewed, and the key
+/// it was reviewed with.
+struct Confirmed {
+    to_wallet_id: uuid::Uuid,
+    amount_minor: i64,
+    key: IdempotencyKey,
+    transfer: TransferRequest,
+}
+
 /// The second step: send the reviewed transfer through the same three
 /// layers as the API, and say what happened.
 pub async fn transfer(
@@ -87,48 +96,93 @@ pub async fn transfer(
         Ok(session) => session,
         Err(response) => return response,
     };
+    let confirmed = match confirmed(&form, &session, &state) {
+        Ok(confirmed) => confirmed,
+        Err(notice) => return nothing_sent(&state, &session, notice, form).await,
+    };
+    let recipient_name = match recipient::owner_name(&state.db, confirmed.to_wallet_id).await {
+        Ok(found) => found.unwrap_or_else(|| "that wallet".to_owned()),
+        Err(error) => return unavailable(&state, Some(&session), &error),
+    };
+    let context = RequestContext::of(&request);
+    let key = confirmed.key;
+    let decided = pipeline::through_the_layers(
+        &state,
+        &context,
+        &session.token,
+        &confirmed.transfer,
+        Some(key),
+        None,
+    )
+    .await;
+    pipeline::report(&state, &context, &decided);
+
+    let original = match (decided.decision.layer, decided.decision.outcome) {
+        (Layer::Cooldown, Outcome::Rejected) => {
+            let fingerprint = pipeline::fingerprint_of(&confirmed.transfer);
+            wait_for_original(&state, &session, key, &fingerprint).await
+        }
+        _ => None,
+    };
+    // Every answer leads to a page of its own (post/redirect/get), so that
+    // reloading it sends nothing: a receipt's is the stored answer itself
+    // (`/wallet?sent=`); any other is kept as a page (`shown`).
+    let after = after_send(&decided, original);
+    let mut response = match shown(
+        after,
+        &decided,
+        &confirmed,
+        recipient_name,
+        &session.currency,
+        form,
+    ) {
+        None => redirect(&format!("/wallet?sent={}", key.as_uuid())),
+        Some(shown) => lead_to(&state, &session, shown)
+            .await
+            .unwrap_or_else(|error| result_unavailable(&state, &session, &error)),
+    };
+    decided.decision.mark(&mut response);
+    response
+}
+
+/// The confirmation's fields, or what the wallet says when they are
+/// damaged or describe no transfer that may be made.
+fn confirmed(form: &TransferForm, session: &Session, state: &AppState) -> Result<Confirmed, Notice> {
     let (Ok(to_wallet_id), Ok(amount_minor), Ok(key)) = (
         parse_uuid(&form.to_wallet_id).ok_or(()),
         form.amount_minor.parse::<i64>(),
         IdempotencyKey::parse(&form.idempotency_key),
     ) else {
-        let notice = refused_notice(
+        return Err(refused_notice(
             "This confirmation was damaged, so nothing was sent. Please fill in the form again.",
-        );
-        return nothing_sent(&state, &session, notice, form).await;
+        ));
     };
-    let request_body = match TransferRequest::new(
+    let transfer = TransferRequest::new(
         WalletId(session.wallet_id),
         WalletId(to_wallet_id),
         amount_minor,
         state.config.money.transfer_amount_minor_max,
-    ) {
-        Ok(parsed) => parsed,
-        Err(problem) => {
-            return nothing_sent(&state, &session, refused_notice(problem.for_people()), form).await;
-        }
-    };
-    let recipient_name = match recipient::owner_name(&state.db, to_wallet_id).await {
-        Ok(found) => found.unwrap_or_else(|| "that wallet".to_owned()),
-        Err(error) => return unavailable(&state, Some(&session), &error),
-    };
-    let context = RequestContext::of(&request);
-    let decided =
-        pipeline::through_the_layers(&state, &context, &session.token, &request_body, Some(key), None).await;
-    pipeline::report(&state, &context, &decided);
+    )
+    .map_err(|problem| refused_notice(problem.for_people()))?;
+    Ok(Confirmed {
+        to_wallet_id,
+        amount_minor,
+        key,
+        transfer,
+    })
+}
 
-    let original = match (decided.decision.layer, decided.decision.outcome) {
-        (Layer::Cooldown, Outcome::Rejected) => {
-            let fingerprint = pipeline::fingerprint_of(&request_body);
-            wait_for_original(&state, &session, key, &fingerprint).await
-        }
-        _ => None,
-    };
-    let currency = &session.currency;
-    // Every answer leads to a page of its own (post/redirect/get), so that
-    // reloading it sends nothing: a receipt's is the stored answer itself
-    // (`/wallet?sent=`); any other is kept as a page (`shown`).
-    let shown = match after_send(&decided, original) {
+/// The page to lead to after Send, as `after_send` chose it; `None` for a
+/// receipt, which is the stored answer's own page.
+fn shown(
+    after: AfterSend,
+    decided: &Decided,
+    confirmed: &Confirmed,
+    recipient_name: String,
+    currency: &str,
+    form: TransferForm,
+) -> Option<Shown> {
+    match after {
         AfterSend::Receipt => None,
         AfterSend::Original(original) => Some(Shown::Wallet {
             notice: replay_notice(&original, &recipient_name, currency),
@@ -136,21 +190,21 @@ pub async fn transfer(
             amount: String::new(),
         }),
         AfterSend::Review { wait_s } => Some(Shown::Review {
-            notice: Some(notice_for(&decided, &recipient_name, currency)),
+            notice: Some(notice_for(decided, &recipient_name, currency)),
             draft: Draft {
-                to_wallet_id,
+                to_wallet_id: confirmed.to_wallet_id,
                 recipient_name,
-                amount_minor,
+                amount_minor: confirmed.amount_minor,
                 typed_recipient: form.recipient,
                 typed_amount: form.amount,
-                idempotency_key: key.as_uuid(),
+                idempotency_key: confirmed.key.as_uuid(),
             },
             send_again_at_ms: wait_s.map(|seconds| {
                 chrono::Utc::now().timestamp_millis() + i64::try_from(seconds * 1000).unwrap_or(0)
             }),
         }),
         AfterSend::Wallet { keep_typed } => {
-            let notice = notice_for(&decided, &recipient_name, currency);
+            let notice = notice_for(decided, &recipient_name, currency);
             let (recipient, amount) = if keep_typed {
                 (form.recipient, form.amount)
             } else {
@@ -162,15 +216,7 @@ pub async fn transfer(
                 amount,
             })
         }
-    };
-    let mut response = match shown {
-        None => redirect(&format!("/wallet?sent={}", key.as_uuid())),
-        Some(shown) => lead_to(&state, &session, shown)
-            .await
-            .unwrap_or_else(|error| result_unavailable(&state, &session, &error)),
-    };
-    decided.decision.mark(&mut response);
-    response
+    }
 }
 
 /// A confirmation refused before any layer: nothing was sent, and the
