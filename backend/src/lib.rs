@@ -2,8 +2,8 @@
 //! duplicate and racing requests. Start at [`transfer::pipeline`], which
 //! reads as the three layers in order, and at [`defense`], one file a layer.
 //! Deposits from a payment provider have three layers of their own:
-//! [`deposit::pipeline`]; a broker's transfer commands, and their
-//! consumer: [`command::consumer`]. Money that leaves, through a bank
+//! [`deposit::pipeline`]; a broker's transfer commands too:
+//! [`command::pipeline`]. Money that leaves, through a bank
 //! gateway: [`payout`].
 
 pub mod account_limits;
@@ -16,6 +16,7 @@ pub mod decision;
 pub mod defense;
 pub mod deposit;
 pub mod domain;
+pub mod ending;
 pub mod feed;
 pub mod headers;
 pub mod kept_pages;
@@ -37,4 +38,5 @@ pub mod sweep;
 pub mod system_accounts;
 pub mod telemetry;
 pub mod transfer;
+pub mod weakened;
 pub mod web;

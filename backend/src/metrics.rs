@@ -19,14 +19,8 @@ const LATENCY_BUCKETS_S: &[f64] = &[
 #[derive(Clone)]
 pub struct Metrics {
     registry: Registry,
-    /// Transfer decisions by layer and outcome.
-    pub decisions: IntCounterVec,
-    /// Deposit decisions by layer and outcome.
-    deposit_decisions: IntCounterVec,
-    /// Command decisions by layer and outcome.
-    command_decisions: IntCounterVec,
-    /// Payout requests by layer and outcome.
-    payout_decisions: IntCounterVec,
+    /// Decisions by entry point, layer and outcome.
+    decisions: IntCounterVec,
     /// Gateway calls by how they ended: `sent`, `refused`, `unknown` (a
     /// time-out, a 5xx or a broken connection), `rejected` (an answer no
     /// retry changes).
@@ -78,7 +72,7 @@ pub struct Metrics {
     pub cooldown_window: prometheus::Gauge,
     /// Transfers answered with a problem, by its type (`outcome-unknown`,
     /// `idempotency-key-in-flight`, `cooldown-active`, …).
-    pub transfer_problems: IntCounterVec,
+    problems: IntCounterVec,
     /// How long the oldest expired idempotency key has waited for the
     /// sweeper, read at every scrape; 0 when none has expired.
     pub idempotency_oldest_expired_age: prometheus::Gauge,
@@ -89,34 +83,10 @@ impl Metrics {
         let registry = Registry::new_custom(Some("wallet".into()), None).unwrap_or_default();
         let decisions = IntCounterVec::new(
             Opts::new(
-                "transfer_decisions_total",
-                "Transfer decisions by the layer that decided and the outcome",
+                "decisions_total",
+                "Decisions by entry point (transfer, deposit, command, payout), the layer that decided and the outcome",
             ),
-            &["layer", "outcome"],
-        )
-        .expect("static metric definition");
-        let deposit_decisions = IntCounterVec::new(
-            Opts::new(
-                "deposit_decisions_total",
-                "Deposit deliveries by the layer that decided and the outcome",
-            ),
-            &["layer", "outcome"],
-        )
-        .expect("static metric definition");
-        let command_decisions = IntCounterVec::new(
-            Opts::new(
-                "command_decisions_total",
-                "Broker commands handled, by the layer that decided and the outcome",
-            ),
-            &["layer", "outcome"],
-        )
-        .expect("static metric definition");
-        let payout_decisions = IntCounterVec::new(
-            Opts::new(
-                "payout_decisions_total",
-                "Payout requests by the layer that decided and the outcome",
-            ),
-            &["layer", "outcome"],
+            &["entry_point", "layer", "outcome"],
         )
         .expect("static metric definition");
         let payout_attempts = IntCounterVec::new(
@@ -243,12 +213,12 @@ impl Metrics {
             "The configured cooldown window (cooldown_ttl_ms), in seconds",
         )
         .expect("static metric definition");
-        let transfer_problems = IntCounterVec::new(
+        let problems = IntCounterVec::new(
             Opts::new(
-                "transfer_problems_total",
-                "Transfers answered with a problem, by its type",
+                "problems_total",
+                "Requests answered with a problem, by entry point and the problem's type",
             ),
-            &["type"],
+            &["entry_point", "type"],
         )
         .expect("static metric definition");
         let idempotency_oldest_expired_age = prometheus::Gauge::new(
@@ -258,9 +228,6 @@ impl Metrics {
         .expect("static metric definition");
         for collector in [
             Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(deposit_decisions.clone()),
-            Box::new(command_decisions.clone()),
-            Box::new(payout_decisions.clone()),
             Box::new(payout_attempts.clone()),
             Box::new(payouts_given_up.clone()),
             Box::new(payout_outbox_rows.clone()),
@@ -282,7 +249,7 @@ impl Metrics {
             Box::new(feed_entries.clone()),
             Box::new(feed_streams_removed.clone()),
             Box::new(cooldown_window.clone()),
-            Box::new(transfer_problems.clone()),
+            Box::new(problems.clone()),
             Box::new(idempotency_oldest_expired_age.clone()),
         ] {
             registry
@@ -298,17 +265,14 @@ impl Metrics {
             ("idempotency", "replayed"),
             ("idempotency", "in_flight"),
         ] {
-            decisions.with_label_values(&[layer, outcome]);
+            decisions.with_label_values(&["transfer", layer, outcome]);
         }
         for kind in crate::problem::ProblemType::ALL {
-            transfer_problems.with_label_values(&[kind.slug()]);
+            problems.with_label_values(&["transfer", kind.slug()]);
         }
         Self {
             registry,
             decisions,
-            deposit_decisions,
-            command_decisions,
-            payout_decisions,
             payout_attempts,
             payouts_given_up,
             payout_outbox_rows,
@@ -330,29 +294,28 @@ impl Metrics {
             transfer_admission,
             cooldown_degraded,
             cooldown_window,
-            transfer_problems,
+            problems,
             idempotency_oldest_expired_age,
         }
     }
 
-    /// Counts a transfer's decision.
-    pub fn count_decision(&self, decision: Decision) {
-        count(&self.decisions, decision);
+    /// Counts a decision at one entry point (`ending::entry_point_label`).
+    pub fn count_decision(&self, entry_point: &str, decision: Decision) {
+        self.decisions
+            .with_label_values(&[entry_point, decision.layer.as_str(), decision.outcome.as_str()])
+            .inc();
     }
 
-    /// Counts a deposit delivery's decision.
-    pub fn count_deposit_decision(&self, decision: Decision) {
-        count(&self.deposit_decisions, decision);
+    /// Counts a problem answered at one entry point, by its type.
+    pub fn count_problem(&self, entry_point: &str, problem_type: &str) {
+        self.problems
+            .with_label_values(&[entry_point, problem_type])
+            .inc();
     }
 
     /// Counts a broker command's decision.
     pub fn count_command_decision(&self, decision: Decision) {
-        count(&self.command_decisions, decision);
-    }
-
-    /// Counts a payout request's decision.
-    pub fn count_payout_decision(&self, decision: Decision) {
-        count(&self.payout_decisions, decision);
+        self.count_decision("command", decision);
     }
 
     pub fn observe_layer(&self, layer: &str, elapsed: Duration) {
@@ -397,12 +360,6 @@ impl Default for Metrics {
     fn default() -> Self {
         Self::new()
     }
-}
-
-fn count(decisions: &IntCounterVec, decision: Decision) {
-    decisions
-        .with_label_values(&[decision.layer.as_str(), decision.outcome.as_str()])
-        .inc();
 }
 
 /// How full the transfer admission's places and the queue are, at one moment.

@@ -48,12 +48,12 @@ async fn each_command_applies_once_across_two_instances_and_its_outcome_is_kept(
     assert_eq!(results.len(), 25, "one result per delivery handled");
     let replayed = series(
         &first,
-        "wallet_command_decisions_total{layer=\"inbox\",outcome=\"replayed\"}",
+        "wallet_decisions_total{entry_point=\"command\",layer=\"inbox\",outcome=\"replayed\"}",
     )
     .await
         + series(
             &second,
-            "wallet_command_decisions_total{layer=\"inbox\",outcome=\"replayed\"}",
+            "wallet_decisions_total{entry_point=\"command\",layer=\"inbox\",outcome=\"replayed\"}",
         )
         .await;
     assert_eq!(replayed, 5.0, "the republished five were replayed by the inbox");
@@ -207,12 +207,12 @@ async fn a_consumer_that_stalls_past_the_claim_time_runs_twice_and_applies_once(
     );
     let replayed = series(
         &first,
-        "wallet_command_decisions_total{layer=\"inbox\",outcome=\"replayed\"}",
+        "wallet_decisions_total{entry_point=\"command\",layer=\"inbox\",outcome=\"replayed\"}",
     )
     .await
         + series(
             &second,
-            "wallet_command_decisions_total{layer=\"inbox\",outcome=\"replayed\"}",
+            "wallet_decisions_total{entry_point=\"command\",layer=\"inbox\",outcome=\"replayed\"}",
         )
         .await;
     assert!(replayed >= 1.0, "the second holder only acknowledged it");
@@ -348,7 +348,7 @@ async fn a_command_committed_but_never_acknowledged_is_redelivered_without_a_sec
     assert_eq!(
         series(
             &consumer,
-            "wallet_command_decisions_total{layer=\"inbox\",outcome=\"replayed\"}"
+            "wallet_decisions_total{entry_point=\"command\",layer=\"inbox\",outcome=\"replayed\"}"
         )
         .await,
         1.0

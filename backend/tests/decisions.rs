@@ -60,7 +60,7 @@ async fn decision_counts(app: &TestApp) -> HashMap<(String, String), u64> {
     let mut counts = HashMap::new();
     for line in text
         .lines()
-        .filter(|line| line.starts_with("wallet_transfer_decisions_total{"))
+        .filter(|line| line.starts_with("wallet_decisions_total{entry_point=\"transfer\","))
     {
         let (labels, value) = line.rsplit_once(' ').expect("a sample");
         let label = |name: &str| {
@@ -796,7 +796,7 @@ async fn the_alerts_series_say_what_happened() {
     assert_eq!(refused, 3);
     let text = app.metrics().await;
     assert_eq!(
-        sample(&text, "wallet_transfer_problems_total{type=\"cooldown-active\"}"),
+        sample(&text, "wallet_problems_total{entry_point=\"transfer\",type=\"cooldown-active\"}"),
         Some(3.0),
         "{text}"
     );

@@ -55,7 +55,7 @@ async fn a_storm_through_nginx_across_three_instances_keeps_every_invariant() {
     for app in [&first, &second, &third] {
         let metrics = app.metrics().await;
         assert!(
-            metrics.contains("wallet_transfer_decisions_total"),
+            metrics.contains("wallet_decisions_total"),
             "an instance got no transfers"
         );
     }

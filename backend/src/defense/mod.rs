@@ -11,8 +11,10 @@
 //! the correctness guarantee and never do.
 
 pub mod cooldown;
+pub mod edge_lock;
 pub mod idempotency;
-pub mod key_lock;
+pub mod inbox;
+pub mod partition_lease;
 pub mod row_guard;
 
 pub use crate::decision::Layer;

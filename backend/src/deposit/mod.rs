@@ -6,9 +6,9 @@
 //! is whether this event was applied already. Three layers answer it, as
 //! for transfers, each in its own file:
 //!
-//! 1. the **edge lock** on the event (`edge`, Redis): a burst of identical
-//!    deliveries reaches PostgreSQL once, and the duplicates answer with
-//!    the first delivery's answer;
+//! 1. the **edge lock** on the event (`defense::edge_lock`, Redis): a
+//!    burst of identical deliveries reaches PostgreSQL once, and the
+//!    duplicates answer with the first delivery's answer;
 //! 2. the **inbox** (`transaction`, PostgreSQL): `(source, event_id)`
 //!    claimed insert-first in the same transaction as the credit, so an
 //!    event is applied once whatever reaches it;
@@ -22,59 +22,32 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use crate::defense::inbox::is_event_id;
 use crate::domain::{WalletId, wallet_id_field};
 use crate::problem::{Fields, Problem};
-use crate::settings::{Config, InboxMode};
 
-mod check_then_insert;
-pub mod edge;
 pub mod pipeline;
 pub mod signature;
 pub mod transaction;
 
 /// The inbox's name for deposits, and the edge lock's.
 pub const SOURCE: &str = "provider";
-/// Their name for the race lab's deposits between a visitor's lab wallets.
-pub const RACE_LAB_SOURCE: &str = "race_lab";
 
-/// Which variant of each layer a delivery goes through, and where its money
-/// comes from: the deployment's settings for a provider's delivery, a run's
-/// switches for the race lab's.
+/// Where a deposit's money comes from: the inbox's name for the sender
+/// (`inbox_source`, also the edge lock's scope) and the wallet it is moved
+/// from (`None`: the sender's clearing wallet for the currency).
 #[derive(Debug, Clone, Copy)]
-pub struct DepositVariants {
-    /// The sender's name in the inbox and at the edge.
+pub struct Origin {
     pub source: &'static str,
-    /// Layer 1, the edge lock on the event, on or off.
-    pub event_lock: bool,
-    /// Layer 2, the inbox: atomic, or the naive check-then-insert.
-    pub inbox: InboxMode,
-    /// The pause inside the naive inbox's race window.
-    pub naive_window: std::time::Duration,
-    /// A race-lab delivery: the visitor's lab wallet the money comes from,
-    /// instead of the provider's clearing wallet.
-    pub lab_clearing: Option<WalletId>,
+    pub clearing: Option<WalletId>,
 }
 
-impl DepositVariants {
-    /// A payment provider's delivery, as the deployment is set.
-    pub fn of(config: &Config) -> Self {
-        Self {
-            source: SOURCE,
-            event_lock: config.deposits.event_lock_enabled,
-            inbox: config.deposits.inbox_mode,
-            naive_window: config.demo.naive_window,
-            lab_clearing: None,
-        }
-    }
-}
-
-/// An event id: what a provider names its event by, and an issuer its
-/// command. The characters leave it safe in a Redis key and a log line.
-pub(crate) fn is_event_id(text: &str) -> bool {
-    (1..=128).contains(&text.len())
-        && text
-            .bytes()
-            .all(|byte| byte.is_ascii_alphanumeric() || b"_.:-".contains(&byte))
+impl Origin {
+    /// A payment provider's delivery.
+    pub const PROVIDER: Origin = Origin {
+        source: SOURCE,
+        clearing: None,
+    };
 }
 
 /// A deposit event that passed every check needing no I/O. Whether it is

@@ -1,122 +1,90 @@
 //! The deposit pipeline: a signed, well-formed event goes through the
-//! three layers in order, and every exit is one decision:
+//! three layers in order, and every exit is one decision (`crate::ending`):
 //!
-//! 1. the edge lock (`edge`), whose duplicates answer with the first
-//!    delivery's answer without touching PostgreSQL;
+//! 1. the edge lock (`defense::edge_lock`), whose duplicates answer with the
+//!    first delivery's answer without touching PostgreSQL;
 //! 2. and 3. the inbox claim and the credit, in one PostgreSQL call
-//!    (`transaction`), or, in the naive demonstration variant only, one
-//!    statement after another (`check_then_insert`);
+//!    (`transaction`);
 //!
-//! then the decision is reported (span, log line, metrics, the wallet
-//! owner's feed) and sent: the same status and the same bytes for every
-//! delivery of one event.
+//! then the caller reports the decision (`ending::report`) and sends it:
+//! the same status and the same bytes for every delivery of one event.
 
 use std::time::Instant;
 
-use actix_web::HttpResponse;
-use chrono::Utc;
-
-use super::check_then_insert;
-use super::edge::{EdgeAnswer, EdgeVerdict, PassedOn};
-use super::transaction::{self, Settled};
-use super::{DepositEvent, DepositVariants};
+use super::transaction;
+use super::{DepositEvent, Origin};
 use crate::decision::{Decision, Layer, Outcome};
 use crate::defense::Refusal;
+use crate::defense::edge_lock::{EdgeAnswer, EdgeVerdict, EventPermit, PassedOn};
 use crate::defense::idempotency::StoredResponse;
-use crate::domain::UserId;
-use crate::feed::{EntryPoint, FeedEntry};
+use crate::ending::{Decided, Settled, Subject};
+use crate::feed::EntryPoint;
 use crate::settings::InboxMode;
 use crate::state::AppState;
 use crate::telemetry::RequestContext;
-use crate::transfer::pipeline::Answer;
+use crate::weakened;
 
-/// How one delivery ended.
-pub struct DepositDecided {
-    pub decision: Decision,
-    pub answer: Answer,
-    /// The owner of the wallet, when known: their feed gets the entry.
-    pub owner: Option<UserId>,
-    pub event: Option<DepositEvent>,
-}
-
-impl DepositDecided {
-    /// Refused before or by a layer, storing nothing.
-    pub fn refused(refusal: Refusal, event: Option<DepositEvent>) -> Self {
-        Self {
-            decision: refusal.decision,
-            answer: Answer::Refused(refusal.problem),
-            owner: None,
-            event,
-        }
-    }
-
-    pub fn status(&self) -> u16 {
-        self.answer.status()
-    }
-
-    /// The HTTP response, with the `Defense-Decision` header.
-    pub fn into_response(self, context: &RequestContext) -> HttpResponse {
-        self.answer.into_response(self.decision, context)
-    }
-}
-
-/// The three layers in order, for a signed event that parsed (or one of
-/// the race lab's), each in the variant `variants` says.
-pub async fn through_the_layers(
-    state: &AppState,
-    context: &RequestContext,
-    event: DepositEvent,
-    variants: DepositVariants,
-) -> DepositDecided {
+/// The three layers in order, for a signed event that parsed.
+pub async fn through_the_layers(state: &AppState, context: &RequestContext, event: DepositEvent) -> Decided {
     let fingerprint = event.fingerprint();
+    let origin = Origin::PROVIDER;
 
     // Layer 1: the edge lock. A duplicate answered here touches no
     // database.
-    let started = Instant::now();
-    let edge = if variants.event_lock {
-        state.event_lock.pass(variants.source, &event.event_id).await
-    } else {
-        EdgeVerdict::Disabled
+    let edge = match state.config.deposits.event_lock_enabled {
+        true => at_the_edge(state, origin, &event, &fingerprint).await,
+        false => Ok(Passed::NOT_ASKED),
     };
-    state
-        .metrics
-        .observe_layer(Layer::EdgeLock.as_str(), started.elapsed());
-    let (permit, without_store) = match edge {
-        EdgeVerdict::Holder(permit) => (Some(permit), false),
-        EdgeVerdict::Answered(answer) if answer.fingerprint == fingerprint => {
-            return DepositDecided {
-                decision: Decision::new(Layer::EdgeLock, Outcome::Replayed),
-                answer: Answer::Stored {
-                    response: StoredResponse {
-                        status: answer.status,
-                        body: answer.body,
-                    },
-                    replayed: true,
-                },
-                owner: answer.owner,
-                event: Some(event),
-            };
-        }
-        EdgeVerdict::Answered(_) => {
-            let mut refused = DepositDecided::refused(transaction::payload_changed(), Some(event));
-            refused.decision.layer = Layer::EdgeLock;
-            return refused;
-        }
-        EdgeVerdict::PassedOn(PassedOn::StoreUnavailable) => (None, true),
-        EdgeVerdict::PassedOn(PassedOn::WaitedOut) | EdgeVerdict::Disabled => (None, false),
+    let passed = match edge {
+        Ok(passed) => passed,
+        Err(decided) => return decided.about(subject_of(&event)),
     };
 
-    // Layers 2 and 3: the inbox claim and the credit, in one transaction.
-    let settled = match variants.inbox {
-        InboxMode::Atomic => {
-            transaction::execute(state, &event, &fingerprint, &context.trace_id, variants).await
-        }
+    // Layers 2 and 3: the inbox claim and the credit, in one call.
+    let trace_id = &context.trace_id;
+    let settled = match state.config.deposits.inbox_mode {
+        InboxMode::Atomic => transaction::execute(state, &event, &fingerprint, trace_id, origin).await,
+        // DEMO ONLY: a deployment started with the naive inbox.
         InboxMode::CheckThenInsert => {
-            check_then_insert::execute(state, &event, &fingerprint, &context.trace_id, variants).await
+            let naive_window = state.config.demo.naive_window;
+            weakened::inbox::execute(state, &event, &fingerprint, trace_id, origin, naive_window).await
         }
     };
-    if let Some(permit) = permit {
-        match &settled {
+    let without_store = passed.without_store;
+    passed.leave_answer(state, fingerprint, &settled).await;
+    ended(settled, without_store, &event)
+}
+
+/// What the edge let through: the lock this delivery holds, if any, and
+/// whether the edge's store was unavailable.
+pub struct Passed {
+    permit: Option<EventPermit>,
+    without_store: bool,
+}
+
+impl Passed {
+    /// The layer is off.
+    pub const NOT_ASKED: Passed = Passed {
+        permit: None,
+        without_store: false,
+    };
+
+    pub fn without_store(&self) -> bool {
+        self.without_store
+    }
+
+    /// Leaves the answer at the edge for the event's duplicates, or lets
+    /// the lock go when the transaction decided nothing.
+    pub async fn leave_answer(
+        self,
+        state: &AppState,
+        fingerprint: [u8; 32],
+        settled: &Result<Settled, Refusal>,
+    ) {
+        let Some(permit) = self.permit else {
+            return;
+        };
+        match settled {
             Ok(settled) => {
                 let answer = EdgeAnswer {
                     fingerprint,
@@ -129,69 +97,63 @@ pub async fn through_the_layers(
             Err(_) => state.event_lock.release(&permit).await,
         }
     }
-    match settled {
-        Ok(Settled {
-            mut decision,
-            response,
-            owner,
-            replayed,
-        }) => {
-            if without_store && decision.outcome == Outcome::Accepted {
-                decision.outcome = Outcome::Degraded;
-            }
-            DepositDecided {
-                decision,
-                answer: Answer::Stored { response, replayed },
-                owner,
-                event: Some(event),
-            }
+}
+
+/// Layer 1: a duplicate is answered here with the first delivery's answer
+/// (or refused, if its contents changed); anything else goes on.
+pub async fn at_the_edge(
+    state: &AppState,
+    origin: Origin,
+    event: &DepositEvent,
+    fingerprint: &[u8; 32],
+) -> Result<Passed, Decided> {
+    let started = Instant::now();
+    let edge = state.event_lock.pass(origin.source, &event.event_id).await;
+    state
+        .metrics
+        .observe_layer(Layer::EdgeLock.as_str(), started.elapsed());
+    match edge {
+        EdgeVerdict::Holder(permit) => Ok(Passed {
+            permit: Some(permit),
+            without_store: false,
+        }),
+        EdgeVerdict::Answered(answer) if answer.fingerprint == *fingerprint => Err(Decided::of(
+            EntryPoint::Deposit,
+            Ok(Settled {
+                decision: Decision::new(Layer::EdgeLock, Outcome::Replayed),
+                response: StoredResponse {
+                    status: answer.status,
+                    body: answer.body,
+                },
+                replayed: true,
+                owner: answer.owner,
+            }),
+            None,
+        )),
+        EdgeVerdict::Answered(_) => {
+            let mut refused = Decided::refused(EntryPoint::Deposit, transaction::payload_changed(), None);
+            refused.decision.layer = Layer::EdgeLock;
+            Err(refused)
         }
-        Err(refusal) => DepositDecided::refused(refusal, Some(event)),
+        EdgeVerdict::PassedOn(PassedOn::StoreUnavailable) => Ok(Passed {
+            permit: None,
+            without_store: true,
+        }),
+        EdgeVerdict::PassedOn(PassedOn::WaitedOut) | EdgeVerdict::Disabled => Ok(Passed::NOT_ASKED),
     }
 }
 
-/// Reports the decision everywhere, the same way as a transfer's: the
-/// request's span, the metrics, one log line and the wallet owner's feed.
-pub fn report(state: &AppState, context: &RequestContext, decided: &DepositDecided) {
-    let decision = decided.decision;
-    let status = decided.status();
-    let latency_ms = context.started.elapsed().as_secs_f64() * 1000.0;
-    let span = tracing::Span::current();
-    span.record("defense.layer", decision.layer.as_str());
-    span.record("defense.outcome", decision.outcome.as_str());
-    state.metrics.count_deposit_decision(decision);
-    let event = decided.event.as_ref();
-    tracing::info!(
-        decision.layer = decision.layer.as_str(),
-        decision.outcome = decision.outcome.as_str(),
-        http.status = status,
-        latency_ms,
-        request.id = %context.request_id,
-        trace.id = %context.trace_id,
-        deposit.event_id = event.map(|event| event.event_id.as_str()),
-        user.id = decided.owner.map(|user| user.to_string()),
-        instance.id = %state.instance_id,
-        "deposit decided"
-    );
-    if let Some(owner) = decided.owner {
-        state.feed.publish(
-            owner,
-            FeedEntry {
-                time: Utc::now(),
-                instance_id: state.instance_id.to_string(),
-                request_id: context.request_id.clone(),
-                trace_id: context.trace_id.clone(),
-                idempotency_key: None,
-                layer: decision.layer,
-                outcome: decision.outcome,
-                status,
-                latency_ms,
-                amount_minor: event.map(|event| event.amount_minor),
-                to_wallet_id: event.map(|event| event.wallet.0),
-                problem_type: decided.answer.problem_type().map(|kind| kind.slug().to_owned()),
-                lab: false,
-                entry_point: EntryPoint::Deposit,
-            },
-        );
+/// The decision a delivery ends in, once the layers in PostgreSQL spoke.
+pub fn ended(settled: Result<Settled, Refusal>, without_store: bool, event: &DepositEvent) -> Decided {
+    let settled = settled.map(|settled| settled.degraded_if(without_store));
+    Decided::of(EntryPoint::Deposit, settled, None).about(subject_of(event))
+}
+
+/// What the feed and the log line say the delivery was about.
+pub fn subject_of(event: &DepositEvent) -> Subject {
+    Subject {
+        amount_minor: Some(event.amount_minor),
+        to_wallet_id: Some(event.wallet.0),
+        event_id: Some(event.event_id.clone()),
     }
 }

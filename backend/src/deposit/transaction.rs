@@ -12,24 +12,15 @@
 
 use uuid::Uuid;
 
-use super::{DepositEvent, DepositVariants};
+use super::{DepositEvent, Origin};
 use crate::decision::{Decision, Layer, Outcome};
 use crate::defense::Refusal;
 use crate::defense::idempotency::StoredResponse;
+use crate::defense::inbox::InboxClaim;
 use crate::domain::UserId;
+use crate::ending::{Settled, layer_span};
 use crate::problem::{self, Problem, ProblemType, SqlState};
 use crate::state::AppState;
-
-/// The inbox's answer to a claim: the PostgreSQL enum
-/// `inbox_claim_verdict`, value for value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
-#[sqlx(type_name = "inbox_claim_verdict", rename_all = "snake_case")]
-pub enum InboxClaim {
-    Started,
-    Replayed,
-    PayloadChanged,
-    InFlight,
-}
 
 /// How a deposit was decided: the PostgreSQL enum `deposit_verdict`,
 /// stored in the inbox as its name.
@@ -44,7 +35,7 @@ pub enum DepositVerdict {
 }
 
 impl DepositVerdict {
-    pub(super) fn of_name(name: &str) -> Option<Self> {
+    pub fn of_name(name: &str) -> Option<Self> {
         Some(match name {
             "credited" => Self::Credited,
             "unknown_wallet" => Self::UnknownWallet,
@@ -96,24 +87,12 @@ impl DepositVerdict {
         })
     }
 
-    pub(super) fn decision(self) -> Decision {
+    pub fn decision(self) -> Decision {
         match self {
             Self::Credited => Decision::new(Layer::RowGuard, Outcome::Accepted),
             _ => Decision::new(Layer::RowGuard, Outcome::Rejected),
         }
     }
-}
-
-/// What the transaction settled on.
-#[derive(Debug)]
-pub struct Settled {
-    pub decision: Decision,
-    pub response: StoredResponse,
-    /// The owner of the wallet credited (or to be credited), when known:
-    /// the feed entry goes to them.
-    pub owner: Option<UserId>,
-    /// An answer stored by an earlier delivery.
-    pub replayed: bool,
 }
 
 /// `deposit()`'s row, by column name.
@@ -137,7 +116,7 @@ pub async fn execute(
     event: &DepositEvent,
     fingerprint: &[u8; 32],
     trace_id: &str,
-    variants: DepositVariants,
+    origin: Origin,
 ) -> Result<Settled, Refusal> {
     let config = &state.config;
     // Acquired apart from the statement, so that an error here is known to
@@ -165,8 +144,8 @@ pub async fn execute(
     .bind(i32::from(config.database.wallet_lock_wait_ms_max))
     .bind(Uuid::now_v7())
     .bind(trace_id)
-    .bind(variants.source)
-    .bind(variants.lab_clearing.map(|wallet| wallet.0))
+    .bind(origin.source)
+    .bind(origin.clearing.map(|wallet| wallet.0))
     .fetch_one(&mut *connection)
     .await
     .map_err(|error| database_refusal(&error, true))?;
@@ -183,14 +162,14 @@ pub async fn execute(
 /// lie: the signature's tolerance, the drift already allowed between the
 /// provider's clock and ours. Bounded by its declaration (at most an hour),
 /// so the conversion to PostgreSQL's `int` never saturates.
-pub(super) fn future_s(config: &crate::settings::Config) -> i32 {
+pub fn future_s(config: &crate::settings::Config) -> i32 {
     i32::try_from(config.deposits.signature_tolerance.as_secs()).unwrap_or(i32::MAX)
 }
 
 /// Reads `deposit()`'s row: the decision, or a refusal that stored
 /// nothing; an impossible row is a protocol error, never guessed at.
 fn settle(state: &AppState, row: DepositRow) -> Result<Result<Settled, Refusal>, String> {
-    layer_span(state, Layer::Inbox, claim_outcome(row.claim), row.claim_ms);
+    layer_span(state, Layer::Inbox, row.claim.outcome(), row.claim_ms, None);
     let owner = row.owner.map(UserId);
     match row.claim {
         InboxClaim::PayloadChanged => return Ok(Err(payload_changed())),
@@ -229,7 +208,13 @@ fn settle(state: &AppState, row: DepositRow) -> Result<Result<Settled, Refusal>,
     let decision = if replayed {
         Decision::new(Layer::Inbox, Outcome::Replayed)
     } else {
-        layer_span(state, Layer::RowGuard, verdict.decision().outcome, row.credit_ms);
+        layer_span(
+            state,
+            Layer::RowGuard,
+            verdict.decision().outcome,
+            row.credit_ms,
+            None,
+        );
         verdict.decision()
     };
     Ok(Ok(Settled {
@@ -277,19 +262,10 @@ fn in_flight(state: &AppState) -> Refusal {
     )
 }
 
-fn claim_outcome(claim: InboxClaim) -> Outcome {
-    match claim {
-        InboxClaim::Started => Outcome::Accepted,
-        InboxClaim::Replayed => Outcome::Replayed,
-        InboxClaim::PayloadChanged => Outcome::PayloadChanged,
-        InboxClaim::InFlight => Outcome::InFlight,
-    }
-}
-
 /// A database failure, said as what is known: nothing credited, or (the
 /// connection broke after the statement was sent) unknown, with how to
 /// retry safely.
-pub(super) fn database_refusal(error: &sqlx::Error, may_have_committed: bool) -> Refusal {
+pub fn database_refusal(error: &sqlx::Error, may_have_committed: bool) -> Refusal {
     let problem = problem::of_the_work(error, may_have_committed, "crediting a deposit", || {
         Problem::new(
             ProblemType::OutcomeUnknown,
@@ -307,27 +283,4 @@ pub(super) fn database_refusal(error: &sqlx::Error, may_have_committed: bool) ->
         Layer::NoLayer
     };
     Refusal::new(problem, layer, Outcome::Error)
-}
-
-fn layer_span(state: &AppState, layer: Layer, outcome: Outcome, db_ms: Option<f64>) {
-    let db_ms = db_ms.unwrap_or(0.0);
-    state.metrics.observe_layer(
-        layer.as_str(),
-        std::time::Duration::from_secs_f64(db_ms.max(0.0) / 1000.0),
-    );
-    let span = match layer {
-        Layer::Inbox => tracing::info_span!(
-            "defense.inbox",
-            defense.layer = layer.as_str(),
-            defense.outcome = outcome.as_str(),
-            defense.db_ms = db_ms,
-        ),
-        _ => tracing::info_span!(
-            "defense.credit",
-            defense.layer = layer.as_str(),
-            defense.outcome = outcome.as_str(),
-            defense.db_ms = db_ms,
-        ),
-    };
-    drop(span.entered());
 }

@@ -168,6 +168,38 @@ impl Heard {
     }
 }
 
+/// Where a payout is sent: the deployment's gateway, or a stand-in that
+/// answers in the gateway's terms, so a payout's answer is recorded the
+/// same way whoever sent it. Used generically only, never as a trait
+/// object, so its `async fn` needs no `Send` bound spelled out.
+#[allow(async_fn_in_trait)]
+pub trait PayoutBank {
+    async fn send_payout(
+        &self,
+        key: &str,
+        payout: &GatewayPayout<'_>,
+        traceparent: Option<&str>,
+    ) -> GatewayAnswer;
+
+    /// Whether its calls count in the deployment's payout metrics.
+    fn is_the_gateway(&self) -> bool;
+}
+
+impl PayoutBank for GatewayClient {
+    async fn send_payout(
+        &self,
+        key: &str,
+        payout: &GatewayPayout<'_>,
+        traceparent: Option<&str>,
+    ) -> GatewayAnswer {
+        self.send(key, payout, traceparent).await
+    }
+
+    fn is_the_gateway(&self) -> bool {
+        true
+    }
+}
+
 #[derive(Clone)]
 pub struct GatewayClient {
     http: reqwest::Client,

@@ -30,10 +30,8 @@ use uuid::Uuid;
 use crate::domain::{AmountMinor, WalletId, wallet_id_field};
 use crate::problem::{Fields, Problem};
 
-pub mod bank;
 pub mod dispatcher;
 pub mod gateway;
-pub mod lab_bank;
 pub mod pipeline;
 pub mod reconcile;
 pub mod transaction;

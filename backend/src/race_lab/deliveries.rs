@@ -1,7 +1,7 @@
 //! The race lab's deliveries of one deposit event: what a payment provider
 //! does when its retries overlap. Each delivery goes through the deposit
-//! pipeline itself (`deposit::pipeline::through_the_layers`: the edge lock,
-//! the inbox, the credit), in the variants the run's switches choose, from
+//! pipeline's layers (`deposit::pipeline`: the edge lock, the inbox, the
+//! credit), in the variants the run's switches choose (`Variants`), from
 //! tasks released together by a barrier. They skip only what comes before
 //! the layers, the provider's signature over the HTTP body, which the lab
 //! has no provider's secret for.
@@ -20,13 +20,29 @@ use uuid::Uuid;
 
 use super::burst::{Answer, Shot, overlap_max};
 use super::{LAB_CURRENCY, LabWallets, Switches};
-use crate::deposit::pipeline::{self, DepositDecided};
-use crate::deposit::{DepositEvent, DepositVariants, RACE_LAB_SOURCE};
+use crate::deposit::pipeline::{self, Passed};
+use crate::deposit::{DepositEvent, Origin, transaction};
 use crate::domain::{UserId, WalletId};
-use crate::settings::{IdempotencyMode, InboxMode};
+use crate::ending::{self, Answer as Ended, Decided};
+use crate::settings::IdempotencyMode;
 use crate::state::AppState;
 use crate::telemetry::RequestContext;
-use crate::transfer::pipeline::Answer as PipelineAnswer;
+use crate::weakened;
+
+/// The inbox's and the edge's name for the race lab's deposits between a
+/// visitor's lab wallets.
+pub const RACE_LAB_SOURCE: &str = "race_lab";
+
+/// The layers a run's deliveries go through, as its switches say.
+#[derive(Clone, Copy)]
+struct Variants {
+    origin: Origin,
+    /// Layer 1, the edge lock on the event, on or off.
+    event_lock: bool,
+    /// Layer 2: the inbox, or the naive check-then-insert.
+    naive_inbox: bool,
+    naive_window: Duration,
+}
 
 /// What the deliveries of a run gave back.
 pub struct Delivered {
@@ -63,15 +79,14 @@ pub async fn deliver(
         currency: LAB_CURRENCY.to_owned(),
         occurred_at: Utc::now(),
     };
-    let variants = DepositVariants {
-        source: RACE_LAB_SOURCE,
-        event_lock: switches.cooldown,
-        inbox: match switches.idempotency {
-            IdempotencyMode::CheckThenInsert => InboxMode::CheckThenInsert,
-            _ => InboxMode::Atomic,
+    let variants = Variants {
+        origin: Origin {
+            source: RACE_LAB_SOURCE,
+            clearing: Some(WalletId(wallets.b)),
         },
+        event_lock: switches.cooldown,
+        naive_inbox: switches.idempotency == IdempotencyMode::CheckThenInsert,
         naive_window: state.config.race_lab.naive_window,
-        lab_clearing: Some(WalletId(wallets.b)),
     };
     let released = Instant::now();
     let mut tasks = Vec::new();
@@ -102,7 +117,7 @@ pub async fn deliver(
 async fn one_delivery(
     state: &AppState,
     event: DepositEvent,
-    variants: DepositVariants,
+    variants: Variants,
     shot: Shot,
     released: Instant,
 ) -> Answer {
@@ -113,17 +128,47 @@ async fn one_delivery(
         started: Instant::now(),
     };
     let sent = released.elapsed();
-    let decided = pipeline::through_the_layers(state, &context, event, variants).await;
-    pipeline::report(state, &context, &decided);
+    let decided = through_the_layers(state, &context, event, variants).await;
+    ending::report(state, &context, &decided);
     let answered = released.elapsed();
     answer_of(decided, shot, sent, answered)
 }
 
-fn answer_of(decided: DepositDecided, shot: Shot, sent: Duration, answered: Duration) -> Answer {
+/// The deposit pipeline's layers, each as the run's switches say.
+async fn through_the_layers(
+    state: &AppState,
+    context: &RequestContext,
+    event: DepositEvent,
+    variants: Variants,
+) -> Decided {
+    let fingerprint = event.fingerprint();
+    let Variants { origin, .. } = variants;
+    let passed = match variants.event_lock {
+        true => pipeline::at_the_edge(state, origin, &event, &fingerprint).await,
+        false => Ok(Passed::NOT_ASKED),
+    };
+    let passed = match passed {
+        Ok(passed) => passed,
+        Err(decided) => return decided.about(pipeline::subject_of(&event)),
+    };
+    let trace_id = &context.trace_id;
+    let settled = match variants.naive_inbox {
+        false => transaction::execute(state, &event, &fingerprint, trace_id, origin).await,
+        true => {
+            let naive_window = variants.naive_window;
+            weakened::inbox::execute(state, &event, &fingerprint, trace_id, origin, naive_window).await
+        }
+    };
+    let without_store = passed.without_store();
+    passed.leave_answer(state, fingerprint, &settled).await;
+    pipeline::ended(settled, without_store, &event)
+}
+
+fn answer_of(decided: Decided, shot: Shot, sent: Duration, answered: Duration) -> Answer {
     let status = decided.status();
     let (replayed, body) = match decided.answer {
-        PipelineAnswer::Stored { response, replayed } => (replayed, response.body),
-        PipelineAnswer::Refused(problem) => (false, problem.body()),
+        Ended::Stored { response, replayed } => (replayed, response.body),
+        Ended::Refused(problem) => (false, problem.body()),
     };
     Answer {
         shot,

@@ -18,6 +18,7 @@
 //! - **Comparisons** (`compare`): one preset fired at each alternative of a
 //!   layer in turn, to read them side by side.
 
+pub mod bank;
 pub mod burst;
 pub mod compare;
 pub mod deliveries;
@@ -27,6 +28,7 @@ pub mod payouts;
 pub mod presets;
 pub mod run;
 pub mod switches;
+pub mod transfer_path;
 
 use uuid::Uuid;
 

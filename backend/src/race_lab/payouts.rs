@@ -10,7 +10,7 @@
 //!    person and action: N different orders are not duplicates.
 //! 2. **The sending**: the lab plays the dispatcher for its visitor's lab
 //!    payouts only. It takes their outbox rows under a lease
-//!    (`payout_take()`), asks the lab's bank with each attempt's key, and
+//!    (`race_lab_payout_take()`), asks the lab's bank with each attempt's key, and
 //!    records each answer as the dispatcher does
 //!    (`payout::dispatcher::record_answer`): sent settles, unknown waits for
 //!    the next attempt under the deployment's retry policy.
@@ -34,11 +34,12 @@ use crate::defense::idempotency::IdempotencyKey;
 use crate::domain::{AmountMinor, WalletId};
 use crate::payout::PayoutRequest;
 use crate::payout::dispatcher::{self, Taken};
-use crate::payout::lab_bank::LabBank;
 use crate::payout::transaction::{self, PayoutCall};
 use crate::problem::Problem;
+use crate::race_lab::bank::LabBank;
 use crate::settings::PayoutMode;
 use crate::state::AppState;
+use crate::weakened;
 
 /// The destination each lab payout names: the lab bank's account number
 /// `i`.
@@ -103,12 +104,14 @@ async fn one_order(
                 key: shot.key.map(IdempotencyKey::from),
                 trace_id: &trace_id,
                 traceparent: None,
-                mode,
-                lab_bank: Some(bank),
+                sent_by_dispatcher: false,
             };
             // The lab's own connections, as for its transfers: a run never
             // holds the whole pool.
             match state.lab_db_slots.acquire().await {
+                Ok(_slot) if mode == PayoutMode::CallInTransaction => {
+                    weakened::payout_transaction::execute(state, &call, bank).await
+                }
                 Ok(_slot) => transaction::execute(state, &call).await,
                 Err(_) => Err(Refusal::new(Problem::internal(), Layer::NoLayer, Outcome::Error)),
             }
@@ -155,7 +158,7 @@ async fn dispatch(
     let payouts = &state.config.payouts;
     let rows_max = u32::try_from(state.config.race_lab.db_connections_max).unwrap_or(u32::MAX);
     while Instant::now() < deadline {
-        let taken = dispatcher::take(&state.db, rows_max, payouts.lease, Some(caller.user_id)).await?;
+        let taken = take(state, caller, rows_max).await?;
         if taken.is_empty() {
             if outbox_rows(state, caller).await? == 0 {
                 return Ok(());
@@ -168,6 +171,17 @@ async fn dispatch(
         }
     }
     Ok(())
+}
+
+/// Takes up to `rows` of the visitor's due lab payouts, each under a fresh
+/// lease (`race_lab_payout_take()`, whose columns `Taken` reads).
+async fn take(state: &AppState, caller: &VerifiedToken, rows: u32) -> Result<Vec<Taken>, sqlx::Error> {
+    sqlx::query_as("SELECT * FROM race_lab_payout_take($1, $2, $3)")
+        .bind(caller.user_id.0)
+        .bind(i32::try_from(rows).unwrap_or(i32::MAX))
+        .bind(dispatcher::millis(state.config.payouts.lease))
+        .fetch_all(&state.db)
+        .await
 }
 
 async fn attempt(state: &AppState, bank: &LabBank, mode: PayoutMode, row: &Taken) -> Result<(), sqlx::Error> {

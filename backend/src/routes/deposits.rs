@@ -11,9 +11,11 @@ use chrono::Utc;
 
 use crate::decision::{Layer, Outcome};
 use crate::defense::Refusal;
-use crate::deposit::pipeline::{self, DepositDecided};
+use crate::deposit::pipeline;
 use crate::deposit::signature;
-use crate::deposit::{DepositEvent, DepositReceipt, DepositVariants};
+use crate::deposit::{DepositEvent, DepositReceipt};
+use crate::ending::{self, Decided};
+use crate::feed::EntryPoint;
 use crate::problem::{Problem, ProblemType};
 use crate::routes::read_json_body;
 use crate::state::AppState;
@@ -39,7 +41,7 @@ pub async fn receive_deposit(
 ) -> HttpResponse {
     let context = RequestContext::of(&request);
     let decided = decide(&request, payload, &state, &context).await;
-    pipeline::report(&state, &context, &decided);
+    ending::report(&state, &context, &decided);
     decided.into_response(&context)
 }
 
@@ -48,9 +50,15 @@ async fn decide(
     payload: web::Payload,
     state: &AppState,
     context: &RequestContext,
-) -> DepositDecided {
-    let invalid =
-        |problem| DepositDecided::refused(Refusal::new(problem, Layer::NoLayer, Outcome::Invalid), None);
+) -> Decided {
+    let refuse = |problem, outcome| {
+        Decided::refused(
+            EntryPoint::Deposit,
+            Refusal::new(problem, Layer::NoLayer, outcome),
+            None,
+        )
+    };
+    let invalid = |problem| refuse(problem, Outcome::Invalid);
     let body = match read_json_body(request, payload, &state.config).await {
         Ok(body) => body,
         Err(problem) => return invalid(problem),
@@ -67,13 +75,13 @@ async fn decide(
             ProblemType::ProviderSignatureInvalid,
             format!("The deposit was refused because {refused}. Nothing was stored."),
         );
-        return DepositDecided::refused(Refusal::new(problem, Layer::NoLayer, Outcome::Unauthorized), None);
+        return refuse(problem, Outcome::Unauthorized);
     }
     let event = match DepositEvent::parse(&body) {
         Ok(event) => event,
         Err(problem) => return invalid(problem),
     };
-    pipeline::through_the_layers(state, context, event, DepositVariants::of(&state.config)).await
+    pipeline::through_the_layers(state, context, event).await
 }
 
 /// The provider's event, as it is sent (documentation only: the body is

@@ -11,6 +11,7 @@ use crate::problem::{self, Problem};
 use crate::settings::Config;
 use crate::state::AppState;
 
+pub mod cheap_checks;
 pub mod commands;
 pub mod decisions;
 pub mod deposits;

@@ -9,14 +9,14 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::decision::{Layer, Outcome};
-use crate::defense::Refusal;
-use crate::defense::idempotency::IdempotencyKey;
-use crate::payout::pipeline::{self, PayoutDecided};
+use crate::ending::{self, Decided};
+use crate::feed::EntryPoint;
+use crate::payout::pipeline;
 use crate::payout::{Payout, PayoutRequest};
 use crate::payout_columns;
 use crate::problem::{self, Problem};
-use crate::routes::{authenticate, read_json_body};
+use crate::routes::authenticate;
+use crate::routes::cheap_checks::{self, Checked};
 use crate::state::AppState;
 use crate::telemetry::RequestContext;
 
@@ -50,7 +50,7 @@ pub async fn create_payout(
 ) -> HttpResponse {
     let context = RequestContext::of(&request);
     let decided = decide(&request, payload, &state, &context).await;
-    pipeline::report(&state, &context, &decided);
+    ending::report(&state, &context, &decided);
     decided.into_response(&context)
 }
 
@@ -60,35 +60,16 @@ async fn decide(
     payload: web::Payload,
     state: &AppState,
     context: &RequestContext,
-) -> PayoutDecided {
-    let refused = |problem: Problem, layer: Layer, outcome: Outcome, user, key| {
-        PayoutDecided::refused(Refusal::new(problem, layer, outcome), user, key)
-    };
-    // Cheap checks, no I/O: who is calling (a MAC), what they ask, which key.
-    let caller = match state.tokens.verify_request(request) {
-        Ok(caller) => caller,
-        Err(problem) => return refused(problem, Layer::NoLayer, Outcome::Unauthorized, None, None),
-    };
-    let user = Some(caller.user_id);
-    if let Err(problem) = state.tokens.require_csrf_header(request, &caller) {
-        return refused(problem, Layer::NoLayer, Outcome::Unauthorized, user, None);
+) -> Decided {
+    let closed = |state: &AppState| (!state.config.payouts.offered()).then(pipeline::not_offered);
+    let amount_minor_max = state.config.payouts.amount_minor_max;
+    let parse = |body: &[u8]| PayoutRequest::parse(body, amount_minor_max);
+    match cheap_checks::climb(request, payload, state, EntryPoint::Payout, closed, parse).await {
+        Ok(Checked { caller, request, key }) => {
+            pipeline::through_the_layers(state, context, &caller, request, key).await
+        }
+        Err(decided) => decided,
     }
-    if !state.config.payouts.offered() {
-        return PayoutDecided::refused(pipeline::not_offered(), user, None);
-    }
-    let body = match read_json_body(request, payload, &state.config).await {
-        Ok(body) => body,
-        Err(problem) => return refused(problem, Layer::NoLayer, Outcome::Invalid, user, None),
-    };
-    let payout_request = match PayoutRequest::parse(&body, state.config.payouts.amount_minor_max) {
-        Ok(parsed) => parsed,
-        Err(problem) => return refused(problem, Layer::NoLayer, Outcome::Invalid, user, None),
-    };
-    let key = match IdempotencyKey::from_request(request, state.config.idempotency.key_required) {
-        Ok(key) => key,
-        Err(problem) => return refused(problem, Layer::Idempotency, Outcome::Invalid, user, None),
-    };
-    pipeline::through_the_layers(state, context, &caller, payout_request, key).await
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]

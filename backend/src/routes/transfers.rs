@@ -11,17 +11,20 @@ use uuid::Uuid;
 
 use crate::auth::VerifiedToken;
 use crate::decision::{Layer, Outcome};
-use crate::defense::idempotency::IdempotencyKey;
+use crate::defense::Refusal;
 use crate::domain::TransferRequest;
+use crate::ending::{self, Decided};
+use crate::feed::EntryPoint;
 use crate::problem::{self, Problem, ProblemType};
 use crate::race_lab::pass::PassRefused;
-use crate::race_lab::{self, Switches};
-use crate::routes::{authenticate, read_json_body};
+use crate::race_lab::{self, Switches, transfer_path};
+use crate::routes::authenticate;
+use crate::routes::cheap_checks::{self, Checked};
 use crate::state::AppState;
 use crate::telemetry::RequestContext;
 use crate::transfer;
 use crate::transfer::history::{self, HistoryRow};
-use crate::transfer::pipeline::{self, Decided};
+use crate::transfer::pipeline;
 
 /// Move money from one of your wallets to any other wallet.
 #[utoipa::path(
@@ -45,46 +48,44 @@ pub async fn create_transfer(
 ) -> HttpResponse {
     let context = RequestContext::of(&request);
     let decided = decide(&request, payload, &state, &context).await;
-    pipeline::report(&state, &context, &decided);
+    ending::report(&state, &context, &decided);
     decided.into_response(&context)
 }
 
-/// The API's path: cheap checks, then the layers.
+/// The API's path: cheap checks, then the layers; a race-lab run's
+/// request, with its switches, goes beside them (`race_lab::transfer_path`).
 async fn decide(
     request: &HttpRequest,
     payload: web::Payload,
     state: &AppState,
     context: &RequestContext,
 ) -> Decided {
-    // Cheap checks, no I/O: who is calling (a MAC), what they ask, which key.
-    let caller = match state.tokens.verify_request(request) {
-        Ok(caller) => caller,
-        Err(problem) => return Decided::refused(problem, Layer::NoLayer, Outcome::Unauthorized, None, None),
-    };
-    let user = Some(caller.user_id);
-    if let Err(problem) = state.tokens.require_csrf_header(request, &caller) {
-        return Decided::refused(problem, Layer::NoLayer, Outcome::Unauthorized, user, None);
-    }
-    let body = match read_json_body(request, payload, &state.config).await {
-        Ok(body) => body,
-        Err(problem) => return Decided::refused(problem, Layer::NoLayer, Outcome::Invalid, user, None),
-    };
-    let transfer_request = match TransferRequest::parse(&body, state.config.money.transfer_amount_minor_max) {
-        Ok(parsed) => parsed,
-        Err(problem) => return Decided::refused(problem, Layer::NoLayer, Outcome::Invalid, user, None),
-    };
-    let key = match IdempotencyKey::from_request(request, state.config.idempotency.key_required) {
-        Ok(key) => key,
-        Err(problem) => return Decided::refused(problem, Layer::Idempotency, Outcome::Invalid, user, None),
-    };
-    let lab = match lab_switches(request, state, &caller) {
-        Ok(lab) => lab,
-        Err(problem) if problem.kind == ProblemType::LabPassInvalid => {
-            return Decided::refused(problem, Layer::NoLayer, Outcome::Unauthorized, user, key);
+    let amount_minor_max = state.config.money.transfer_amount_minor_max;
+    let parse = |body: &[u8]| TransferRequest::parse(body, amount_minor_max);
+    let checked =
+        match cheap_checks::climb(request, payload, state, EntryPoint::Transfer, |_| None, parse).await {
+            Ok(checked) => checked,
+            Err(decided) => return decided,
+        };
+    let Checked {
+        caller,
+        request: transfer_request,
+        key,
+    } = checked;
+    match lab_switches(request, state, &caller) {
+        Ok(None) => pipeline::through_the_layers(state, context, &caller, &transfer_request, key).await,
+        Ok(Some(switches)) => {
+            transfer_path::through_the_layers(state, context, &caller, &transfer_request, key, switches).await
         }
-        Err(problem) => return Decided::refused(problem, Layer::NoLayer, Outcome::Invalid, user, key),
-    };
-    pipeline::through_the_layers(state, context, &caller, &transfer_request, key, lab).await
+        Err(problem) => {
+            let outcome = match problem.kind {
+                ProblemType::LabPassInvalid => Outcome::Unauthorized,
+                _ => Outcome::Invalid,
+            };
+            let refusal = Refusal::new(problem, Layer::NoLayer, outcome);
+            Decided::refused(EntryPoint::Transfer, refusal, Some(caller.user_id)).with_key(key)
+        }
+    }
 }
 
 /// A race-lab request's switches, from its `Race-Lab-Switches` header,

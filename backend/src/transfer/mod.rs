@@ -1,14 +1,13 @@
 //! Transfers: the pipeline through the three layers (`pipeline`), the
-//! PostgreSQL transaction that holds layers 2 and 3 (`transaction`), the
-//! history (`history`), and who money goes to (`recipient`).
+//! PostgreSQL call that holds layers 2 and 3 (`transaction`), admission
+//! (`admission`), the history (`history`), and who money goes to
+//! (`recipient`). The race lab's weakened variants are in
+//! `crate::weakened`, not here.
 
 pub mod admission;
-mod call;
 pub mod history;
 pub mod pipeline;
 pub mod recipient;
-mod statement_by_statement;
-mod transaction;
+pub mod transaction;
 
-pub use call::Settled;
-pub use transaction::*;
+pub use transaction::TransferReceipt;

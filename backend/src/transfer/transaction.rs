@@ -1,11 +1,10 @@
-//! Layers 2 and 3 in one PostgreSQL transaction: check the token is live
-//! and the caller owns the source, claim the idempotency key, run the row
-//! guard (lock both wallets, guarded debit, credit, record), store the
-//! response with the claim, commit. With every layer at full strength (in
-//! production, and in a race-lab run with every layer on) the transaction
-//! is one call of the SQL function `transfer()`; only a naive demonstration
-//! variant runs statement by statement (`statement_by_statement`), so that
-//! it can stand in.
+//! Layers 2 and 3 in one PostgreSQL call: the SQL function `transfer()`
+//! (migrations/20261202000005_transfer.sql) checks that the token is live
+//! and the caller owns the source, claims the idempotency key
+//! (`idempotency_claim()`), runs the row guard (`row_guard_transfer()`:
+//! lock both wallets in id order, guarded debit, credit, record), stores
+//! the response with the claim and commits. One round trip; the row locks
+//! are held only while the row guard's statements run.
 //!
 //! Business refusals (insufficient funds, unknown target) are committed with
 //! the claim so that retries replay them. Everything else (authentication,
@@ -14,20 +13,20 @@
 //! `transfer_retries_max` times; neither should happen with the fixed lock
 //! order, and neither reaches the client as a 500.
 
+use std::future::Future;
+
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::auth::VerifiedToken;
-use crate::decision::{Layer, Outcome};
+use crate::decision::{Decision, Layer, Outcome};
 use crate::defense::Refusal;
 use crate::defense::idempotency::{Claim, ClaimVerdict, IdempotencyKey, StoredColumns};
 use crate::defense::row_guard::{self, GuardVerdict, Guarded};
 use crate::domain::TransferRequest;
-use crate::problem::{self, DatabaseFailure, Problem, ProblemType, SqlState};
-use crate::race_lab::Switches;
+use crate::ending::{AccessRefusal, Settled, layer_span};
+use crate::problem::{self, DatabaseFailure, Problem, SqlState};
 use crate::state::AppState;
-
-use super::call::{Call, Settled, TransactionError, Variants, decision_of, ended_by_claim, not_your_wallet};
 
 /// The body of a successful `POST /api/v1/transfers`, as the SQL function
 /// `transfer_receipt()` writes it (this type documents it in the OpenAPI
@@ -43,129 +42,129 @@ pub struct TransferReceipt {
     pub balance_minor_after: i64,
 }
 
-/// Runs the transaction, retrying it on serialization failures and
-/// deadlocks. `trace_id` goes into stored problem bodies, so a replayed
-/// refusal still points at the trace of the request that decided it.
-pub async fn execute(
-    state: &AppState,
-    caller: &VerifiedToken,
-    request: &TransferRequest,
-    key: Option<IdempotencyKey>,
-    fingerprint: &[u8; 32],
-    trace_id: &str,
-    lab: Option<Switches>,
-) -> Result<Settled, Refusal> {
-    let call = Call {
-        state,
-        caller,
-        request,
-        key,
-        fingerprint,
-        trace_id,
-        lab,
-    };
-    // A lab run's transactions wait for one of the lab's own connections
-    // (`race_lab_db_connections_max`) before taking one from the pool, so a
-    // burst never holds the whole pool, and real transfers, and the lab's
-    // own requests, are not refused for want of a connection.
-    let _lab_connection = match lab {
-        Some(_) => Some(
-            state
-                .lab_db_slots
-                .acquire()
-                .await
-                .map_err(|_| Refusal::new(Problem::internal(), Layer::NoLayer, Outcome::Error))?,
-        ),
-        None => None,
-    };
-    let mut attempt = 0;
-    loop {
-        match execute_once(&call).await {
-            Err(TransactionError::Database { error, .. })
-                if is_retryable(&error) && attempt < state.config.database.transfer_retries_max =>
-            {
-                attempt += 1;
-                tracing::info!(attempt, error = %error, "retrying a transfer transaction");
-            }
-            Err(TransactionError::Database { error, .. }) if is_lock_timeout(&error) => {
-                tracing::warn!("gave up waiting for a wallet row lock");
-                return Err(row_guard::wallet_busy());
-            }
-            // Said as what it is: with the fixed lock order only a naive
-            // variant's crossing transfers can deadlock.
-            Err(TransactionError::Database { error, .. }) if is_retryable(&error) => {
-                tracing::warn!(attempts = attempt + 1, error = %error, "a transfer kept failing to serialize");
-                return Err(Refusal::new(
-                    Problem::unavailable(format!(
-                        "This transfer crossed others and PostgreSQL broke the deadlock by rolling it back, {} times. \
-                         Nothing was changed; retry shortly.",
-                        attempt + 1
-                    )),
-                    Layer::NoLayer,
-                    Outcome::Error,
-                ));
-            }
-            Err(TransactionError::Database {
+/// One transfer request's inputs to the transaction.
+#[derive(Clone, Copy)]
+pub struct Call<'a> {
+    pub state: &'a AppState,
+    pub caller: &'a VerifiedToken,
+    pub request: &'a TransferRequest,
+    pub key: Option<IdempotencyKey>,
+    pub fingerprint: &'a [u8; 32],
+    /// Goes into stored problem bodies, so a replayed refusal still points
+    /// at the trace of the request that decided it.
+    pub trace_id: &'a str,
+}
+
+/// How one attempt at the transaction failed.
+pub enum TransactionError {
+    Database {
+        error: sqlx::Error,
+        /// The error came from the call that commits (the one-call
+        /// statement, or `COMMIT`): if the connection broke, the transfer
+        /// may have been made.
+        may_have_committed: bool,
+    },
+    /// Refused without storing anything; the transaction rolls back.
+    Refused(Refusal),
+    /// The database answered with a combination the protocol rules out: a
+    /// bug on one side, never guessed at.
+    Protocol(String),
+}
+
+impl TransactionError {
+    pub fn at_commit(error: sqlx::Error) -> Self {
+        TransactionError::Database {
+            error,
+            may_have_committed: true,
+        }
+    }
+}
+
+/// Any statement before the commit: a broken connection there rolls back.
+/// A protocol error from reading an answer is a bug, not a failure.
+impl From<sqlx::Error> for TransactionError {
+    fn from(error: sqlx::Error) -> Self {
+        match error {
+            sqlx::Error::Protocol(what) => TransactionError::Protocol(what),
+            error => TransactionError::Database {
                 error,
-                may_have_committed,
-            }) => {
-                let failure = match DatabaseFailure::of(&error) {
-                    // The connection broke inside a transaction that was
-                    // never asked to commit: PostgreSQL rolls it back.
-                    DatabaseFailure::Unknown if !may_have_committed => DatabaseFailure::NothingCommitted,
-                    failure => failure,
-                };
-                let problem = if failure == DatabaseFailure::Unknown {
-                    tracing::error!(error = %error, "lost the database connection after sending a transfer");
-                    Problem::outcome_unknown()
-                } else {
-                    problem::from_database_failure(failure, &error, "running a transfer")
-                };
-                return Err(Refusal::new(problem, Layer::NoLayer, Outcome::Error));
-            }
+                may_have_committed: false,
+            },
+        }
+    }
+}
+
+/// Runs the transaction, retrying it on serialization failures and
+/// deadlocks.
+pub async fn execute(call: Call<'_>) -> Result<Settled, Refusal> {
+    with_retries(call.state, || in_one_call(call)).await
+}
+
+/// Runs one attempt after another until one ends, and says every way it
+/// can end as a decision. Shared with the demonstration's step-by-step
+/// transaction, so that both end the same way.
+pub async fn with_retries<Attempt, Running>(state: &AppState, attempt: Attempt) -> Result<Settled, Refusal>
+where
+    Attempt: Fn() -> Running,
+    Running: Future<Output = Result<Settled, TransactionError>>,
+{
+    let mut retries = 0;
+    loop {
+        let error = match attempt().await {
+            Ok(settled) => return Ok(settled),
             Err(TransactionError::Refused(refusal)) => return Err(refusal),
             Err(TransactionError::Protocol(what)) => {
                 tracing::error!(what, "the database's answer to a transfer broke the protocol");
                 return Err(Refusal::new(Problem::internal(), Layer::NoLayer, Outcome::Error));
             }
-            Ok(outcome) => return Ok(outcome),
+            Err(TransactionError::Database {
+                error,
+                may_have_committed,
+            }) => (error, may_have_committed),
+        };
+        match error {
+            (error, _) if is_retryable(&error) && retries < state.config.database.transfer_retries_max => {
+                retries += 1;
+                tracing::info!(attempt = retries, error = %error, "retrying a transfer transaction");
+            }
+            (error, may_have_committed) => return Err(database_refusal(&error, may_have_committed, retries)),
         }
     }
 }
 
-async fn execute_once(call: &Call<'_>) -> Result<Settled, TransactionError> {
-    // Switches are honoured for lab wallets only, and a wallet never
-    // becomes or stops being one, so this read needs no transaction.
-    if call.lab.is_some()
-        && !crate::race_lab::both_are_own_lab_wallets(&call.state.db, call.caller.user_id, call.request)
-            .await?
-    {
-        return Err(TransactionError::Refused(lab_wallets_only()));
+/// A database failure after `retries` retries, said as what is known.
+fn database_refusal(error: &sqlx::Error, may_have_committed: bool, retries: u32) -> Refusal {
+    if is_lock_timeout(error) {
+        tracing::warn!("gave up waiting for a wallet row lock");
+        return row_guard::wallet_busy();
     }
-    match Variants::of(call) {
-        None => in_one_call(call).await,
-        Some(variants) => super::statement_by_statement::run(call, variants).await,
+    // Said as what it is: with the fixed lock order only a naive variant's
+    // crossing transfers can deadlock.
+    if is_retryable(error) {
+        tracing::warn!(attempts = retries + 1, error = %error, "a transfer kept failing to serialize");
+        return Refusal::new(
+            Problem::unavailable(format!(
+                "This transfer crossed others and PostgreSQL broke the deadlock by rolling it back, {} times. \
+                 Nothing was changed; retry shortly.",
+                retries + 1
+            )),
+            Layer::NoLayer,
+            Outcome::Error,
+        );
     }
-}
-
-fn lab_wallets_only() -> Refusal {
-    Refusal::new(
-        Problem::new(
-            ProblemType::LabWalletsOnly,
-            "Race-lab switches apply only to transfers between your own two race-lab wallets. Nothing was changed.",
-        ),
-        Layer::NoLayer,
-        Outcome::Invalid,
-    )
-}
-
-/// Why `transfer()` refused before the layers: the PostgreSQL enum
-/// `access_refusal`, value for value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
-#[sqlx(type_name = "access_refusal", rename_all = "snake_case")]
-enum AccessRefusal {
-    TokenNotLive,
-    NotOwner,
+    let failure = match DatabaseFailure::of(error) {
+        // The connection broke inside a transaction that was never asked
+        // to commit: PostgreSQL rolls it back.
+        DatabaseFailure::Unknown if !may_have_committed => DatabaseFailure::NothingCommitted,
+        failure => failure,
+    };
+    let problem = if failure == DatabaseFailure::Unknown {
+        tracing::error!(error = %error, "lost the database connection after sending a transfer");
+        Problem::outcome_unknown()
+    } else {
+        problem::from_database_failure(failure, error, "running a transfer")
+    };
+    Refusal::new(problem, Layer::NoLayer, Outcome::Error)
 }
 
 /// `transfer()`'s row, by column name.
@@ -187,12 +186,8 @@ struct OneCallRow {
     stored: StoredColumns,
 }
 
-/// The production path: the whole transaction is one call of the SQL
-/// function `transfer()` (migrations/20261202000005_transfer.sql),
-/// which runs `idempotency_claim()` and then `row_guard_transfer()`: one
-/// round trip instead of one per statement, and row locks held only while
-/// the row guard's statements run.
-async fn in_one_call(call: &Call<'_>) -> Result<Settled, TransactionError> {
+/// The whole transaction in one call of `transfer()`.
+async fn in_one_call(call: Call<'_>) -> Result<Settled, TransactionError> {
     let Call {
         state,
         caller,
@@ -200,10 +195,8 @@ async fn in_one_call(call: &Call<'_>) -> Result<Settled, TransactionError> {
         key,
         fingerprint,
         trace_id,
-        lab: _,
-    } = *call;
+    } = call;
     let config = &state.config;
-    let transfer_id = Uuid::now_v7();
     // Acquired apart from the statement, so that an error here is known to
     // have sent nothing.
     let mut connection = state.db.acquire().await?;
@@ -219,7 +212,7 @@ async fn in_one_call(call: &Call<'_>) -> Result<Settled, TransactionError> {
     .bind(i32::from(config.idempotency.retention_hours))
     .bind(i32::from(config.idempotency.wait_ms_max))
     .bind(i32::from(config.database.wallet_lock_wait_ms_max))
-    .bind(transfer_id)
+    .bind(Uuid::now_v7())
     .bind(request.from.0)
     .bind(request.to.0)
     .bind(request.amount.get())
@@ -227,17 +220,20 @@ async fn in_one_call(call: &Call<'_>) -> Result<Settled, TransactionError> {
     .fetch_one(&mut *connection)
     .await
     .map_err(TransactionError::at_commit)?;
-    match row.refused {
-        Some(AccessRefusal::TokenNotLive) => {
-            return Err(TransactionError::Refused(Refusal::token_not_live()));
-        }
-        Some(AccessRefusal::NotOwner) => return Err(TransactionError::Refused(not_your_wallet())),
-        None => {}
+    settle(state, key, row)
+}
+
+/// Reads `transfer()`'s row: the layers ran inside the database; each is
+/// reported as a span of its own with the time it took there.
+fn settle(
+    state: &AppState,
+    key: Option<IdempotencyKey>,
+    row: OneCallRow,
+) -> Result<Settled, TransactionError> {
+    if let Some(refused) = row.refused {
+        return Err(TransactionError::Refused(refused.refusal(NOT_YOUR_WALLET)));
     }
     let mut stored = row.stored;
-
-    // The layers ran inside the database; each is reported as a span of its
-    // own with the time it took there, and decides as in the step path.
     if let (Some(claimed), Some(key)) = (row.claim, key) {
         let claim = Claim::from_columns(claimed, &mut stored)?;
         layer_span(
@@ -262,8 +258,7 @@ async fn in_one_call(call: &Call<'_>) -> Result<Settled, TransactionError> {
         row.guard_ms,
         None,
     );
-    let decision =
-        decision_of(guarded.verdict).ok_or_else(|| TransactionError::Refused(not_your_wallet()))?;
+    let decision = decision_of(guarded.verdict)?;
     let response = stored
         .into_response()?
         .ok_or_else(|| TransactionError::Protocol("transfer() decided without a response".into()))?;
@@ -271,40 +266,38 @@ async fn in_one_call(call: &Call<'_>) -> Result<Settled, TransactionError> {
         response,
         decision,
         replayed: false,
+        owner: None,
     })
 }
 
-/// A layer that ran inside the database, reported as a span of its own
-/// with the time it took there (for a transfer's and a payout's layers).
-pub(crate) fn layer_span(
-    state: &AppState,
-    layer: Layer,
-    outcome: Outcome,
-    db_ms: Option<f64>,
-    key_hash: Option<String>,
-) {
-    let outcome = outcome.as_str();
-    let db_ms = db_ms.unwrap_or(0.0);
-    state.metrics.observe_layer(
-        layer.as_str(),
-        std::time::Duration::from_secs_f64(db_ms.max(0.0) / 1000.0),
-    );
-    let span = match layer {
-        Layer::Idempotency => tracing::info_span!(
-            "defense.idempotency",
-            defense.layer = layer.as_str(),
-            defense.outcome = outcome,
-            defense.db_ms = db_ms,
-            idempotency.key_hash = key_hash,
-        ),
-        _ => tracing::info_span!(
-            "defense.row_guard",
-            defense.layer = layer.as_str(),
-            defense.outcome = outcome,
-            defense.db_ms = db_ms,
-        ),
-    };
-    drop(span.entered());
+/// What a caller who does not own the source wallet is told.
+pub const NOT_YOUR_WALLET: &str = "You can only send money from a wallet you own.";
+
+/// A claim that ends the request before the row guard: a replay, or one of
+/// the key's refusals. `None` when the claim is ours.
+pub fn ended_by_claim(claim: Claim) -> Option<Result<Settled, TransactionError>> {
+    match claim {
+        Claim::Started => None,
+        Claim::Replayed(response) => Some(Ok(Settled {
+            response,
+            decision: Decision::new(Layer::Idempotency, Outcome::Replayed),
+            replayed: true,
+            owner: None,
+        })),
+        Claim::KeyReused => Some(Err(TransactionError::Refused(Claim::key_reused()))),
+        Claim::InFlight => Some(Err(TransactionError::Refused(Claim::in_flight()))),
+    }
+}
+
+/// The decision the row guard's answer makes; a caller who does not own
+/// the source wallet is refused without storing anything.
+pub fn decision_of(verdict: GuardVerdict) -> Result<Decision, TransactionError> {
+    match verdict {
+        GuardVerdict::NotOwner => Err(TransactionError::Refused(
+            AccessRefusal::NotOwner.refusal(NOT_YOUR_WALLET),
+        )),
+        verdict => Ok(Decision::new(Layer::RowGuard, verdict.decision_outcome())),
+    }
 }
 
 /// serialization_failure or deadlock_detected: safe to run again.

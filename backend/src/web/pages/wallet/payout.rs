@@ -16,12 +16,12 @@ use super::shown::{self, PayoutDraft, Shown};
 use super::{lead_to, problem_text, refused_notice, result_unavailable};
 use crate::defense::idempotency::IdempotencyKey;
 use crate::domain::{WalletId, parse_uuid};
-use crate::payout::pipeline::{self, PayoutDecided};
+use crate::ending::{self, Answer, Decided};
+use crate::payout::pipeline;
 use crate::payout::{PayoutRequest, is_destination};
 use crate::problem::ProblemType;
 use crate::state::AppState;
 use crate::telemetry::RequestContext;
-use crate::transfer::pipeline::Answer;
 use crate::web::{Session, money};
 
 #[derive(Template, WebTemplate)]
@@ -228,7 +228,7 @@ pub async fn pay_out(
             let decided =
                 pipeline::through_the_layers(&state, &context, &session.token, payout_request, Some(key))
                     .await;
-            pipeline::report(&state, &context, &decided);
+            ending::report(&state, &context, &decided);
             after_pay_out(&decided, &session, &form, amount_minor, key)
         }
     };
@@ -239,7 +239,7 @@ pub async fn pay_out(
 
 /// What the page shows after Pay out, chosen from the decision alone.
 fn after_pay_out(
-    decided: &PayoutDecided,
+    decided: &Decided,
     session: &Session,
     form: &PayoutForm,
     amount_minor: i64,

@@ -13,9 +13,10 @@ use super::{lead_to, problem_text, receipt_text, refused_notice, replay_notice, 
 use crate::decision::{Layer, Outcome};
 use crate::defense::idempotency::{self, IdempotencyKey, StoredResponse};
 use crate::domain::{TransferRequest, WalletId, parse_uuid};
+use crate::ending::{self, Answer, Decided};
 use crate::state::AppState;
 use crate::telemetry::RequestContext;
-use crate::transfer::pipeline::{self, Answer, Decided};
+use crate::transfer::pipeline;
 use crate::transfer::recipient;
 use crate::web::Session;
 
@@ -106,16 +107,9 @@ pub async fn transfer(
     };
     let context = RequestContext::of(&request);
     let key = confirmed.key;
-    let decided = pipeline::through_the_layers(
-        &state,
-        &context,
-        &session.token,
-        &confirmed.transfer,
-        Some(key),
-        None,
-    )
-    .await;
-    pipeline::report(&state, &context, &decided);
+    let decided =
+        pipeline::through_the_layers(&state, &context, &session.token, &confirmed.transfer, Some(key)).await;
+    ending::report(&state, &context, &decided);
 
     let original = match (decided.decision.layer, decided.decision.outcome) {
         (Layer::Cooldown, Outcome::Rejected) => {
@@ -128,7 +122,7 @@ pub async fn transfer(
     // reloading it sends nothing: a receipt's is the stored answer itself
     // (`/wallet?sent=`); any other is kept as a page (`shown`).
     let after = after_send(&decided, original);
-    let mut response = match shown(
+    let mut response = match page_after_send(
         after,
         &decided,
         &confirmed,
@@ -174,7 +168,7 @@ fn confirmed(form: &TransferForm, session: &Session, state: &AppState) -> Result
 
 /// The page to lead to after Send, as `after_send` chose it; `None` for a
 /// receipt, which is the stored answer's own page.
-fn shown(
+fn page_after_send(
     after: AfterSend,
     decided: &Decided,
     confirmed: &Confirmed,
@@ -290,28 +284,27 @@ fn notice_for(decided: &Decided, recipient: &str, currency: &str) -> Notice {
 mod tests {
     use super::*;
     use crate::decision::Decision;
+    use crate::defense::Refusal;
+    use crate::ending::Settled;
+    use crate::feed::EntryPoint;
     use crate::problem::{Problem, ProblemType};
 
     fn stored(status: u16, replayed: bool) -> Decided {
-        Decided {
+        let settled = Settled {
             decision: Decision::new(Layer::RowGuard, Outcome::Accepted),
-            answer: Answer::Stored {
-                response: StoredResponse {
-                    status,
-                    body: "{}".into(),
-                },
-                replayed,
+            response: StoredResponse {
+                status,
+                body: "{}".into(),
             },
-            user: None,
-            key: None,
-            transfer: None,
-            lab: false,
-        }
+            replayed,
+            owner: None,
+        };
+        Decided::of(EntryPoint::Transfer, Ok(settled), None)
     }
 
     fn refused(kind: ProblemType, layer: Layer) -> Decided {
         let problem = Problem::new(kind, "refused").with_retry_after_s(3);
-        Decided::refused(problem, layer, Outcome::Rejected, None, None)
+        Decided::refused(EntryPoint::Transfer, Refusal::new(problem, layer, Outcome::Rejected), None)
     }
 
     #[test]

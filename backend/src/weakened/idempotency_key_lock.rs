@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use redis::Script;
 
-use super::cooldown::random_token;
-use super::idempotency::IdempotencyKey;
+use crate::defense::cooldown::random_token;
+use crate::defense::idempotency::IdempotencyKey;
 use crate::domain::UserId;
 use crate::redis_store::{RELEASE_IF_OWNER, RedisStore};
 use crate::settings::Config;

@@ -1,20 +1,21 @@
-// ---------------------------------------------------------------------------
-// DEMO ONLY: the inbox done wrong (`inbox_mode = check_then_insert`).
-//
-// The mistake the inbox exists to avoid, kept so that the double credit can
-// be shown: look the event up, credit, record the event afterwards. Two
-// deliveries that arrive together both look before either has recorded,
-// both see nothing, and both credit. Never use outside a demonstration.
-// ---------------------------------------------------------------------------
+//! DEMO ONLY: the inbox done wrong (`inbox_mode = check_then_insert`, or a
+//! race-lab run's switch). The production inbox claims the event id
+//! insert-first in the credit's transaction (`crate::defense::inbox`).
+//!
+//! The mistake the inbox exists to avoid, kept so that the double credit can
+//! be shown: look the event up, credit, record the event afterwards. Two
+//! deliveries that arrive together both look before either has recorded,
+//! both see nothing, and both credit. Never use outside a demonstration.
 
 use actix_web::http::StatusCode;
 use uuid::Uuid;
 
-use super::transaction::{self, DepositVerdict, Settled, database_refusal};
-use super::{DepositEvent, DepositVariants};
 use crate::defense::Refusal;
 use crate::defense::idempotency::StoredResponse;
+use crate::deposit::transaction::{self, DepositVerdict, database_refusal};
+use crate::deposit::{DepositEvent, Origin};
 use crate::domain::UserId;
+use crate::ending::Settled;
 use crate::state::AppState;
 
 /// `deposit_credit()`'s row.
@@ -25,12 +26,13 @@ struct Credit {
     created_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
-pub(super) async fn execute(
+pub async fn execute(
     state: &AppState,
     event: &DepositEvent,
     fingerprint: &[u8; 32],
     trace_id: &str,
-    variants: DepositVariants,
+    origin: Origin,
+    naive_window: std::time::Duration,
 ) -> Result<Settled, Refusal> {
     let config = &state.config;
     // Look: has the event been recorded? If so, or if the event is refused
@@ -39,7 +41,7 @@ pub(super) async fn execute(
         "SELECT EXISTS (SELECT 1 FROM inbox WHERE source = $1::inbox_source AND event_id = $2
                           AND verdict IS NOT NULL AND expires_at > now())",
     )
-    .bind(variants.source)
+    .bind(origin.source)
     .bind(&event.event_id)
     .fetch_one(&state.db)
     .await
@@ -50,11 +52,11 @@ pub(super) async fn execute(
         event.occurred_at < now - chrono::Duration::hours(config.deposits.event_age_hours_max.into());
     let in_future = event.occurred_at > now + chrono::Duration::seconds(transaction::future_s(config).into());
     if recorded || over_limit || too_old || in_future {
-        return transaction::execute(state, event, fingerprint, trace_id, variants).await;
+        return transaction::execute(state, event, fingerprint, trace_id, origin).await;
     }
     // The window between looking and recording, where a concurrent
     // delivery of the same event looks too and sees nothing either.
-    tokio::time::sleep(variants.naive_window).await;
+    tokio::time::sleep(naive_window).await;
 
     // Credit, in a transaction of its own.
     let transfer_id = Uuid::now_v7();
@@ -71,7 +73,7 @@ pub(super) async fn execute(
     .bind(event.amount_minor)
     .bind(&event.currency)
     .bind(i32::from(config.database.wallet_lock_wait_ms_max))
-    .bind(variants.lab_clearing.map(|wallet| wallet.0))
+    .bind(origin.clearing.map(|wallet| wallet.0))
     .fetch_one(&mut *tx)
     .await
     .map_err(|error| database_refusal(&error, false))?;
@@ -122,7 +124,7 @@ pub(super) async fn execute(
     .bind(credited.then_some(response.body.as_str()))
     .bind(trace_id)
     .bind(credited.then_some(transfer_id))
-    .bind(variants.source)
+    .bind(origin.source)
     .execute(&state.db)
     .await;
     if let Err(error) = recorded {
