@@ -60,7 +60,7 @@ impl Application {
         );
         let consumers = match commands_client {
             Some(client) if state.config.commands.enabled => {
-                crate::command::consumer::spawn(state.clone(), client)
+                crate::command::partition::spawn(state.clone(), client)
             }
             _ => Vec::new(),
         };
@@ -222,7 +222,7 @@ fn assemble_state(
     };
     let state = AppState {
         cooldown: CooldownLock::new(&config, redis.clone(), metrics.cooldown_fail_open.clone()),
-        event_lock: crate::deposit::edge::EventLock::new(&config, redis.clone()),
+        event_lock: crate::defense::edge_lock::EventLock::new(&config, redis.clone()),
         provider_signatures: crate::deposit::signature::ProviderSignatures::new(
             config.deposits.provider_webhook_secrets.clone(),
             config.deposits.signature_tolerance,

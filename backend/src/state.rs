@@ -17,7 +17,7 @@ pub struct AppState {
     pub redis: Option<crate::redis_store::RedisStore>,
     pub cooldown: CooldownLock,
     /// Layer 1 for deposits: the lock on each event.
-    pub event_lock: crate::deposit::edge::EventLock,
+    pub event_lock: crate::defense::edge_lock::EventLock,
     /// Who may deposit: the payment provider's signatures.
     pub provider_signatures: crate::deposit::signature::ProviderSignatures,
     pub account_limits: Arc<crate::account_limits::AccountLimits>,

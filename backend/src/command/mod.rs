@@ -6,15 +6,24 @@
 //! claim time (`commands_claim_idle_ms`, the visibility timeout) runs out
 //! while it is still working, when a consumer crashes between its commit
 //! and its acknowledgement, and when a deployment restarts consumers. So
-//! two consumers can hold one command at once, by construction. The layers:
+//! two consumers can hold one command at once, by construction. The layers,
+//! each in its own file:
 //!
-//! 1. the **stream partition's lease** (`consumer`, Redis): one consumer at
-//!    a time works a partition, in order, and a stalled one loses it;
-//! 2. the **inbox** (`transaction`, PostgreSQL): the command id claimed
+//! 1. the **stream partition's lease** (`defense::partition_lease`, Redis):
+//!    one consumer at a time works a partition, in order, and a stalled one
+//!    loses it;
+//! 2. the **inbox** (`defense::inbox`, PostgreSQL): the command id claimed
 //!    insert-first, in the same transaction as the transfer, in the same
 //!    table as deposits (source `broker`). The second holder of a command
 //!    only acknowledges it;
 //! 3. the **row guard**: the transfer itself, exactly as for a client's.
+//!
+//! `pipeline` runs one entry through them; the inbox claim and the row
+//! guard are one PostgreSQL call (`transaction`). Around it: the worker of
+//! each partition (`partition`), the stream transport (`consumer`), the
+//! census that shares the partitions (`census`), the dead-letter stream
+//! (`dead_letter`), the results stream (`results`) and the outcomes'
+//! vocabulary (`outcome`).
 //!
 //! Acknowledged (`XACK`) only after the commit; a command's outcome is
 //! stored in the inbox, published to the results stream, and readable by
@@ -28,9 +37,16 @@ use chrono::{DateTime, TimeZone, Utc};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use crate::defense::inbox::is_event_id;
 use crate::domain::{WalletId, parse_uuid};
 
+pub mod census;
 pub mod consumer;
+pub mod dead_letter;
+pub mod outcome;
+pub mod partition;
+pub mod pipeline;
+pub mod results;
 pub mod transaction;
 
 /// The consumer group every instance joins.
@@ -151,7 +167,7 @@ impl Command {
             )));
         }
         let command_id = field("command_id")?;
-        if !crate::deposit::is_event_id(command_id) {
+        if !is_event_id(command_id) {
             return Err(Unreadable(
                 "command_id must be 1 to 128 letters, digits and _ . : -".into(),
             ));

@@ -2,13 +2,16 @@
 //! claims the command id in the inbox (source `broker`), makes the
 //! transfer through the row guard, and stores the outcome with the claim;
 //! or, for a command applied before, reads back its outcome.
+//!
+//! A command's outcome is read back by its issuer through `outcome`.
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::Command;
+use super::outcome::CommandVerdict;
 use crate::decision::{Decision, Layer, Outcome};
-use crate::deposit::transaction::InboxClaim;
+use crate::defense::inbox::InboxClaim;
 use crate::domain::UserId;
 use crate::settings::Config;
 
@@ -16,10 +19,8 @@ use crate::settings::Config;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Applied {
     pub decision: Decision,
-    /// The outcome's name (`applied`, `insufficient_funds`, `too_old`,
-    /// `published_in_future`, …, `payload_changed` for a command id
-    /// reused for another command).
-    pub verdict: String,
+    /// The outcome, as stored and published.
+    pub verdict: CommandVerdict,
     /// The result body, as stored and published.
     pub result: String,
     /// The source wallet's owner, when it has one: their feed hears of it.
@@ -77,20 +78,24 @@ pub async fn apply(
     .fetch_one(db)
     .await?;
     let owner = row.owner.map(UserId);
-    let decision_of = |verdict: &str| match verdict {
-        "applied" => Decision::new(Layer::RowGuard, Outcome::Accepted),
-        "insufficient_funds" => Decision::new(Layer::RowGuard, Outcome::InsufficientFunds),
-        _ => Decision::new(Layer::RowGuard, Outcome::Rejected),
+    let verdict = match row.verdict.as_deref().map(str::parse::<CommandVerdict>) {
+        Some(Ok(verdict)) => Some(verdict),
+        Some(Err(unknown)) => {
+            return Err(NotApplied::Protocol(format!(
+                "broker_command() answered {unknown}"
+            )));
+        }
+        None => None,
     };
-    match (row.claim, row.verdict, row.result) {
+    match (row.claim, verdict, row.result) {
         (InboxClaim::InFlight, _, _) => Err(NotApplied::InFlight),
         (InboxClaim::PayloadChanged, _, _) => Ok(Applied {
-            decision: Decision::new(Layer::Inbox, Outcome::PayloadChanged),
-            verdict: "payload_changed".into(),
+            decision: CommandVerdict::PayloadChanged.decision(),
+            verdict: CommandVerdict::PayloadChanged,
             result: serde_json::json!({
                 "command_id": command.command_id,
                 "issuer": command.issuer,
-                "outcome": "payload_changed",
+                "outcome": CommandVerdict::PayloadChanged.as_str(),
                 "reason": "this command id was published before as another command; that one stands",
             })
             .to_string(),
@@ -103,7 +108,7 @@ pub async fn apply(
             owner,
         }),
         (InboxClaim::Started, Some(verdict), Some(result)) => Ok(Applied {
-            decision: decision_of(&verdict),
+            decision: verdict.decision(),
             verdict,
             result,
             owner,
@@ -113,16 +118,4 @@ pub async fn apply(
             result.is_some()
         ))),
     }
-}
-
-/// A command's stored outcome, by its id: the result body, or `None` when
-/// the inbox has none (never published, not yet applied, or forgotten).
-pub async fn outcome_of(db: &sqlx::PgPool, command_id: &str) -> Result<Option<String>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT response_body FROM inbox
-         WHERE source = 'broker' AND event_id = $1 AND verdict IS NOT NULL AND expires_at > now()",
-    )
-    .bind(command_id)
-    .fetch_optional(db)
-    .await
 }

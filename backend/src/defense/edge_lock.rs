@@ -18,7 +18,23 @@
 //!
 //! **Bounds:** each Redis call is bounded by `redis_command_timeout_ms`; a
 //! waiting duplicate polls every `event_answer_poll_ms` until
-//! `event_duplicate_wait_ms_max`.
+//! `event_duplicate_wait_ms_max`. The lock lasts `event_lock_ttl_ms` at
+//! most, so a winner that dies holding it delays the next delivery by no
+//! more than that.
+//!
+//! **Lifecycle:** the winner leaves its committed answer and lets go of the
+//! lock in one script; after a failure (nothing committed, or not known) it
+//! only lets go, so that the next delivery goes to the inbox at once. Both
+//! act only for the lock's owner (compare-and-delete), so a slow winner
+//! whose lock expired never deletes a newer holder's.
+//!
+//! **When Redis fails:** the layer always fails open. The delivery goes on
+//! to the inbox as if the layer were off ([`PassedOn::StoreUnavailable`]),
+//! and an accepted deposit is reported degraded; a failure to leave an
+//! answer or to let go is logged and otherwise ignored.
+//!
+//! **Answers** with [`EdgeVerdict`]: the lock held, an answer to repeat,
+//! passed on to the inbox, or the layer off.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 use actix_web::http::header;
 use actix_web::{HttpResponse, web};
 
-use crate::command::transaction;
+use crate::command::outcome;
 use crate::problem::{self, Problem};
 use crate::state::AppState;
 
@@ -14,10 +14,10 @@ use crate::state::AppState;
 /// after `inbox_retention_hours`.
 pub async fn command_outcome(path: web::Path<String>, state: web::Data<AppState>) -> HttpResponse {
     let command_id = path.into_inner();
-    match transaction::outcome_of(&state.db, &command_id).await {
-        Ok(Some(result)) => HttpResponse::Ok()
+    match outcome::outcome_of(&state.db, &command_id).await {
+        Ok(Some(stored)) => HttpResponse::Ok()
             .insert_header((header::CONTENT_TYPE, "application/json"))
-            .body(result),
+            .body(stored.result),
         Ok(None) => Problem::not_found(
             "No outcome is stored for this command id: it was not published, is not applied yet, or is older than \
              inbox_retention_hours.",

@@ -1,0 +1,69 @@
+//! The results stream: every command's outcome, for its issuer. Published
+//! before the entry is acknowledged, so an issuer may read a result twice,
+//! never miss one; the stream keeps about `commands_results_entries_max`
+//! entries, and the inbox keeps each outcome for `inbox_retention_hours`
+//! (`GET /commands/{id}` on the admin listener).
+
+use super::Streams;
+use super::outcome::CommandVerdict;
+use crate::redis_store::StreamConnection;
+use crate::settings::Config;
+
+/// The results stream, as the consumers write it.
+pub struct ResultStream {
+    key: String,
+    entries_max: u64,
+}
+
+impl ResultStream {
+    pub fn new(streams: &Streams, config: &Config) -> Self {
+        Self {
+            key: streams.results(),
+            entries_max: config.commands.results_entries_max,
+        }
+    }
+
+    /// Publishes that an entry that is no command was dead-lettered: it has
+    /// no command id, so the entry's id and the reason say which.
+    pub async fn publish_unreadable(
+        &self,
+        connection: &mut StreamConnection,
+        entry_id: &str,
+        reason: &str,
+    ) -> Result<(), String> {
+        let verdict = CommandVerdict::DeadLettered;
+        let result = serde_json::json!({
+            "entry_id": entry_id,
+            "outcome": verdict.as_str(),
+            "reason": reason,
+        });
+        self.publish(connection, "", verdict, &result.to_string()).await
+    }
+
+    /// Publishes a command's `result` body with its verdict; `command_id`
+    /// is empty for an entry that was no command.
+    pub async fn publish(
+        &self,
+        connection: &mut StreamConnection,
+        command_id: &str,
+        verdict: CommandVerdict,
+        result: &str,
+    ) -> Result<(), String> {
+        redis::cmd("XADD")
+            .arg(&self.key)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(self.entries_max)
+            .arg("*")
+            .arg("command_id")
+            .arg(command_id)
+            .arg("outcome")
+            .arg(verdict.as_str())
+            .arg("result")
+            .arg(result)
+            .query_async::<String>(connection)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+}
