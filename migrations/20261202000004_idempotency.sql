@@ -43,17 +43,85 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT hashtext(p_user::text || ':' || p_key::text)
 $$;
 
--- The claim. A retry of a completed, live key is a read alone: no insert
--- attempt, no subtransaction, no write. Otherwise the insert waits for a
--- concurrent claim of the same key at most p_wait_ms (a transaction-local
--- lock_timeout):
---   'started'     the key is ours; do the work in this transaction;
---   'replayed'    a completed request with the same fingerprint: its
---                 stored response;
---   'key_reused'  the key was used for a different request;
+-- The insert-first claim, one algorithm for both tables that answer a
+-- request once: idempotency_keys (a client's key, below) and inbox (a
+-- message from outside, 20261202000011_inbox_and_deposits.sql). Each keeps
+-- a row per request with its fingerprint, its expiry and, once answered,
+-- its response_status and the rest of its answer. p_claim is the row a
+-- new request would insert; its type, the table's row type, names the
+-- table, and p_key_columns the columns that name its row. stored is the
+-- row found, for its answer.
+--
+-- An answered, live row never changes until it expires, so a retry of it
+-- is a read alone: no insert attempt, no subtransaction, no write.
+-- Otherwise the insert waits for a concurrent claim of the same row at
+-- most p_wait_ms (a transaction-local lock_timeout):
+--   'started'     the row is ours; do the work in this transaction;
+--   'replayed'    an answered request with the same fingerprint: stored
+--                 holds its answer;
+--   'key_reused'  the row was claimed for a different request;
 --   'in_flight'   the first request did not finish within the wait.
--- An expired claim still waiting for the sweeper is taken over: after
--- expiry the same key is a new request.
+-- An expired row still waiting for the sweeper is taken over (deleted,
+-- then claimed afresh): after expiry the same key is a new request.
+--
+-- The table being an argument, each statement is built here (names
+-- quoted by format's %I) and planned on every call: a few microseconds a
+-- statement, the price of writing the claim once for both tables.
+CREATE FUNCTION claim_first(
+    p_claim anyelement,
+    p_key_columns text[],
+    p_wait_ms int,
+    OUT outcome claim_verdict,
+    OUT stored anyelement
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_table text := pg_typeof(p_claim)::text;
+    -- Matches p_claim's row (t) by its key; $1 is p_claim.
+    v_its_row text := (
+        SELECT string_agg(format('t.%1$I = ($1).%1$I', key_column), ' AND ')
+          FROM unnest(p_key_columns) AS key_column);
+    v_rows bigint;
+BEGIN
+    EXECUTE format(
+        'SELECT t.* FROM %s t WHERE %s AND t.response_status IS NOT NULL AND t.expires_at > now()',
+        v_table, v_its_row)
+       INTO stored USING p_claim;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    IF v_rows = 0 THEN
+        PERFORM set_config('lock_timeout', p_wait_ms || 'ms', true);
+        BEGIN
+            EXECUTE format('DELETE FROM %s t WHERE %s AND t.expires_at <= now()', v_table, v_its_row)
+              USING p_claim;
+            EXECUTE format('INSERT INTO %s SELECT ($1).* ON CONFLICT DO NOTHING', v_table) USING p_claim;
+            GET DIAGNOSTICS v_rows = ROW_COUNT;
+            IF v_rows = 1 THEN
+                outcome := 'started';
+                RETURN;
+            END IF;
+        EXCEPTION WHEN lock_not_available THEN
+            outcome := 'in_flight';
+            RETURN;
+        END;
+
+        -- The conflicting claim has committed (the insert waited for it),
+        -- and this statement's fresh snapshot sees it, answer included.
+        EXECUTE format('SELECT t.* FROM %s t WHERE %s', v_table, v_its_row) INTO stored USING p_claim;
+    END IF;
+
+    IF stored.fingerprint IS DISTINCT FROM p_claim.fingerprint THEN
+        outcome := 'key_reused';
+        stored := NULL;
+    ELSIF stored.response_status IS NULL THEN
+        outcome := 'in_flight';
+    ELSE
+        outcome := 'replayed';
+    END IF;
+END
+$$;
+
+-- The claim of a client's key (claim_first(), which says what each
+-- outcome means), with the stored response of a replay.
 CREATE FUNCTION idempotency_claim(
     p_user uuid,
     p_key uuid,
@@ -67,60 +135,23 @@ CREATE FUNCTION idempotency_claim(
     OUT response_trace_id text
 )
 LANGUAGE plpgsql AS $$
-#variable_conflict use_column
 DECLARE
-    v_fingerprint bytea;
+    v_claim idempotency_keys;
+    v_claimed record;
+    v_stored idempotency_keys;
 BEGIN
-    -- A completed, live claim never changes until it expires: a retry of it
-    -- is answered from this read alone.
-    SELECT k.fingerprint, k.response_status, k.response_body, k.response_refusal, k.response_trace_id
-      INTO v_fingerprint, response_status, response_body, response_refusal, response_trace_id
-      FROM idempotency_keys k
-     WHERE k.user_id = p_user AND k.key = p_key
-       AND k.response_status IS NOT NULL AND k.expires_at > now();
-    IF NOT FOUND THEN
-        PERFORM set_config('lock_timeout', p_wait_ms || 'ms', true);
-        BEGIN
-            INSERT INTO idempotency_keys (user_id, key, fingerprint, expires_at)
-            VALUES (p_user, p_key, p_fingerprint, now() + make_interval(hours => p_retention_hours))
-            ON CONFLICT (user_id, key) DO UPDATE
-                SET fingerprint = EXCLUDED.fingerprint,
-                    response_status = NULL,
-                    response_body = NULL,
-                    response_refusal = NULL,
-                    response_trace_id = NULL,
-                    transfer_id = NULL,
-                    created_at = now(),
-                    expires_at = EXCLUDED.expires_at
-                WHERE idempotency_keys.expires_at <= now();
-            IF FOUND THEN
-                outcome := 'started';
-                RETURN;
-            END IF;
-        EXCEPTION WHEN lock_not_available THEN
-            outcome := 'in_flight';
-            RETURN;
-        END;
-
-        -- The conflicting claim has committed (the insert waited for it),
-        -- and this statement's fresh snapshot sees it, response included.
-        SELECT k.fingerprint, k.response_status, k.response_body, k.response_refusal, k.response_trace_id
-          INTO v_fingerprint, response_status, response_body, response_refusal, response_trace_id
-          FROM idempotency_keys k
-         WHERE k.user_id = p_user AND k.key = p_key;
-    END IF;
-
-    IF v_fingerprint IS DISTINCT FROM p_fingerprint THEN
-        outcome := 'key_reused';
-        response_status := NULL;
-        response_body := NULL;
-        response_refusal := NULL;
-        response_trace_id := NULL;
-    ELSIF response_status IS NULL THEN
-        outcome := 'in_flight';
-    ELSE
-        outcome := 'replayed';
-    END IF;
+    v_claim.user_id := p_user;
+    v_claim.key := p_key;
+    v_claim.fingerprint := p_fingerprint;
+    v_claim.created_at := now();
+    v_claim.expires_at := now() + make_interval(hours => p_retention_hours);
+    SELECT * INTO v_claimed FROM claim_first(v_claim, '{user_id,key}', p_wait_ms);
+    outcome := v_claimed.outcome;
+    v_stored := v_claimed.stored;
+    response_status := v_stored.response_status;
+    response_body := v_stored.response_body;
+    response_refusal := v_stored.response_refusal;
+    response_trace_id := v_stored.response_trace_id;
 END
 $$;
 

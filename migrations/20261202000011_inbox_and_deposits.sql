@@ -36,16 +36,11 @@ CREATE TABLE inbox (
 );
 CREATE INDEX inbox_expires_at_idx ON inbox (expires_at);
 
--- The claim. A redelivery of a completed, live event is a read alone.
--- Otherwise the insert waits for a concurrent claim of the same event at
--- most p_wait_ms:
---   'started'          the event is ours; apply it in this transaction;
---   'replayed'         applied (or refused) before: its stored answer;
---   'payload_changed'  the same event id came with different contents;
---   'in_flight'        the first delivery did not finish within the wait.
--- An expired row still waiting for the sweeper is taken over; the deposit
--- refuses events older than the retention, so a deposit is never applied
--- twice that way.
+-- The claim of an event (claim_first(), 20261202000004_idempotency.sql,
+-- which says what each outcome means), with the stored answer of a
+-- redelivery. The same event id with different contents is
+-- 'payload_changed'. The deposit refuses events older than the retention,
+-- so a deposit is never applied twice by an expired row's takeover.
 CREATE FUNCTION inbox_claim(
     p_source inbox_source,
     p_event_id text,
@@ -60,59 +55,27 @@ CREATE FUNCTION inbox_claim(
     OUT transfer_id uuid
 )
 LANGUAGE plpgsql AS $$
-#variable_conflict use_column
 DECLARE
-    v_fingerprint bytea;
+    v_claim inbox;
+    v_claimed record;
+    v_stored inbox;
 BEGIN
-    SELECT i.fingerprint, i.verdict, i.response_status, i.response_body, i.response_trace_id, i.transfer_id
-      INTO v_fingerprint, verdict, response_status, response_body, response_trace_id, transfer_id
-      FROM inbox i
-     WHERE i.source = p_source AND i.event_id = p_event_id
-       AND i.verdict IS NOT NULL AND i.expires_at > now();
-    IF NOT FOUND THEN
-        PERFORM set_config('lock_timeout', p_wait_ms || 'ms', true);
-        BEGIN
-            INSERT INTO inbox (source, event_id, fingerprint, expires_at)
-            VALUES (p_source, p_event_id, p_fingerprint, now() + make_interval(hours => p_retention_hours))
-            ON CONFLICT (source, event_id) DO UPDATE
-                SET fingerprint = EXCLUDED.fingerprint,
-                    verdict = NULL,
-                    response_status = NULL,
-                    response_body = NULL,
-                    response_trace_id = NULL,
-                    transfer_id = NULL,
-                    received_at = now(),
-                    expires_at = EXCLUDED.expires_at
-                WHERE inbox.expires_at <= now();
-            IF FOUND THEN
-                outcome := 'started';
-                RETURN;
-            END IF;
-        EXCEPTION WHEN lock_not_available THEN
-            outcome := 'in_flight';
-            RETURN;
-        END;
-
-        -- The conflicting claim has committed (the insert waited for it),
-        -- and this statement's fresh snapshot sees its answer.
-        SELECT i.fingerprint, i.verdict, i.response_status, i.response_body, i.response_trace_id, i.transfer_id
-          INTO v_fingerprint, verdict, response_status, response_body, response_trace_id, transfer_id
-          FROM inbox i
-         WHERE i.source = p_source AND i.event_id = p_event_id;
-    END IF;
-
-    IF v_fingerprint IS DISTINCT FROM p_fingerprint THEN
-        outcome := 'payload_changed';
-        verdict := NULL;
-        response_status := NULL;
-        response_body := NULL;
-        response_trace_id := NULL;
-        transfer_id := NULL;
-    ELSIF verdict IS NULL THEN
-        outcome := 'in_flight';
-    ELSE
-        outcome := 'replayed';
-    END IF;
+    v_claim.source := p_source;
+    v_claim.event_id := p_event_id;
+    v_claim.fingerprint := p_fingerprint;
+    v_claim.received_at := now();
+    v_claim.expires_at := now() + make_interval(hours => p_retention_hours);
+    SELECT * INTO v_claimed FROM claim_first(v_claim, '{source,event_id}', p_wait_ms);
+    outcome := CASE v_claimed.outcome
+        WHEN 'key_reused' THEN 'payload_changed'::inbox_claim_verdict
+        ELSE v_claimed.outcome::text::inbox_claim_verdict
+    END;
+    v_stored := v_claimed.stored;
+    verdict := v_stored.verdict;
+    response_status := v_stored.response_status;
+    response_body := v_stored.response_body;
+    response_trace_id := v_stored.response_trace_id;
+    transfer_id := v_stored.transfer_id;
 END
 $$;
 
