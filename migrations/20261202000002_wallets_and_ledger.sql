@@ -9,7 +9,7 @@
 -- and holds the currency LAB, which no deployment may use for real money.
 -- Slots 1 and 2 are the visitor's wallets A and B; slot 3 holds what the
 -- lab's payouts hold, as the holds wallet does for real money, and no
--- transfer moves money into or out of it. The row guard refuses to move minor units between currencies, on
+-- transfer moves money into or out of it (wallet_out_of_reach()). The row guard refuses to move minor units between currencies, on
 -- the guarded and on the naive path, so lab money and real money never
 -- meet (20261202000008_race_lab.sql has the lab's functions).
 --

@@ -8,14 +8,18 @@
 CREATE TYPE guard_verdict AS ENUM (
     'accepted', 'insufficient_funds', 'unknown_target', 'currency_mismatch', 'not_owner');
 
+-- The race lab's sandbox is not the guard's concern: which wallets a
+-- caller may name at all is checked with access, before the layers
+-- (wallet_out_of_reach(), 20261202000005_transfer.sql).
+--
 -- Both wallets are locked in wallet-id order (transfers A->B and B->A take
 -- their locks in the same order, so they cannot deadlock), waiting at most
 -- p_wait_ms; then the guarded debit checks and writes in one statement,
 -- and the credit, the transfer and its two ledger entries follow:
 --   'accepted'           debited, credited, recorded;
 --   'insufficient_funds' the guard refused the debit; nothing written;
---   'unknown_target'     no such target wallet (or another visitor's lab
---                        wallet, or a clearing wallet); nothing written;
+--   'unknown_target'     no such target wallet, or a clearing wallet;
+--                        nothing written;
 --   'currency_mismatch'  the wallets hold different currencies (minor units
 --                        never move 1:1 between them); nothing written;
 --   'not_owner'          the caller does not own the source wallet.
@@ -37,7 +41,6 @@ DECLARE
     v_source_owner uuid;
     v_source_currency text;
     v_target_currency text;
-    v_target_owner uuid;
     v_target_clearing boolean;
     v_wallet record;
 BEGIN
@@ -45,8 +48,6 @@ BEGIN
     FOR v_wallet IN
         SELECT w.id, w.user_id, w.currency, w.clearing_source FROM wallets w
          WHERE w.id IN (p_from, p_to)
-           -- A lab payouts' holds wallet is no wallet to a transfer.
-           AND w.lab_slot IS DISTINCT FROM 3
          ORDER BY w.id
            FOR NO KEY UPDATE
     LOOP
@@ -55,7 +56,6 @@ BEGIN
             v_source_currency := v_wallet.currency;
         ELSE
             v_target_currency := v_wallet.currency;
-            v_target_owner := v_wallet.user_id;
             v_target_clearing := v_wallet.clearing_source IS NOT NULL;
         END IF;
     END LOOP;
@@ -71,13 +71,6 @@ BEGIN
     END IF;
     IF v_target_currency <> v_source_currency THEN
         outcome := 'currency_mismatch';
-        RETURN;
-    END IF;
-    -- Lab money stays in its visitor's sandbox: another visitor's lab
-    -- wallet is answered as no wallet at all, so it cannot receive lab
-    -- money, and nothing says which lab wallets exist.
-    IF v_source_currency = 'LAB' AND v_target_owner <> p_user THEN
-        outcome := 'unknown_target';
         RETURN;
     END IF;
 

@@ -6,19 +6,40 @@
 -- calls it.
 
 -- Why transfer() (or payout()) refused before the layers; nothing is
--- written.
-CREATE TYPE access_refusal AS ENUM ('token_not_live', 'not_owner');
+-- written. 'unknown_target': the target is out of the caller's reach, and
+-- is answered as no wallet at all.
+CREATE TYPE access_refusal AS ENUM ('token_not_live', 'not_owner', 'unknown_target');
 
--- The access check before the layers: the token is live and the caller
--- owns the wallet money leaves from. NULL when both hold. Read-only, so a
--- refusal writes nothing.
-CREATE FUNCTION access_refused(p_user uuid, p_token_hash bytea, p_wallet uuid)
+-- The race lab's sandbox, as a caller's requests see it: a wallet no
+-- transfer of p_user's may name. A lab payouts' holds wallet (slot 3) is
+-- no wallet to a transfer, even its visitor's: money enters and leaves it
+-- only as payouts do. Another visitor's lab wallet is no wallet at all,
+-- so it cannot receive lab money, and nothing says which lab wallets
+-- exist.
+CREATE FUNCTION wallet_out_of_reach(p_user uuid, p_wallet uuid)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM wallets w
+         WHERE w.id = p_wallet AND (w.lab_slot = 3 OR (w.lab_slot IS NOT NULL AND w.user_id <> p_user)))
+$$;
+
+-- The access check before the layers: the token is live, the caller owns
+-- the wallet money leaves from (p_from), and the wallet it goes to (p_to,
+-- when the request names one: a payout does not) is within the caller's
+-- reach. NULL when all hold. Read-only, so a refusal writes nothing;
+-- transfer() and payout() call it, and so does the statement-by-statement
+-- path, whose row guard (row_guard_transfer()) knows nothing of the race
+-- lab.
+CREATE FUNCTION access_refused(p_user uuid, p_token_hash bytea, p_from uuid, p_to uuid DEFAULT NULL)
 RETURNS access_refusal
 LANGUAGE sql STABLE AS $$
     SELECT CASE
         WHEN NOT token_is_live(p_token_hash, p_user) THEN 'token_not_live'::access_refusal
-        WHEN NOT EXISTS (SELECT 1 FROM wallets w WHERE w.id = p_wallet AND w.user_id = p_user)
+        WHEN NOT EXISTS (SELECT 1 FROM wallets w WHERE w.id = p_from AND w.user_id = p_user)
+          OR wallet_out_of_reach(p_user, p_from)
             THEN 'not_owner'::access_refusal
+        WHEN wallet_out_of_reach(p_user, p_to) THEN 'unknown_target'::access_refusal
     END
 $$;
 
@@ -78,7 +99,7 @@ DECLARE
     v_guard record;
     v_started timestamptz;
 BEGIN
-    refused := access_refused(p_user, p_token_hash, p_from);
+    refused := access_refused(p_user, p_token_hash, p_from, p_to);
     IF refused IS NOT NULL THEN
         RETURN;
     END IF;

@@ -14,7 +14,9 @@
 --   'applied'             the transfer was made;
 --   'insufficient_funds'  the row guard refused the debit;
 --   'unknown_source'      no real wallet has the source id;
---   'unknown_target'      no wallet can receive it (as for transfers);
+--   'unknown_target'      no wallet can receive it (as for transfers: none
+--                         out of the source owner's reach either,
+--                         wallet_out_of_reach());
 --   'currency_mismatch'   the wallets hold different currencies;
 --   'too_old'             published longer ago than p_age_hours_max;
 --   'published_in_future' published (by its entry id) more than
@@ -110,6 +112,8 @@ BEGIN
         v_verdict := 'published_in_future';
     ELSIF owner IS NULL THEN
         v_verdict := 'unknown_source';
+    ELSIF wallet_out_of_reach(owner, p_to) THEN
+        v_verdict := 'unknown_target';
     ELSE
         SELECT * INTO v_guard
           FROM row_guard_transfer(p_transfer_id, owner, p_from, p_to, p_amount, NULL, p_wallet_wait_ms);
