@@ -285,15 +285,8 @@ BEGIN
 END
 $$;
 
--- The dispatcher's take: up to p_rows due outbox rows nobody else is
--- taking (SKIP LOCKED), each leased for p_lease_ms under a fresh token and
--- counted as an attempt. A pending payout becomes 'sent' here, before the
--- call: from now on the money may have left. The dispatcher (p_lab_user
--- NULL) takes real money only; the race lab takes its visitor's lab
--- payouts, which it sends to the lab's own bank. created_at says how old
--- the payout is: a retry past the gateway's key retention is not sent.
-CREATE FUNCTION payout_take(p_rows int, p_lease_ms int, p_lab_user uuid)
-RETURNS TABLE (
+-- A taken outbox row: what its sender needs for one attempt.
+CREATE TYPE payout_taken AS (
     payout_id    uuid,
     lease_token  uuid,
     user_id      uuid,
@@ -304,22 +297,22 @@ RETURNS TABLE (
     attempts     int,
     traceparent  text,
     created_at   timestamptz
-)
+);
+
+-- A take's lease: each of p_payout_ids' outbox rows, which the caller
+-- locked (FOR UPDATE SKIP LOCKED, so nobody else is taking them), is
+-- leased for p_lease_ms under a fresh token and counted as an attempt. A
+-- pending payout becomes 'sent' here, before the call: from now on the
+-- money may have left. created_at says how old the payout is: a retry past
+-- the gateway's key retention is not sent.
+CREATE FUNCTION payout_lease(p_payout_ids uuid[], p_lease_ms int)
+RETURNS SETOF payout_taken
 LANGUAGE sql AS $$
-    WITH due AS (
-        SELECT o.payout_id FROM payout_outbox o JOIN payouts p ON p.id = o.payout_id
-         WHERE o.due_at <= now()
-           AND CASE WHEN p_lab_user IS NULL THEN p.currency <> 'LAB'
-                    ELSE p.currency = 'LAB' AND p.user_id = p_lab_user END
-         ORDER BY o.due_at
-         LIMIT p_rows
-           FOR UPDATE OF o SKIP LOCKED
-    ), leased AS (
+    WITH leased AS (
         UPDATE payout_outbox o
            SET due_at = now() + make_interval(secs => p_lease_ms / 1000.0),
                lease_token = gen_random_uuid()
-          FROM due
-         WHERE o.payout_id = due.payout_id
+         WHERE o.payout_id = ANY (p_payout_ids)
         RETURNING o.payout_id, o.lease_token
     ), counted AS (
         UPDATE payouts p
@@ -332,6 +325,22 @@ LANGUAGE sql AS $$
                   p.destination, p.attempts, p.traceparent, p.created_at
     )
     SELECT * FROM counted
+$$;
+
+-- The dispatcher's take: up to p_rows due outbox rows of real money that
+-- nobody else is taking (SKIP LOCKED), each leased (payout_lease()). Lab
+-- money is never sent to the gateway: the race lab takes its own
+-- (race_lab_payout_take()) and sends it to the lab's own bank.
+CREATE FUNCTION payout_take(p_rows int, p_lease_ms int)
+RETURNS SETOF payout_taken
+LANGUAGE sql AS $$
+    SELECT * FROM payout_lease(ARRAY(
+        SELECT o.payout_id FROM payout_outbox o JOIN payouts p ON p.id = o.payout_id
+         WHERE o.due_at <= now() AND p.currency <> 'LAB'
+         ORDER BY o.due_at
+         LIMIT p_rows
+           FOR UPDATE OF o SKIP LOCKED
+    ), p_lease_ms)
 $$;
 
 -- How the record of a gateway answer ended:

@@ -20,6 +20,22 @@ CREATE TABLE race_lab_bank_sendings (
 );
 CREATE UNIQUE INDEX race_lab_bank_keys_idx ON race_lab_bank_sendings (user_id, idempotency_key) WHERE deduplicated;
 
+-- The race lab's take, as the dispatcher's (payout_take()) but of one
+-- visitor's lab payouts only: up to p_rows due outbox rows of p_user's lab
+-- money that nobody else is taking, each leased (payout_lease()). The lab
+-- sends them to its own bank.
+CREATE FUNCTION race_lab_payout_take(p_user uuid, p_rows int, p_lease_ms int)
+RETURNS SETOF payout_taken
+LANGUAGE sql AS $$
+    SELECT * FROM payout_lease(ARRAY(
+        SELECT o.payout_id FROM payout_outbox o JOIN payouts p ON p.id = o.payout_id
+         WHERE o.due_at <= now() AND p.currency = 'LAB' AND p.user_id = p_user
+         ORDER BY o.due_at
+         LIMIT p_rows
+           FOR UPDATE OF o SKIP LOCKED
+    ), p_lease_ms)
+$$;
+
 -- One request to the lab's bank. Deduplicating, a key it has seen is
 -- answered with its first sending (replayed), and refused when that
 -- sending was for another payout or amount (other_payout); otherwise it

@@ -1104,10 +1104,16 @@ async fn lab_payouts_are_never_the_dispatchers() {
         Some("not_owner")
     );
     assert_eq!(pay_out(true).await.expect("payout").as_deref(), Some("accepted"));
-    let taken = |visitor: Option<Uuid>| {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM payout_take(100, 60000, $1)")
-            .bind(visitor)
-            .fetch_one(&app.db)
+    // The dispatcher's take, or with a visitor, that visitor's lab take.
+    let taken = |visitor: Option<Uuid>| match visitor {
+        None => {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM payout_take(100, 60000)").fetch_one(&app.db)
+        }
+        Some(visitor) => {
+            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM race_lab_payout_take($1, 100, 60000)")
+                .bind(visitor)
+                .fetch_one(&app.db)
+        }
     };
     assert_eq!(
         taken(None).await.expect("take"),

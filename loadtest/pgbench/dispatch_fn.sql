@@ -6,5 +6,5 @@
 -- payout_fn.sql has filled the outbox, with as many transactions as
 -- batches it holds.
 SELECT count(s.recorded) AS settled
-  FROM payout_take(:batch, 30000, NULL) AS t,
+  FROM payout_take(:batch, 30000) AS t,
        LATERAL payout_settle(t.payout_id, gen_random_uuid(), 'bench-' || t.payout_id) AS s;
