@@ -72,6 +72,48 @@ const BODY: [ProblemType; 5] = [
 /// Failures of the stores, or of the service itself.
 const STORES: [ProblemType; 2] = [ServiceUnavailable, InternalError];
 
+/// A payout's own failures, after its body's.
+const PAYOUT: [ProblemType; 9] = [
+    Unauthorized,
+    CsrfTokenInvalid,
+    NotYourWallet,
+    PayoutsNotOffered,
+    IdempotencyKeyInFlight,
+    IdempotencyKeyReused,
+    InsufficientFunds,
+    CooldownActive,
+    OutcomeUnknown,
+];
+/// A transfer's own failures, after its body's.
+const TRANSFER: [ProblemType; 14] = [
+    Unauthorized,
+    CsrfTokenInvalid,
+    NotYourWallet,
+    IdempotencyKeyInFlight,
+    IdempotencyKeyReused,
+    InsufficientFunds,
+    UnknownTargetWallet,
+    CurrencyMismatch,
+    CooldownActive,
+    Overloaded,
+    OutcomeUnknown,
+    RaceLabSwitchesOff,
+    LabPassInvalid,
+    LabWalletsOnly,
+];
+/// A deposit notification's own failures, after its body's.
+const DEPOSIT: [ProblemType; 9] = [
+    ProviderSignatureInvalid,
+    EventPayloadChanged,
+    EventInFlight,
+    DepositWalletUnknown,
+    DepositCurrencyMismatch,
+    DepositAmountOverLimit,
+    DepositEventTooOld,
+    DepositEventInFuture,
+    OutcomeUnknown,
+];
+
 /// Every failure each operation can answer, besides `STORES`.
 fn failures(method: &str, path: &str) -> Vec<ProblemType> {
     let specific: Vec<ProblemType> = match (method, path) {
@@ -92,56 +134,9 @@ fn failures(method: &str, path: &str) -> Vec<ProblemType> {
         | ("get", "/api/v1/payouts/{id}") => {
             vec![Unauthorized, NotFound]
         }
-        ("post", "/api/v1/payouts") => [
-            &BODY[..],
-            &[
-                Unauthorized,
-                CsrfTokenInvalid,
-                NotYourWallet,
-                PayoutsNotOffered,
-                IdempotencyKeyInFlight,
-                IdempotencyKeyReused,
-                InsufficientFunds,
-                CooldownActive,
-                OutcomeUnknown,
-            ],
-        ]
-        .concat(),
-        ("post", "/api/v1/transfers") => [
-            &BODY[..],
-            &[
-                Unauthorized,
-                CsrfTokenInvalid,
-                NotYourWallet,
-                IdempotencyKeyInFlight,
-                IdempotencyKeyReused,
-                InsufficientFunds,
-                UnknownTargetWallet,
-                CurrencyMismatch,
-                CooldownActive,
-                Overloaded,
-                OutcomeUnknown,
-                RaceLabSwitchesOff,
-                LabPassInvalid,
-                LabWalletsOnly,
-            ],
-        ]
-        .concat(),
-        ("post", "/api/v1/webhooks/deposits") => [
-            &BODY[..],
-            &[
-                ProviderSignatureInvalid,
-                EventPayloadChanged,
-                EventInFlight,
-                DepositWalletUnknown,
-                DepositCurrencyMismatch,
-                DepositAmountOverLimit,
-                DepositEventTooOld,
-                DepositEventInFuture,
-                OutcomeUnknown,
-            ],
-        ]
-        .concat(),
+        ("post", "/api/v1/payouts") => [&BODY[..], &PAYOUT[..]].concat(),
+        ("post", "/api/v1/transfers") => [&BODY[..], &TRANSFER[..]].concat(),
+        ("post", "/api/v1/webhooks/deposits") => [&BODY[..], &DEPOSIT[..]].concat(),
         ("get", "/api/v1/transfers") | ("get", "/api/v1/payouts") | ("get", "/api/v1/decisions") => {
             vec![Unauthorized, ValidationFailed]
         }
