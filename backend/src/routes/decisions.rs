@@ -1,26 +1,25 @@
 //! The caller's decision feed: `GET /api/v1/decisions?after=` for recent
 //! entries and `GET /api/v1/decisions/stream` for a live Server-Sent Events
-//! stream, each of real transfers or, with `?source=lab`, of race-lab runs. Both read the shared Redis streams, so they show the decisions of
-//! every instance. A user sees only their own. The browser's live feed page
-//! calls the same endpoints, authenticated by its session cookie.
+//! stream (`live`), each of real transfers or, with `?source=lab`, of
+//! race-lab runs. Both read the shared Redis streams, so they show the
+//! decisions of every instance. A user sees only their own. The browser's
+//! live feed page calls the same endpoints, authenticated by its session
+//! cookie.
 
-use std::time::{Duration, Instant};
-
-use actix_web::http::header;
-use actix_web::web::Bytes;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::{Deserialize, Serialize};
 
-use tokio::sync::OwnedSemaphorePermit;
-
-use crate::auth::{self, VerifiedToken};
+use crate::auth::VerifiedToken;
 use crate::domain::UserId;
-use crate::feed::stream_slots::{StreamSlot, StreamsPer};
+use crate::feed::stream_slots::StreamsPer;
 use crate::feed::{self, StoredEntry};
 use crate::problem::{Problem, ProblemType};
-use crate::redis_store::StreamConnection;
 use crate::routes::authenticate;
 use crate::state::AppState;
+
+mod live;
+
+use live::{LiveStream, Slots};
 
 #[derive(Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -124,237 +123,80 @@ pub async fn stream_decisions(
     open_stream(&request, &state, caller).await
 }
 
-/// What a live stream carries from one read to the next.
-struct LiveStream {
-    connection: StreamConnection,
-    /// The last entry id delivered (never `$`: see `open_stream`).
-    last_id: String,
-    token: VerifiedToken,
-    opened: Instant,
-    /// When the stream last delivered an entry (or opened).
-    delivered: Instant,
-    next_token_check: Instant,
-    ended: bool,
-    _slots: (
-        OwnedSemaphorePermit,
-        StreamSlot<crate::domain::UserId>,
-        Option<StreamSlot<std::net::IpAddr>>,
-    ),
-}
-
 /// The Server-Sent Events response over the caller's stream.
 async fn open_stream(
     request: &HttpRequest,
     state: &AppState,
     token: VerifiedToken,
 ) -> Result<HttpResponse, Problem> {
-    let config = state.config.clone();
-    let query = parse_query(request, config.feed.page_entries_max)?;
+    let query = parse_query(request, state.config.feed.page_entries_max)?;
     let last_event_id = request
         .headers()
         .get("last-event-id")
         .and_then(|value| value.to_str().ok())
         .filter(|id| feed::is_stream_id(id))
         .map(str::to_owned);
-
-    let user_slot = StreamsPer::claim(
-        &state.streams_per_user,
-        token.user_id,
-        config.feed.streams_per_user_max,
-    )
-    .ok_or_else(|| {
-        Problem::new(
-            ProblemType::TooManyStreams,
-            format!(
-                "You have {} live feeds open already. Close one and try again.",
-                config.feed.streams_per_user_max
-            ),
-        )
-        .detail_is_for_people()
-        .with_retry_after_s(1)
-    })?;
-    let address_slot = match state.account_limits.client_address(request) {
-        Some(address) => Some(
-            StreamsPer::claim(
-                &state.streams_per_address,
-                address,
-                config.feed.streams_per_address_max,
-            )
-            .ok_or_else(|| {
-                Problem::new(
-                    ProblemType::TooManyStreams,
-                    format!(
-                        "{} live feeds are open from your address already. Close one and try again.",
-                        config.feed.streams_per_address_max
-                    ),
-                )
-                .detail_is_for_people()
-                .with_retry_after_s(1)
-            })?,
-        ),
-        None => None,
-    };
-    let slot = state
-        .stream_slots
-        .clone()
-        .try_acquire_owned()
-        .map_err(|_| Problem::unavailable("Too many live streams on this instance. Retry shortly."))?;
-    let keepalive = config.feed.stream_keepalive;
+    let slots = claim_slots(request, state, token.user_id)?;
     let unavailable = |error: String| {
         tracing::warn!(error, "could not open a decision stream");
         Problem::unavailable("The decision feed is unavailable. Retry shortly.")
     };
     let mut connection = state
         .feed
-        .stream_connection(keepalive + Duration::from_secs(5))
+        .stream_connection(live::read_timeout(&state.config))
         .await
         .map_err(unavailable)?;
     let key = state
         .feed
         .stream_key(token.user_id, query.source.unwrap_or_default());
-    // "Only what comes next" is pinned to the stream's current last id now:
-    // reading from `$` again after a quiet read would skip whatever arrived
-    // between two reads.
     let start = match last_event_id.or(query.after) {
         Some(id) => id,
-        None => newest_id(&mut connection, &key).await.map_err(unavailable)?,
+        None => live::newest_id(&mut connection, &key)
+            .await
+            .map_err(unavailable)?,
     };
+    Ok(LiveStream::new(state, connection, key, start, token, slots).into_response())
+}
 
-    let token_check = config.feed.stream_token_check;
-    let lifetime = config.feed.stream_lifetime;
-    let idle = config.feed.stream_idle;
-    let db = state.db.clone();
-    let draining = state.draining.clone();
-    let now = Instant::now();
-    let live = LiveStream {
-        connection,
-        last_id: start,
-        token,
-        opened: now,
-        delivered: now,
-        next_token_check: now + token_check,
-        ended: false,
-        _slots: (slot, user_slot, address_slot),
+/// A place for one more stream: within its user's and its address's
+/// limits, and the instance's.
+fn claim_slots(request: &HttpRequest, state: &AppState, user: UserId) -> Result<Slots, Problem> {
+    let feed = &state.config.feed;
+    let user_slot =
+        StreamsPer::claim(&state.streams_per_user, user, feed.streams_per_user_max).ok_or_else(|| {
+            too_many_streams(format!(
+                "You have {} live feeds open already. Close one and try again.",
+                feed.streams_per_user_max
+            ))
+        })?;
+    let address_slot = match state.account_limits.client_address(request) {
+        Some(address) => Some(
+            StreamsPer::claim(&state.streams_per_address, address, feed.streams_per_address_max).ok_or_else(
+                || {
+                    too_many_streams(format!(
+                        "{} live feeds are open from your address already. Close one and try again.",
+                        feed.streams_per_address_max
+                    ))
+                },
+            )?,
+        ),
+        None => None,
     };
-
-    // Each step blocks in Redis until new entries arrive or the next check
-    // is due (at most the keep-alive interval), then yields the entries, a
-    // keep-alive comment, or the end. The stream also ends when the client
-    // goes away (actix drops it) or Redis fails.
-    let events = futures::stream::unfold(live, move |mut live| {
-        let key = key.clone();
-        let db = db.clone();
-        let draining = draining.clone();
-        async move {
-            if live.ended {
-                return None;
-            }
-            // A stopping instance ends its streams at once, cleanly, rather
-            // than hold their connections through the grace and be cut.
-            if draining.is_draining() {
-                live.ended = true;
-                return Some((Ok(end_event("shutdown")), live));
-            }
-            if live.opened.elapsed() >= lifetime {
-                live.ended = true;
-                return Some((Ok(end_event("lifetime")), live));
-            }
-            if live.delivered.elapsed() >= idle {
-                live.ended = true;
-                return Some((Ok(end_event("idle")), live));
-            }
-            if Instant::now() >= live.next_token_check {
-                live.next_token_check = Instant::now() + token_check;
-                let still_live = live.token.expires_at > chrono::Utc::now()
-                    && auth::token_is_live(&db, &live.token).await.unwrap_or(false);
-                if !still_live {
-                    live.ended = true;
-                    return Some((Ok(end_event("token")), live));
-                }
-            }
-            let until_due = live
-                .next_token_check
-                .min(live.opened + lifetime)
-                .min(live.delivered + idle)
-                .saturating_duration_since(Instant::now());
-            let block_ms = keepalive.min(until_due).as_millis().max(1) as u64;
-            let Some(reply) = read_unless_stopping(&mut live, &key, block_ms, &draining).await else {
-                live.ended = true;
-                return Some((Ok(end_event("shutdown")), live));
-            };
-            let streams = match reply {
-                Ok(streams) => streams.unwrap_or_default(),
-                Err(error) => {
-                    tracing::info!(error = %error, "decision stream ended");
-                    return None;
-                }
-            };
-            let mut chunk = String::new();
-            for (_, entries) in streams {
-                for stored in entries.into_iter().filter_map(feed::decode) {
-                    let data = serde_json::to_string(&stored.entry).unwrap_or_default();
-                    chunk.push_str(&format!("id: {}\nevent: decision\ndata: {data}\n\n", stored.id));
-                    live.last_id = stored.id;
-                    live.delivered = Instant::now();
-                }
-            }
-            if chunk.is_empty() {
-                chunk.push_str(": keep-alive\n\n");
-            }
-            Some((Ok::<_, actix_web::Error>(Bytes::from(chunk)), live))
-        }
-    });
-    Ok(HttpResponse::Ok()
-        .insert_header((header::CONTENT_TYPE, "text/event-stream"))
-        .insert_header((header::CACHE_CONTROL, "no-store"))
-        // Tells nginx not to buffer the stream.
-        .insert_header(("X-Accel-Buffering", "no"))
-        .streaming(events))
+    let instance_slot = state
+        .stream_slots
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| Problem::unavailable("Too many live streams on this instance. Retry shortly."))?;
+    Ok(Slots {
+        _instance: instance_slot,
+        _user: user_slot,
+        _address: address_slot,
+    })
 }
 
-/// The entries after the stream's last id, waiting up to `block_ms` for
-/// some; `None` if the instance starts stopping first.
-async fn read_unless_stopping(
-    live: &mut LiveStream,
-    key: &str,
-    block_ms: u64,
-    draining: &crate::shutdown::Draining,
-) -> Option<redis::RedisResult<feed::XreadReply>> {
-    let mut command = redis::cmd("XREAD");
-    command
-        .arg("BLOCK")
-        .arg(block_ms)
-        .arg("COUNT")
-        .arg(100)
-        .arg("STREAMS")
-        .arg(key)
-        .arg(&live.last_id);
-    tokio::select! {
-        reply = command.query_async::<feed::XreadReply>(&mut live.connection) => Some(reply),
-        () = draining.started() => None,
-    }
-}
-
-/// The last entry's id in the stream, or `0-0` when it has none yet.
-async fn newest_id(connection: &mut StreamConnection, key: &str) -> Result<String, String> {
-    let newest: Vec<feed::RawEntry> = redis::cmd("XREVRANGE")
-        .arg(key)
-        .arg("+")
-        .arg("-")
-        .arg("COUNT")
-        .arg(1)
-        .query_async(connection)
-        .await
-        .map_err(|error| error.to_string())?;
-    Ok(newest
-        .into_iter()
-        .next()
-        .map_or_else(|| "0-0".to_owned(), |(id, _)| id))
-}
-
-/// The last event of a stream that the server ends: `reason` is `token`
-/// (revoked or expired: sign in again), `lifetime`, `idle` or `shutdown`
-/// (the instance is stopping; reconnect with `Last-Event-ID`).
-fn end_event(reason: &str) -> Bytes {
-    Bytes::from(format!("event: end\ndata: {{\"reason\":\"{reason}\"}}\n\n"))
+/// The refusal of a stream over its user's or address's limit.
+fn too_many_streams(detail: String) -> Problem {
+    Problem::new(ProblemType::TooManyStreams, detail)
+        .detail_is_for_people()
+        .with_retry_after_s(1)
 }
