@@ -207,9 +207,22 @@ where
 ///
 /// A bound that is not a literal is written in parentheses, e.g.
 /// `(256 * 1024 * 1024)`, and takes the setting's type.
+///
+/// The sections may come from files of their own: `@gather [a b c]` asks
+/// macro `a` for its sections, which passes them on with `[b c]`, and so
+/// on; the last hands every section gathered to the declaration. Each
+/// file's macro is `([$($files:ident)*] $($sections:tt)*) =>
+/// declare_settings! { @gather [$($files)*] $($sections)* section … }`.
 macro_rules! declare_settings {
     (@some) => { None };
     (@some $value:expr) => { Some($value) };
+
+    (@gather [] $($sections:tt)*) => {
+        $crate::settings::declare::declare_settings! { $($sections)* }
+    };
+    (@gather [$file:ident $($files:ident)*] $($sections:tt)*) => {
+        $file! { [$($files)*] $($sections)* }
+    };
 
     ($(
         section $section:literal {$(
