@@ -7,6 +7,7 @@
 //! gateway: [`payout`].
 
 pub mod account_limits;
+pub mod admission;
 pub mod auth;
 pub mod body_deadline;
 pub mod command;

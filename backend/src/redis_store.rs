@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::IntCounter;
+use rand::RngCore;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -265,4 +266,12 @@ fn cluster_urls(config: &Redis) -> Vec<String> {
         .iter()
         .map(|url| url.expose_secret().to_owned())
         .collect()
+}
+
+/// 128 random bits: unguessable, so no other request can release our key
+/// (the cooldown's windows, the deposits' event locks).
+pub fn random_token() -> String {
+    let mut bytes = [0u8; 16];
+    rand::thread_rng().fill_bytes(&mut bytes);
+    hex::encode(bytes)
 }

@@ -223,7 +223,7 @@ fn assemble_state(
     let state = AppState {
         cooldown: CooldownLock::new(&config, redis.clone(), metrics.cooldown_fail_open.clone()),
         event_lock: crate::defense::edge_lock::EventLock::new(&config, redis.clone()),
-        provider_signatures: crate::deposit::signature::ProviderSignatures::new(
+        provider_signatures: crate::auth::provider_signature::ProviderSignatures::new(
             config.deposits.provider_webhook_secrets.clone(),
             config.deposits.signature_tolerance,
         ),
@@ -248,13 +248,13 @@ fn assemble_state(
             config.race_lab.requests_in_flight_max,
         )),
         lab_db_slots: Arc::new(tokio::sync::Semaphore::new(config.race_lab.db_connections_max)),
-        lab_passes: Arc::new(crate::race_lab::pass::LabPasses::new(
+        lab_passes: Arc::new(crate::auth::lab_pass::LabPasses::new(
             config.race_lab.passes_held_max,
         )),
         streams_per_user: Arc::default(),
         streams_per_address: Arc::default(),
         instance_id,
-        transfer_admission: Arc::new(crate::transfer::admission::Admission::new(&config.database)),
+        transfer_admission: Arc::new(crate::admission::Admission::new(&config.database)),
         api_document: serde_json::to_vec(&openapi::document(&config))?.into(),
         draining: crate::shutdown::Draining::default(),
         config: Arc::new(config),

@@ -19,7 +19,7 @@ pub struct AppState {
     /// Layer 1 for deposits: the lock on each event.
     pub event_lock: crate::defense::edge_lock::EventLock,
     /// Who may deposit: the payment provider's signatures.
-    pub provider_signatures: crate::deposit::signature::ProviderSignatures,
+    pub provider_signatures: crate::auth::provider_signature::ProviderSignatures,
     pub account_limits: Arc<crate::account_limits::AccountLimits>,
     pub tokens: TokenSigner,
     pub passwords: crate::auth::PasswordWorkers,
@@ -41,9 +41,9 @@ pub struct AppState {
     /// The PostgreSQL connections the lab's transactions may hold at once.
     pub lab_db_slots: Arc<tokio::sync::Semaphore>,
     /// The passes its bursts carry: switches are honoured with one only.
-    pub lab_passes: Arc<crate::race_lab::pass::LabPasses>,
+    pub lab_passes: Arc<crate::auth::lab_pass::LabPasses>,
     /// The places for transfers in flight (`transfers_in_flight_max`).
-    pub transfer_admission: Arc<crate::transfer::admission::Admission>,
+    pub transfer_admission: Arc<crate::admission::Admission>,
     /// Set once the instance starts stopping: live streams end, and each
     /// answer closes its connection.
     pub draining: crate::shutdown::Draining,

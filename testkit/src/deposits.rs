@@ -2,7 +2,7 @@
 //! the provider signs them.
 
 use chrono::{DateTime, Utc};
-use layered_wallet::deposit::signature;
+use layered_wallet::auth::provider_signature as signature;
 use secrecy::SecretString;
 use serde_json::{Value, json};
 use uuid::Uuid;

@@ -16,7 +16,9 @@
 //! session's CSRF token; `password`: argon2id on threads of their own.
 
 mod csrf;
+pub mod lab_pass;
 mod password;
+pub mod provider_signature;
 mod token;
 
 pub use password::*;

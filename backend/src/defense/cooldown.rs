@@ -37,7 +37,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::IntCounter;
-use rand::RngCore;
 use redis::Script;
 use sha2::{Digest, Sha256};
 
@@ -45,9 +44,11 @@ use super::Refusal;
 use crate::auth::VerifiedToken;
 use crate::decision::{Layer, Outcome};
 use crate::domain::UserId;
-use crate::problem::{Problem, ProblemType};
-use crate::redis_store::RedisStore;
+use crate::problem::{self, Problem, ProblemType};
+use crate::redis_store::{RedisStore, random_token};
 use crate::settings::{Config, CooldownScope, StoreErrorPolicy};
+
+mod revocation;
 
 /// The window, in one atomic script: refuse a revoked token (KEYS[2]
 /// exists), else `SET KEYS[1] ARGV[1] NX PX ARGV[2]`; on refusal, the
@@ -218,16 +219,6 @@ impl CooldownLock {
         window_key(&self.key_prefix, self.scope, user, action, canonical_body)
     }
 
-    /// The revocation entry of one token.
-    pub fn revocation_key(&self, token: &VerifiedToken) -> String {
-        format!(
-            "{}revoked:{{{}}}:{}",
-            self.key_prefix,
-            token.user_id,
-            hex::encode(token.hash)
-        )
-    }
-
     /// One script, one round trip: refuse a revoked token, else the atomic
     /// `SET key token NX PX ttl`, and on refusal the window's `PTTL` for the
     /// `Retry-After`.
@@ -272,7 +263,7 @@ impl CooldownLock {
 
     /// The 429, saying what happened and when the next transfer is possible.
     fn window_still_open(&self, retry_after: Duration, elapsed: Duration, last_refused: bool) -> Problem {
-        let seconds = retry_after_s(retry_after);
+        let seconds = problem::retry_after_s(retry_after);
         let ago = if elapsed.as_secs() == 0 {
             "less than a second ago".to_owned()
         } else {
@@ -387,34 +378,6 @@ impl CooldownLock {
         }
     }
 
-    /// Writes the revocation entry of a token that was just revoked, to
-    /// expire when the token would have. Best effort: if Redis is down, the
-    /// transaction's own check still refuses the token, and the window it
-    /// takes then is given back.
-    pub async fn note_revoked(&self, token: &VerifiedToken) {
-        let Some(store) = &self.store else {
-            return;
-        };
-        let key = self.revocation_key(token);
-        let expires_at_ms = token.expires_at.timestamp_millis();
-        let attempt = async {
-            let mut conn = store.get().await?;
-            redis::cmd("SET")
-                .arg(&key)
-                .arg(1)
-                .arg("PXAT")
-                .arg(expires_at_ms)
-                .query_async::<()>(&mut conn)
-                .await
-                .map_err(|e| e.to_string())
-        };
-        match tokio::time::timeout(self.command_timeout, attempt).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::warn!(error, "could not record a token's revocation in Redis"),
-            Err(_elapsed) => tracing::warn!("recording a token's revocation in Redis timed out"),
-        }
-    }
-
     /// Marks the window as held by a refused attempt, if we still own it,
     /// so that the next 429 says "tried" rather than "sent". Best effort:
     /// if Redis is gone, the next 429 says "sent", and the window expires
@@ -476,41 +439,11 @@ impl CooldownPermit {
     }
 }
 
-/// 128 random bits: unguessable, so no other request can release our key
-/// (the cooldown's windows, the deposits' event locks).
-pub(crate) fn random_token() -> String {
-    let mut bytes = [0u8; 16];
-    rand::thread_rng().fill_bytes(&mut bytes);
-    hex::encode(bytes)
-}
-
 /// `5000` → `5 s`, `1500` → `1.5 s`, `300` → `300 ms`.
 fn human_duration(duration: Duration) -> String {
     match duration.as_millis() {
         ms if ms < 1_000 => format!("{ms} ms"),
         ms if ms % 1_000 == 0 => format!("{} s", ms / 1_000),
         ms => format!("{:.1} s", ms as f64 / 1_000.0),
-    }
-}
-
-/// Seconds for a `Retry-After` header: rounded up, never zero.
-pub fn retry_after_s(remaining: Duration) -> u64 {
-    let started_second = u64::from(remaining.subsec_nanos() > 0);
-    (remaining.as_secs() + started_second).max(1)
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::retry_after_s;
-
-    #[test]
-    fn retry_after_rounds_up_and_is_never_zero() {
-        assert_eq!(retry_after_s(Duration::from_millis(0)), 1);
-        assert_eq!(retry_after_s(Duration::from_millis(1)), 1);
-        assert_eq!(retry_after_s(Duration::from_millis(1000)), 1);
-        assert_eq!(retry_after_s(Duration::from_millis(1001)), 2);
-        assert_eq!(retry_after_s(Duration::from_millis(4999)), 5);
     }
 }

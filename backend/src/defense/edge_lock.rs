@@ -41,9 +41,9 @@ use std::time::Duration;
 
 use redis::Script;
 
-use crate::defense::cooldown::random_token;
 use crate::domain::UserId;
 use crate::redis_store::RedisStore;
+use crate::redis_store::random_token;
 use crate::settings::Config;
 
 /// One round trip: the answer left at the edge (`KEYS[2]`) if there is

@@ -1,14 +1,19 @@
-//! The three defenses a transfer passes, in order, each in its own file:
+//! The layers, each in its own file, each opening with what it stops, what
+//! it does not guarantee, its bounds and what happens when its store fails,
+//! and each answering with an outcome of its own:
 //!
-//! 1. [`cooldown`]: a Redis lock per user and action that sheds duplicates at
-//!    the edge, before any database work;
-//! 2. [`idempotency`]: a PostgreSQL claim on the client's key, in the same
-//!    transaction as the transfer, that turns retries into replays;
-//! 3. [`row_guard`]: the guarded debit that makes an overdraft or a lost
-//!    update impossible, whatever got through the first two.
+//! | layer | entry points | file |
+//! |---|---|---|
+//! | 1. cooldown lock: a Redis window per user and action that sheds duplicates before any database work | transfers, payouts | [`cooldown`] |
+//! | 1. edge lock: a Redis lock on a deposit's event id, whose duplicates get the first delivery's answer | deposits | [`edge_lock`] |
+//! | 1. partition lease: one consumer applies a command partition at a time | commands | [`partition_lease`] |
+//! | 2. idempotency key: a PostgreSQL claim on the client's key, in the same transaction as the effect | transfers, payouts | [`idempotency`] |
+//! | 2. inbox: a PostgreSQL claim on the sender's event id, in the same transaction as the effect | deposits, commands | [`inbox`] |
+//! | 3. row guard: the guarded debit that makes an overdraft or a lost update impossible | every entry point | [`row_guard`] |
 //!
-//! The first is an efficiency measure and may fail open; the last two are
-//! the correctness guarantee and never do.
+//! The first layer is an efficiency measure and may fail open; the last two
+//! are the correctness guarantee and never do. The race lab's weakened
+//! versions of these layers are in `weakened/`, never here.
 
 pub mod cooldown;
 pub mod edge_lock;

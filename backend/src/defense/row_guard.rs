@@ -27,7 +27,7 @@
 //! run in one round trip (`transfer()`); `apply` calls it on its own for the
 //! demonstration's step-by-step transaction. The weakened guards the race
 //! lab shows beside it (read-decide-write, `FOR UPDATE`, optimistic
-//! versions) are in `crate::weakened::row_guard`, not here.
+//! versions) are in `weakened/row_guard.rs`, not here.
 //!
 //! **Does not guarantee** that a retried request is not a second transfer:
 //! that is the idempotency key's job.

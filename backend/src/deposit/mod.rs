@@ -15,7 +15,7 @@
 //! 3. the **credit** itself, under the wallet's row lock, with the currency
 //!    guard (`deposit_credit()` in migrations/20261202000011_inbox_and_deposits.sql).
 //!
-//! Before them, the signature (`signature`): nothing unsigned is read.
+//! Before them, the signature (`auth::provider_signature`): nothing unsigned is read.
 //! `pipeline` runs the layers in order.
 
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -27,7 +27,6 @@ use crate::domain::{WalletId, wallet_id_field};
 use crate::problem::{Fields, Problem};
 
 pub mod pipeline;
-pub mod signature;
 pub mod transaction;
 
 /// The inbox's name for deposits, and the edge lock's.

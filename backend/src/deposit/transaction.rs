@@ -256,7 +256,7 @@ fn in_flight(state: &AppState) -> Refusal {
             "Another delivery of this event is still being applied. Nothing was changed by this one; deliver it \
              again after Retry-After to get the event's answer.",
         )
-        .with_retry_after_s(crate::defense::cooldown::retry_after_s(wait)),
+        .with_retry_after_s(crate::problem::retry_after_s(wait)),
         Layer::Inbox,
         Outcome::InFlight,
     )

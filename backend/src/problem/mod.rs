@@ -24,4 +24,4 @@ mod response;
 pub use catalogue::ProblemType;
 pub use database::{DatabaseFailure, SqlState, from_database_error, from_database_failure, of_the_work};
 pub use fields::{FieldError, Fields};
-pub use response::{PROBLEM_CONTENT_TYPE, Problem};
+pub use response::{PROBLEM_CONTENT_TYPE, Problem, retry_after_s};

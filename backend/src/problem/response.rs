@@ -255,3 +255,25 @@ impl ResponseError for Problem {
         response.body(self.body())
     }
 }
+
+/// Seconds for a `Retry-After` header: rounded up, never zero.
+pub fn retry_after_s(remaining: std::time::Duration) -> u64 {
+    let started_second = u64::from(remaining.subsec_nanos() > 0);
+    (remaining.as_secs() + started_second).max(1)
+}
+
+#[cfg(test)]
+mod retry_after_tests {
+    use std::time::Duration;
+
+    use super::retry_after_s;
+
+    #[test]
+    fn retry_after_rounds_up_and_is_never_zero() {
+        assert_eq!(retry_after_s(Duration::from_millis(0)), 1);
+        assert_eq!(retry_after_s(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_s(Duration::from_millis(1000)), 1);
+        assert_eq!(retry_after_s(Duration::from_millis(1001)), 2);
+        assert_eq!(retry_after_s(Duration::from_millis(4999)), 5);
+    }
+}

@@ -28,7 +28,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Barrier;
 use uuid::Uuid;
 
-use super::pass::LabPasses;
+use crate::auth::lab_pass::LabPasses;
 use crate::decision::Decision;
 use crate::domain::UserId;
 

@@ -23,7 +23,6 @@ pub mod burst;
 pub mod compare;
 pub mod deliveries;
 pub mod judgement;
-pub mod pass;
 pub mod payouts;
 pub mod presets;
 pub mod run;

@@ -9,10 +9,10 @@
 use actix_web::{HttpRequest, HttpResponse, web};
 use chrono::Utc;
 
+use crate::auth::provider_signature;
 use crate::decision::{Layer, Outcome};
 use crate::defense::Refusal;
 use crate::deposit::pipeline;
-use crate::deposit::signature;
 use crate::deposit::{DepositEvent, DepositReceipt};
 use crate::ending::{self, Decided};
 use crate::feed::EntryPoint;
@@ -65,7 +65,7 @@ async fn decide(
     };
     // Two signature headers are refused, as every single-valued header
     // is: a proxy in front might check one and this server the other.
-    let header = match crate::headers::single(request, signature::HEADER) {
+    let header = match crate::headers::single(request, provider_signature::HEADER) {
         Ok(header) => header.map(|value| value.as_bytes()),
         Err(problem) => return invalid(problem),
     };

@@ -10,13 +10,13 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::auth::VerifiedToken;
+use crate::auth::lab_pass::PassRefused;
 use crate::decision::{Layer, Outcome};
 use crate::defense::Refusal;
 use crate::domain::TransferRequest;
 use crate::ending::{self, Decided};
 use crate::feed::EntryPoint;
 use crate::problem::{self, Problem, ProblemType};
-use crate::race_lab::pass::PassRefused;
 use crate::race_lab::{self, Switches, transfer_path};
 use crate::routes::authenticate;
 use crate::routes::cheap_checks::{self, Checked};
@@ -114,7 +114,8 @@ fn lab_switches(
              row_guard=read_decide_write\" (each optional). Nothing was changed.",
         )
     })?;
-    let pass = crate::headers::single(request, race_lab::pass::HEADER)?.and_then(|pass| pass.to_str().ok());
+    let pass =
+        crate::headers::single(request, crate::auth::lab_pass::HEADER)?.and_then(|pass| pass.to_str().ok());
     let accepted = state
         .lab_passes
         .accept(caller.user_id, pass, value)

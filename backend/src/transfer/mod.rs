@@ -4,7 +4,6 @@
 //! (`recipient`). The race lab's weakened variants are in
 //! `crate::weakened`, not here.
 
-pub mod admission;
 pub mod history;
 pub mod pipeline;
 pub mod recipient;

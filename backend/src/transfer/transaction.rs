@@ -65,13 +65,19 @@ pub enum TransactionError {
         may_have_committed: bool,
     },
     /// Refused without storing anything; the transaction rolls back.
-    Refused(Refusal),
+    /// Boxed: a refusal carries its whole problem, and the common path
+    /// should not move it around.
+    Refused(Box<Refusal>),
     /// The database answered with a combination the protocol rules out: a
     /// bug on one side, never guessed at.
     Protocol(String),
 }
 
 impl TransactionError {
+    pub fn refused(refusal: Refusal) -> Self {
+        TransactionError::Refused(Box::new(refusal))
+    }
+
     pub fn at_commit(error: sqlx::Error) -> Self {
         TransactionError::Database {
             error,
@@ -112,7 +118,7 @@ where
     loop {
         let error = match attempt().await {
             Ok(settled) => return Ok(settled),
-            Err(TransactionError::Refused(refusal)) => return Err(refusal),
+            Err(TransactionError::Refused(refusal)) => return Err(*refusal),
             Err(TransactionError::Protocol(what)) => {
                 tracing::error!(what, "the database's answer to a transfer broke the protocol");
                 return Err(Refusal::new(Problem::internal(), Layer::NoLayer, Outcome::Error));
@@ -231,7 +237,7 @@ fn settle(
     row: OneCallRow,
 ) -> Result<Settled, TransactionError> {
     if let Some(refused) = row.refused {
-        return Err(TransactionError::Refused(refused.refusal(NOT_YOUR_WALLET)));
+        return Err(TransactionError::refused(refused.refusal(NOT_YOUR_WALLET)));
     }
     let mut stored = row.stored;
     if let (Some(claimed), Some(key)) = (row.claim, key) {
@@ -284,8 +290,8 @@ pub fn ended_by_claim(claim: Claim) -> Option<Result<Settled, TransactionError>>
             replayed: true,
             owner: None,
         })),
-        Claim::KeyReused => Some(Err(TransactionError::Refused(Claim::key_reused()))),
-        Claim::InFlight => Some(Err(TransactionError::Refused(Claim::in_flight()))),
+        Claim::KeyReused => Some(Err(TransactionError::refused(Claim::key_reused()))),
+        Claim::InFlight => Some(Err(TransactionError::refused(Claim::in_flight()))),
     }
 }
 
@@ -293,7 +299,7 @@ pub fn ended_by_claim(claim: Claim) -> Option<Result<Settled, TransactionError>>
 /// the source wallet is refused without storing anything.
 pub fn decision_of(verdict: GuardVerdict) -> Result<Decision, TransactionError> {
     match verdict {
-        GuardVerdict::NotOwner => Err(TransactionError::Refused(
+        GuardVerdict::NotOwner => Err(TransactionError::refused(
             AccessRefusal::NotOwner.refusal(NOT_YOUR_WALLET),
         )),
         verdict => Ok(Decision::new(Layer::RowGuard, verdict.decision_outcome())),

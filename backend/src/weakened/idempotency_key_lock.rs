@@ -17,9 +17,9 @@ use std::time::Duration;
 
 use redis::Script;
 
-use crate::defense::cooldown::random_token;
 use crate::defense::idempotency::IdempotencyKey;
 use crate::domain::UserId;
+use crate::redis_store::random_token;
 use crate::redis_store::{RELEASE_IF_OWNER, RedisStore};
 use crate::settings::Config;
 

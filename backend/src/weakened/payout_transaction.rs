@@ -44,27 +44,7 @@ pub async fn execute(
             .map_err(|error| database_refusal(&error, true))?;
         return Ok(settled);
     }
-    let currency: String = sqlx::query_scalar("SELECT currency FROM payouts WHERE id = $1")
-        .bind(payout_id)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(|error| database_refusal(&error, false))?;
-    let payout = GatewayPayout {
-        amount_minor: call.request.amount.get(),
-        currency: &currency,
-        destination: &call.request.destination,
-        reference: payout_id,
-    };
-    let answer = bank
-        .send_payout(&payout_id.to_string(), &payout, call.traceparent)
-        .await;
-    if bank.is_the_gateway() {
-        state
-            .metrics
-            .payout_attempts
-            .with_label_values(&[answer.label()])
-            .inc();
-    }
+    let answer = call_the_bank(&mut tx, state, call, bank, payout_id).await?;
     let recorded = match &answer {
         GatewayAnswer::Sent { reference } => dispatcher::settle(&mut *tx, payout_id, reference).await,
         GatewayAnswer::Refused { reason } => {
@@ -98,4 +78,36 @@ pub async fn execute(
         .await
         .map_err(|error| database_refusal(&error, true))?;
     Ok(settled)
+}
+
+/// The call, inside the transaction that holds the money.
+async fn call_the_bank(
+    tx: &mut sqlx::PgConnection,
+    state: &AppState,
+    call: &PayoutCall<'_>,
+    bank: &impl PayoutBank,
+    payout_id: Uuid,
+) -> Result<GatewayAnswer, Refusal> {
+    let currency: String = sqlx::query_scalar("SELECT currency FROM payouts WHERE id = $1")
+        .bind(payout_id)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(|error| database_refusal(&error, false))?;
+    let payout = GatewayPayout {
+        amount_minor: call.request.amount.get(),
+        currency: &currency,
+        destination: &call.request.destination,
+        reference: payout_id,
+    };
+    let answer = bank
+        .send_payout(&payout_id.to_string(), &payout, call.traceparent)
+        .await;
+    if bank.is_the_gateway() {
+        state
+            .metrics
+            .payout_attempts
+            .with_label_values(&[answer.label()])
+            .inc();
+    }
+    Ok(answer)
 }

@@ -124,16 +124,7 @@ pub async fn apply_step_by_step(
         lab_only,
     } = variant;
     if mode == RowGuardMode::ForUpdate {
-        sqlx::query(
-            "SELECT id FROM wallets
-              WHERE id IN ($1, $2) AND (lab_slot IS NOT NULL OR NOT $3) AND lab_slot IS DISTINCT FROM 3
-              ORDER BY id FOR UPDATE",
-        )
-        .bind(request.from.0)
-        .bind(request.to.0)
-        .bind(lab_only)
-        .execute(&mut *tx)
-        .await?;
+        lock_both(tx, request, lab_only).await?;
     }
     let (balance, version) = match read_and_decide(tx, request, caller, lab_only).await? {
         Decided::Refused(verdict) => return Ok(Some(refused(verdict))),
@@ -182,6 +173,25 @@ pub async fn apply_step_by_step(
     };
     tracing::Span::current().record("defense.outcome", guarded.verdict.decision_outcome().as_str());
     Ok(Some(guarded))
+}
+
+/// `for_update`: both wallets locked first, in id order, until the commit.
+async fn lock_both(
+    tx: &mut PgConnection,
+    request: &TransferRequest,
+    lab_only: bool,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "SELECT id FROM wallets
+          WHERE id IN ($1, $2) AND (lab_slot IS NOT NULL OR NOT $3) AND lab_slot IS DISTINCT FROM 3
+          ORDER BY id FOR UPDATE",
+    )
+    .bind(request.from.0)
+    .bind(request.to.0)
+    .bind(lab_only)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
 }
 
 fn refused(verdict: GuardVerdict) -> Guarded {

@@ -107,18 +107,7 @@ async fn in_steps(call: Call<'_>, variants: Variants) -> Result<Settled, Transac
             "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '{wallet_wait_ms}ms'"
         )))
         .await?;
-    // The access check transfer() makes, race-lab sandbox included: the
-    // row guard knows nothing of the lab.
-    let refused: Option<AccessRefusal> = sqlx::query_scalar("SELECT access_refused($1, $2, $3, $4)")
-        .bind(call.caller.user_id.0)
-        .bind(&call.caller.hash[..])
-        .bind(call.request.from.0)
-        .bind(call.request.to.0)
-        .fetch_one(&mut *tx)
-        .await?;
-    if let Some(refused) = refused {
-        return Err(TransactionError::Refused(refused.refusal(NOT_YOUR_WALLET)));
-    }
+    access(&mut tx, call).await?;
 
     // Layer 2: claim the key, as the variant does.
     let key = call.key.filter(|_| variants.idempotency != IdempotencyMode::Off);
@@ -144,48 +133,69 @@ async fn in_steps(call: Call<'_>, variants: Variants) -> Result<Settled, Transac
     let response = response_of(&mut tx, call, transfer_id, &guarded).await?;
     let receipt = guarded.applied.map(|_| response.body.as_str());
 
-    // The key's record, and the commit.
-    match (key, variants.idempotency) {
-        (Some(key), IdempotencyMode::CheckThenInsert) => {
-            tx.commit().await.map_err(TransactionError::at_commit)?;
-            let config = &state.config;
-            idempotency::naive_record(
-                &state.db,
-                call.caller.user_id,
-                key,
-                call.fingerprint,
-                guarded.verdict,
-                receipt,
-                call.trace_id,
-                transfer_id,
-                config.idempotency.retention_hours,
-            )
-            .await
-            // The transfer is committed; only its key's record failed.
-            .map_err(TransactionError::at_commit)?;
-        }
-        (Some(key), _) => {
-            let user = call.caller.user_id;
-            idempotency::complete(
-                &mut tx,
-                user,
-                key,
-                guarded.verdict,
-                receipt,
-                call.trace_id,
-                transfer_id,
-            )
-            .await?;
-            tx.commit().await.map_err(TransactionError::at_commit)?;
-        }
-        (None, _) => tx.commit().await.map_err(TransactionError::at_commit)?,
-    }
+    record_and_commit(tx, call, key, variants, transfer_id, guarded.verdict, receipt).await?;
     Ok(Settled {
         response,
         decision,
         replayed: false,
         owner: None,
     })
+}
+
+/// The access check `transfer()` makes, race-lab sandbox included: the
+/// row guard knows nothing of the lab.
+async fn access(tx: &mut PgConnection, call: Call<'_>) -> Result<(), TransactionError> {
+    let refused: Option<AccessRefusal> = sqlx::query_scalar("SELECT access_refused($1, $2, $3, $4)")
+        .bind(call.caller.user_id.0)
+        .bind(&call.caller.hash[..])
+        .bind(call.request.from.0)
+        .bind(call.request.to.0)
+        .fetch_one(&mut *tx)
+        .await?;
+    match refused {
+        Some(refused) => Err(TransactionError::refused(refused.refusal(NOT_YOUR_WALLET))),
+        None => Ok(()),
+    }
+}
+
+/// Stores the answer with the key, as the variant does, and commits:
+/// check-then-insert records the key only after the transfer committed.
+async fn record_and_commit(
+    mut tx: sqlx::Transaction<'_, sqlx::Postgres>,
+    call: Call<'_>,
+    key: Option<IdempotencyKey>,
+    variants: Variants,
+    transfer_id: Uuid,
+    verdict: GuardVerdict,
+    receipt: Option<&str>,
+) -> Result<(), TransactionError> {
+    let (state, user) = (call.state, call.caller.user_id);
+    match (key, variants.idempotency) {
+        (Some(key), IdempotencyMode::CheckThenInsert) => {
+            tx.commit().await.map_err(TransactionError::at_commit)?;
+            let retention_hours = state.config.idempotency.retention_hours;
+            let (fingerprint, trace_id) = (call.fingerprint, call.trace_id);
+            idempotency::naive_record(
+                &state.db,
+                user,
+                key,
+                fingerprint,
+                verdict,
+                receipt,
+                trace_id,
+                transfer_id,
+                retention_hours,
+            )
+            .await
+            // The transfer is committed; only its key's record failed.
+            .map_err(TransactionError::at_commit)
+        }
+        (Some(key), _) => {
+            idempotency::complete(&mut tx, user, key, verdict, receipt, call.trace_id, transfer_id).await?;
+            tx.commit().await.map_err(TransactionError::at_commit)
+        }
+        (None, _) => tx.commit().await.map_err(TransactionError::at_commit),
+    }
 }
 
 /// Layer 2 in the variant's way: check-then-insert looks and pauses; the
@@ -213,7 +223,7 @@ async fn claim(
     if mode == IdempotencyMode::AdvisoryLock
         && !idempotency::advisory_lock(tx, user, key, config.idempotency.advisory_lock_waits).await?
     {
-        return Err(TransactionError::Refused(Claim::in_flight()));
+        return Err(TransactionError::refused(Claim::in_flight()));
     }
     if under_a_lock {
         if let Some(seen) = idempotency::look_up(tx, user, key, call.fingerprint).await? {
@@ -251,7 +261,7 @@ async fn guard(
             row_guard::apply_step_by_step(tx, transfer_id, request, user, key_uuid, step)
                 .await?
                 // The transaction rolls back: the key's claim goes with it.
-                .ok_or_else(|| TransactionError::Refused(row_guard::version_conflict()))
+                .ok_or_else(|| TransactionError::refused(row_guard::version_conflict()))
         }
     }
 }
