@@ -170,7 +170,7 @@ impl TestApp {
         if let Err(error) = created {
             assert_eq!(error.code(), Some("BUSYGROUP"), "{error}");
         }
-        let reply: layered_wallet::decision::feed::XreadReply = redis::cmd("XREADGROUP")
+        let reply: layered_wallet::feed::XreadReply = redis::cmd("XREADGROUP")
             .arg("GROUP")
             .arg(GROUP)
             .arg(consumer)

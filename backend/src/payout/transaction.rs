@@ -7,7 +7,7 @@
 //!
 //! The weakened variant that calls the bank inside the transaction
 //! (`payout_mode = call_in_transaction`, or a race-lab run's switch) is in
-//! `crate::weakened::payout_transaction`, not here.
+//! `weakened/payout_transaction.rs`, not here.
 
 use uuid::Uuid;
 

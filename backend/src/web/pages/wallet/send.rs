@@ -304,7 +304,11 @@ mod tests {
 
     fn refused(kind: ProblemType, layer: Layer) -> Decided {
         let problem = Problem::new(kind, "refused").with_retry_after_s(3);
-        Decided::refused(EntryPoint::Transfer, Refusal::new(problem, layer, Outcome::Rejected), None)
+        Decided::refused(
+            EntryPoint::Transfer,
+            Refusal::new(problem, layer, Outcome::Rejected),
+            None,
+        )
     }
 
     #[test]
