@@ -267,6 +267,9 @@ BEGIN
     guard_ms := extract(epoch FROM clock_timestamp() - v_started) * 1000;
     IF guard = 'not_owner' THEN
         -- A lab or clearing wallet of the caller's: refused, nothing stored.
+        -- The key was claimed in this transaction; the claim goes too, or
+        -- every retry with the key would wait on an answer never stored.
+        DELETE FROM idempotency_keys WHERE user_id = p_user AND key = p_key;
         RETURN;
     END IF;
     IF guard = 'accepted' THEN

@@ -582,3 +582,40 @@ async fn a_batch_settles_each_sent_payout_once_whoever_settled_some_first() {
     assert_eq!(app.balance(alice.wallet_id).await, 100_000 - 600);
     assert_eq!(money_invariant_violations(&app.db).await, Vec::<String>::new());
 }
+
+#[tokio::test]
+async fn a_payout_from_your_own_lab_wallet_is_refused_each_time_and_leaves_no_key_behind() {
+    let gateway = gateway(&[]).await;
+    let app = spawn_app(with_payouts_and_a_short_cooldown(&gateway.url)).await;
+    let alice = app.sign_up("alice").await;
+    let (lab_a,): (Uuid,) = sqlx::query_as("SELECT wallet_a FROM race_lab_reset($1, 10000)")
+        .bind(alice.user_id)
+        .fetch_one(&app.db)
+        .await
+        .expect("lab wallets");
+    let before = app.snapshot().await;
+    let key = Uuid::new_v4();
+    // The same key twice: a claim left without an answer would make the
+    // second an "in flight" 409 until the key expired.
+    for _ in 0..2 {
+        after_the_cooldown().await;
+        let (status, problem) = problem(
+            app.payout_request(&alice, &payout_body(lab_a, 100, "acct-1"), Some(key))
+                .send()
+                .await
+                .expect("sent"),
+        )
+        .await;
+        assert_eq!(
+            (status, problem["type"].as_str()),
+            (403, Some("/problems/not-your-wallet"))
+        );
+    }
+    let keys: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotency_keys WHERE key = $1")
+        .bind(key)
+        .fetch_one(&app.db)
+        .await
+        .expect("keys");
+    assert_eq!(keys, 0, "a refused payout left its key claimed");
+    assert_eq!(app.snapshot().await, before, "a refused payout changed something");
+}
