@@ -796,7 +796,10 @@ async fn the_alerts_series_say_what_happened() {
     assert_eq!(refused, 3);
     let text = app.metrics().await;
     assert_eq!(
-        sample(&text, "wallet_problems_total{entry_point=\"transfer\",type=\"cooldown-active\"}"),
+        sample(
+            &text,
+            "wallet_problems_total{entry_point=\"transfer\",type=\"cooldown-active\"}"
+        ),
         Some(3.0),
         "{text}"
     );

@@ -3,10 +3,10 @@
 //! real money. Each run is checked against the database, not only against
 //! what the page says.
 
-use layered_wallet::weakened::row_guard;
 use layered_wallet::domain::{TransferRequest, UserId, WalletId};
 use layered_wallet::race_lab;
 use layered_wallet::settings::RowGuardMode;
+use layered_wallet::weakened::row_guard;
 use serde_json::Value;
 use uuid::Uuid;
 use wallet_testkit::visitor::{Visitor, hidden, signed_up};
@@ -425,7 +425,11 @@ async fn switches_never_touch_real_money() {
         .await
         .expect("statement")
         .expect("a verdict, not a conflict");
-        assert_eq!(guarded.verdict, layered_wallet::defense::row_guard::GuardVerdict::NotOwner, "{mode:?}");
+        assert_eq!(
+            guarded.verdict,
+            layered_wallet::defense::row_guard::GuardVerdict::NotOwner,
+            "{mode:?}"
+        );
         assert!(guarded.applied.is_none());
         tx.commit().await.expect("commit");
         assert_eq!(app.snapshot().await, before, "{mode:?}");

@@ -255,7 +255,8 @@ struct Counted {
 
 impl Counted {
     const CLAIMS: &str = "wallet_commands_claimed_total";
-    const INBOX_REPLAYS: &str = "wallet_decisions_total{entry_point=\"command\",layer=\"inbox\",outcome=\"replayed\"}";
+    const INBOX_REPLAYS: &str =
+        "wallet_decisions_total{entry_point=\"command\",layer=\"inbox\",outcome=\"replayed\"}";
 
     /// One instance's counts, or (`None`) all of theirs.
     async fn read(servers: &Instances, instance: Option<usize>) -> Self {

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use futures::future::join_all;
-use layered_wallet::decision::{Decision, Layer};
 use layered_wallet::auth::provider_signature as signature;
+use layered_wallet::decision::{Decision, Layer};
 use secrecy::SecretString;
 use serde::Serialize;
 use tokio::sync::Barrier;
