@@ -2,8 +2,8 @@
 //! [`Decided`] (which layer decided, and how), one [`Answer`] (a response
 //! the transaction stored, or a refusal that stored nothing), and one
 //! [`report`] of it to the request's span, the metrics, a log line and the
-//! owner's live feed. Transfers, deposits and payouts end here; so do the
-//! race lab's requests, which go through the same layers.
+//! owner's live feed. Transfers, deposits, broker commands and payouts end
+//! here; so do the race lab's requests, which go through the same layers.
 //!
 //! The pieces the wings' transactions share live here too, so that each is
 //! defined once: what a transaction settles on ([`Settled`]), how a layer
@@ -23,7 +23,7 @@ use crate::defense::idempotency::{IdempotencyKey, StoredResponse};
 use crate::defense::row_guard::GuardVerdict;
 use crate::domain::UserId;
 use crate::feed::{EntryPoint, FeedEntry};
-use crate::problem::{PROBLEM_CONTENT_TYPE, Problem, ProblemType};
+use crate::problem::{self, PROBLEM_CONTENT_TYPE, Problem, ProblemType, SqlState};
 use crate::state::AppState;
 use crate::telemetry::RequestContext;
 
@@ -33,8 +33,10 @@ pub struct Subject {
     pub amount_minor: Option<i64>,
     /// The wallet money went to: a transfer's target, a deposit's wallet.
     pub to_wallet_id: Option<Uuid>,
-    /// A deposit's event id.
+    /// A deposit's event id, or a command's.
     pub event_id: Option<String>,
+    /// Who sent it, when that is not the caller: a command's issuer.
+    pub sender: Option<String>,
 }
 
 /// How one request ended: the one decision, the answer, and what the
@@ -282,7 +284,8 @@ pub fn report(state: &AppState, context: &RequestContext, decided: &Decided) {
         trace.id = %context.trace_id,
         user.id = user.map(|user| user.to_string()),
         idempotency.key_hash = key.map(IdempotencyKey::hash_hex),
-        deposit.event_id = decided.subject.event_id.as_deref(),
+        event.id = decided.subject.event_id.as_deref(),
+        event.sender = decided.subject.sender.as_deref(),
         payout.id = decided.payout_id().map(|id| id.to_string()),
         instance.id = %state.instance_id,
         "{entry} decided"
@@ -408,4 +411,22 @@ pub fn layer_span(
         ),
     };
     drop(span.entered());
+}
+
+/// A failure of the one call that does a request's work, said as what is
+/// known (`problem::of_the_work`): nothing changed, or, when the connection
+/// broke after the call was sent, `unknown` (which says how to retry
+/// safely). A row lock waited out is the row guard's answer.
+pub fn database_refusal(
+    error: &sqlx::Error,
+    may_have_committed: bool,
+    doing: &str,
+    unknown: impl FnOnce() -> Problem,
+) -> Refusal {
+    let problem = problem::of_the_work(error, may_have_committed, doing, unknown);
+    let layer = match SqlState::of(error) {
+        Some(SqlState::LockNotAvailable) => Layer::RowGuard,
+        _ => Layer::NoLayer,
+    };
+    Refusal::new(problem, layer, Outcome::Error)
 }

@@ -313,11 +313,6 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts a broker command's decision.
-    pub fn count_command_decision(&self, decision: Decision) {
-        self.count_decision("command", decision);
-    }
-
     pub fn observe_layer(&self, layer: &str, elapsed: Duration) {
         self.layer_latency
             .with_label_values(&[layer])

@@ -17,7 +17,6 @@
 
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
 use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
 
@@ -27,10 +26,13 @@ use super::outcome::CommandVerdict;
 use super::results::ResultStream;
 use super::transaction::{self, Applied, NotApplied};
 use super::{Command, Unreadable, published_at};
-use crate::feed::{EntryPoint, FeedEntry};
+use crate::defense::idempotency::StoredResponse;
+use crate::ending::{self, Decided, Settled, Subject};
+use crate::feed::EntryPoint;
 use crate::problem::DatabaseFailure;
 use crate::redis_store::StreamConnection;
 use crate::state::AppState;
+use crate::telemetry::RequestContext;
 
 /// What became of one entry.
 #[derive(Debug)]
@@ -66,7 +68,7 @@ pub async fn through_the_layers(
 ) -> Result<Handled, String> {
     let started = Instant::now();
     let Outlets {
-        partition,
+        partition: _,
         dead_letters,
         results,
     } = outlets;
@@ -111,7 +113,7 @@ pub async fn through_the_layers(
     results
         .publish(connection, &command.command_id, applied.verdict, &applied.result)
         .await?;
-    report(state, *partition, &command, &applied, started.elapsed());
+    report(state, &command, &applied, started.elapsed());
     Ok(Handled::Done)
 }
 
@@ -145,10 +147,9 @@ impl From<NotApplied> for Handled {
     }
 }
 
-/// The decision, reported as a transfer's or a deposit's is: the log
-/// lines, the metrics, the source wallet owner's feed.
-pub fn report(state: &AppState, partition: u16, command: &Command, applied: &Applied, took: Duration) {
-    let decision = applied.decision;
+/// The decision, reported as every entry point's is (`ending::report`):
+/// the log line, the metrics, the source wallet owner's feed.
+pub fn report(state: &AppState, command: &Command, applied: &Applied, took: Duration) {
     if applied.verdict == CommandVerdict::PayloadChanged {
         tracing::warn!(
             commands.command_id = %command.command_id,
@@ -157,36 +158,30 @@ pub fn report(state: &AppState, partition: u16, command: &Command, applied: &App
             "a command id was published again for another command; refused"
         );
     }
-    state.metrics.count_command_decision(decision);
-    tracing::info!(
-        decision.layer = decision.layer.as_str(),
-        decision.outcome = decision.outcome.as_str(),
-        commands.command_id = %command.command_id,
-        commands.issuer = %command.issuer,
-        commands.verdict = %applied.verdict,
-        commands.partition = partition,
-        instance.id = %state.instance_id,
-        "command decided"
+    let context = RequestContext {
+        request_id: command.command_id.clone(),
+        trace_id: String::new(),
+        traceparent: None,
+        started: Instant::now().checked_sub(took).unwrap_or_else(Instant::now),
+    };
+    let settled = Settled {
+        decision: applied.decision,
+        response: StoredResponse {
+            status: applied.verdict.status(),
+            body: applied.result.clone(),
+        },
+        replayed: false,
+        owner: applied.owner,
+    };
+    let subject = Subject {
+        amount_minor: Some(command.amount_minor),
+        to_wallet_id: Some(command.to.0),
+        event_id: Some(command.command_id.clone()),
+        sender: Some(command.issuer.to_string()),
+    };
+    ending::report(
+        state,
+        &context,
+        &Decided::of(EntryPoint::Command, Ok(settled), None).about(subject),
     );
-    if let Some(owner) = applied.owner {
-        state.feed.publish(
-            owner,
-            FeedEntry {
-                time: Utc::now(),
-                instance_id: state.instance_id.to_string(),
-                request_id: command.command_id.clone(),
-                trace_id: String::new(),
-                idempotency_key: None,
-                layer: decision.layer,
-                outcome: decision.outcome,
-                status: applied.verdict.status(),
-                latency_ms: took.as_secs_f64() * 1000.0,
-                amount_minor: Some(command.amount_minor),
-                to_wallet_id: Some(command.to.0),
-                problem_type: None,
-                lab: false,
-                entry_point: EntryPoint::Command,
-            },
-        );
-    }
 }

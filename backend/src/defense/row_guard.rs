@@ -36,7 +36,6 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::Refusal;
 use crate::decision::{Layer, Outcome};
 use crate::domain::{TransferRequest, UserId};
 use crate::problem::{Problem, ProblemType};
@@ -91,17 +90,6 @@ impl GuardVerdict {
         };
         Some(Problem::new(kind, detail).with_layer(Layer::RowGuard))
     }
-}
-
-/// The wallet's row lock was held by other transfers for longer than
-/// `wallet_lock_wait_ms_max`: the transaction rolled back, so nothing was
-/// changed, and a retry may go through.
-pub fn wallet_busy() -> Refusal {
-    Refusal::new(
-        Problem::unavailable("The wallet is busy with other transfers. Nothing was changed; retry shortly."),
-        Layer::RowGuard,
-        Outcome::Error,
-    )
 }
 
 /// An accepted transfer's results.

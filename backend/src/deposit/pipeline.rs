@@ -155,5 +155,6 @@ pub fn subject_of(event: &DepositEvent) -> Subject {
         amount_minor: Some(event.amount_minor),
         to_wallet_id: Some(event.wallet.0),
         event_id: Some(event.event_id.clone()),
+        sender: None,
     }
 }

@@ -18,8 +18,8 @@ use crate::defense::Refusal;
 use crate::defense::idempotency::StoredResponse;
 use crate::defense::inbox::InboxClaim;
 use crate::domain::UserId;
-use crate::ending::{Settled, layer_span};
-use crate::problem::{self, Problem, ProblemType, SqlState};
+use crate::ending::{self, Settled, layer_span};
+use crate::problem::{Problem, ProblemType};
 use crate::state::AppState;
 
 /// How a deposit was decided: the PostgreSQL enum `deposit_verdict`,
@@ -266,7 +266,7 @@ fn in_flight(state: &AppState) -> Refusal {
 /// connection broke after the statement was sent) unknown, with how to
 /// retry safely.
 pub fn database_refusal(error: &sqlx::Error, may_have_committed: bool) -> Refusal {
-    let problem = problem::of_the_work(error, may_have_committed, "crediting a deposit", || {
+    ending::database_refusal(error, may_have_committed, "crediting a deposit", || {
         Problem::new(
             ProblemType::OutcomeUnknown,
             "The connection to the database broke after this deposit was sent to it, so we cannot tell whether it \
@@ -274,13 +274,5 @@ pub fn database_refusal(error: &sqlx::Error, may_have_committed: bool) -> Refusa
              makes it exactly once.",
         )
         .with_retry_after_s(1)
-    });
-    let layer = if problem.kind == ProblemType::ServiceUnavailable
-        && SqlState::of(error) == Some(SqlState::LockNotAvailable)
-    {
-        Layer::RowGuard
-    } else {
-        Layer::NoLayer
-    };
-    Refusal::new(problem, layer, Outcome::Error)
+    })
 }

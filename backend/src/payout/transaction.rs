@@ -17,8 +17,8 @@ use crate::decision::{Decision, Layer, Outcome};
 use crate::defense::Refusal;
 use crate::defense::idempotency::{Claim, ClaimVerdict, IdempotencyKey, StoredColumns};
 use crate::defense::row_guard::GuardVerdict;
-use crate::ending::{AccessRefusal, Settled, layer_span};
-use crate::problem::{self, Problem, ProblemType};
+use crate::ending::{self, AccessRefusal, Settled, layer_span};
+use crate::problem::{Problem, ProblemType};
 use crate::state::AppState;
 
 /// `payout()`'s row, by column name.
@@ -174,7 +174,7 @@ const NOT_YOUR_WALLET: &str =
 
 /// A database failure, said as what is known.
 pub fn database_refusal(error: &sqlx::Error, may_have_committed: bool) -> Refusal {
-    let problem = problem::of_the_work(error, may_have_committed, "holding a payout", || {
+    ending::database_refusal(error, may_have_committed, "holding a payout", || {
         Problem::new(
             ProblemType::OutcomeUnknown,
             "The connection to the database broke after this payout was sent to it, so we cannot tell whether \
@@ -182,6 +182,5 @@ pub fn database_refusal(error: &sqlx::Error, may_have_committed: bool) -> Refusa
              or makes it exactly once. Without a key, look for it in GET /api/v1/payouts before retrying.",
         )
         .with_retry_after_s(1)
-    });
-    Refusal::new(problem, Layer::NoLayer, Outcome::Error)
+    })
 }

@@ -104,5 +104,6 @@ pub fn subject_of(transfer_request: &TransferRequest) -> Subject {
         amount_minor: Some(transfer_request.amount.get()),
         to_wallet_id: Some(transfer_request.to.0),
         event_id: None,
+        sender: None,
     }
 }

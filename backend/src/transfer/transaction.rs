@@ -22,10 +22,10 @@ use crate::auth::VerifiedToken;
 use crate::decision::{Decision, Layer, Outcome};
 use crate::defense::Refusal;
 use crate::defense::idempotency::{Claim, ClaimVerdict, IdempotencyKey, StoredColumns};
-use crate::defense::row_guard::{self, GuardVerdict, Guarded};
+use crate::defense::row_guard::{GuardVerdict, Guarded};
 use crate::domain::TransferRequest;
-use crate::ending::{AccessRefusal, Settled, layer_span};
-use crate::problem::{self, DatabaseFailure, Problem, SqlState};
+use crate::ending::{self, AccessRefusal, Settled, layer_span};
+use crate::problem::{Problem, SqlState};
 use crate::state::AppState;
 
 /// The body of a successful `POST /api/v1/transfers`, as the SQL function
@@ -140,10 +140,6 @@ where
 
 /// A database failure after `retries` retries, said as what is known.
 fn database_refusal(error: &sqlx::Error, may_have_committed: bool, retries: u32) -> Refusal {
-    if is_lock_timeout(error) {
-        tracing::warn!("gave up waiting for a wallet row lock");
-        return row_guard::wallet_busy();
-    }
     // Said as what it is: with the fixed lock order only a naive variant's
     // crossing transfers can deadlock.
     if is_retryable(error) {
@@ -158,19 +154,12 @@ fn database_refusal(error: &sqlx::Error, may_have_committed: bool, retries: u32)
             Outcome::Error,
         );
     }
-    let failure = match DatabaseFailure::of(error) {
-        // The connection broke inside a transaction that was never asked
-        // to commit: PostgreSQL rolls it back.
-        DatabaseFailure::Unknown if !may_have_committed => DatabaseFailure::NothingCommitted,
-        failure => failure,
-    };
-    let problem = if failure == DatabaseFailure::Unknown {
-        tracing::error!(error = %error, "lost the database connection after sending a transfer");
-        Problem::outcome_unknown()
-    } else {
-        problem::from_database_failure(failure, error, "running a transfer")
-    };
-    Refusal::new(problem, Layer::NoLayer, Outcome::Error)
+    ending::database_refusal(
+        error,
+        may_have_committed,
+        "running a transfer",
+        Problem::outcome_unknown,
+    )
 }
 
 /// `transfer()`'s row, by column name.
@@ -309,8 +298,4 @@ pub fn decision_of(verdict: GuardVerdict) -> Result<Decision, TransactionError> 
 /// serialization_failure or deadlock_detected: safe to run again.
 fn is_retryable(error: &sqlx::Error) -> bool {
     SqlState::of(error) == Some(SqlState::RetryTransaction)
-}
-
-fn is_lock_timeout(error: &sqlx::Error) -> bool {
-    SqlState::of(error) == Some(SqlState::LockNotAvailable)
 }
