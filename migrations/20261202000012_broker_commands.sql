@@ -22,7 +22,10 @@
 --   'published_in_future' published (by its entry id) more than
 --                         p_future_s ahead of the database's clock;
 --   'dead_lettered'       delivered commands_deliveries_max times without
---                         an outcome; moved to the dead-letter stream.
+--                         an outcome, or unreadable as a command (a field
+--                         missing, malformed or unknown, or the same
+--                         wallet as source and target); moved to the
+--                         dead-letter stream.
 CREATE TYPE command_verdict AS ENUM (
     'applied', 'insufficient_funds', 'unknown_source', 'unknown_target', 'currency_mismatch', 'too_old',
     'published_in_future', 'dead_lettered');
@@ -134,5 +137,42 @@ BEGIN
     PERFORM inbox_complete('broker', p_command_id, verdict,
                            (CASE WHEN v_verdict = 'applied' THEN 200 ELSE 422 END)::smallint,
                            result, NULL, v_transfer_id);
+END
+$$;
+
+-- An entry that is no command but carried a well-formed command id: it is
+-- recorded as dead-lettered under that id, so that its issuer finds it by
+-- the id (GET /commands/{id}) and stops publishing it again. The
+-- fingerprint is the entry's own fields', so the same entry published
+-- again replays this outcome, and an id that names another command already
+-- ('payload_changed') leaves that command's outcome standing. p_issuer is
+-- NULL when the entry's issuer was unusable.
+CREATE FUNCTION broker_command_unreadable(
+    p_command_id text,
+    p_fingerprint bytea,
+    p_issuer text,
+    p_reason text,
+    p_retention_hours int,
+    p_claim_wait_ms int,
+    OUT claim inbox_claim_verdict,
+    OUT verdict text,
+    OUT result text
+)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    v_claim record;
+BEGIN
+    SELECT * INTO v_claim
+      FROM inbox_claim('broker', p_command_id, p_fingerprint, p_retention_hours, p_claim_wait_ms);
+    claim := v_claim.outcome;
+    IF claim <> 'started' THEN
+        verdict := v_claim.verdict;
+        result := v_claim.response_body;
+        RETURN;
+    END IF;
+    verdict := 'dead_lettered';
+    result := command_result(p_command_id, p_issuer, 'dead_lettered', NULL, p_reason);
+    PERFORM inbox_complete('broker', p_command_id, verdict, 422::smallint, result, NULL, NULL);
 END
 $$;

@@ -22,8 +22,9 @@
 //! guard are one PostgreSQL call (`transaction`). Around it: the worker of
 //! each partition (`partition`), the stream transport (`consumer`), the
 //! census that shares the partitions (`census`), the dead-letter stream
-//! (`dead_letter`), the results stream (`results`) and the outcomes'
-//! vocabulary (`outcome`).
+//! (`dead_letter`), the results stream (`results`), the outcomes'
+//! vocabulary (`outcome`), and how an entry that is no command is still
+//! found by the command id it carried (`unreadable`).
 //!
 //! Acknowledged (`XACK`) only after the commit; a command's outcome is
 //! stored in the inbox, published to the results stream, and readable by
@@ -48,6 +49,7 @@ pub mod partition;
 pub mod pipeline;
 pub mod results;
 pub mod transaction;
+pub mod unreadable;
 
 /// The consumer group every instance joins.
 pub const GROUP: &str = "appliers";
@@ -173,7 +175,7 @@ impl Command {
             ));
         }
         let issuer = field("issuer")?;
-        if issuer.is_empty() || issuer.len() > 64 || issuer.chars().any(char::is_control) {
+        if !Self::is_issuer(issuer) {
             return Err(Unreadable(
                 "issuer must be 1 to 64 characters, none of them control characters".into(),
             ));
@@ -203,6 +205,12 @@ impl Command {
             to,
             amount_minor,
         })
+    }
+
+    /// Whether `issuer` names an issuer: 1 to 64 characters, none of them
+    /// control characters.
+    pub fn is_issuer(issuer: &str) -> bool {
+        !issuer.is_empty() && issuer.len() <= 64 && !issuer.chars().any(char::is_control)
     }
 
     /// The fields to publish, in order: what an issuer sends with `XADD`.

@@ -5,7 +5,9 @@
 //!    partition's worker (`partition`), which renews it before it hands
 //!    an entry over;
 //!
-//! then the entry is read as a command; one that is not is poison;
+//! then the entry is read as a command; one that is not is poison,
+//! recorded under the command id it carried when it carried a usable one
+//! (`unreadable`);
 //!
 //! 2. and 3. the inbox claim and the row guard, in one PostgreSQL call
 //!    (`transaction`);
@@ -25,6 +27,7 @@ use super::dead_letter::DeadLetters;
 use super::outcome::CommandVerdict;
 use super::results::ResultStream;
 use super::transaction::{self, Applied, NotApplied};
+use super::unreadable::{self, Carried};
 use super::{Command, Unreadable, published_at};
 use crate::defense::idempotency::StoredResponse;
 use crate::ending::{self, Decided, Settled, Subject};
@@ -78,11 +81,7 @@ pub async fn through_the_layers(
     let command = match Command::parse(entry.fields) {
         Ok(command) => command,
         Err(Unreadable(reason)) => {
-            dead_letters.move_aside(connection, &entry, &reason).await?;
-            results
-                .publish_unreadable(connection, entry.entry_id, &reason)
-                .await?;
-            return Ok(Handled::Done);
+            return poison_at_once(state, outlets, connection, database, entry, &reason).await;
         }
     };
     let Some(published) = published_at(entry.entry_id) else {
@@ -114,6 +113,51 @@ pub async fn through_the_layers(
         .publish(connection, &command.command_id, applied.verdict, &applied.result)
         .await?;
     report(state, &command, &applied, started.elapsed());
+    Ok(Handled::Done)
+}
+
+/// An entry that is no command: recorded as dead-lettered under the
+/// command id it carried, when it carried a usable one (`unreadable`),
+/// then moved aside, and its result published: under that id, or else by
+/// its entry id and partition.
+async fn poison_at_once(
+    state: &AppState,
+    outlets: &Outlets,
+    connection: &mut StreamConnection,
+    database: &mut Option<PoolConnection<Postgres>>,
+    entry: Delivered<'_>,
+    reason: &str,
+) -> Result<Handled, String> {
+    let Some(carried) = Carried::of(entry.fields) else {
+        outlets
+            .dead_letters
+            .move_aside(connection, &entry, reason)
+            .await?;
+        outlets
+            .results
+            .publish_unreadable(connection, entry.entry_id, outlets.partition, reason)
+            .await?;
+        return Ok(Handled::Done);
+    };
+    let db = match batch_connection(state, database).await {
+        Ok(db) => db,
+        Err(error) => return Ok(Handled::NotYet(error.to_string())),
+    };
+    let recorded = match unreadable::record(db, &state.config, &carried, reason).await {
+        Ok(recorded) => recorded,
+        Err(not_recorded) => {
+            *database = None;
+            return Ok(Handled::from(not_recorded));
+        }
+    };
+    outlets
+        .dead_letters
+        .move_aside(connection, &entry, reason)
+        .await?;
+    outlets
+        .results
+        .publish(connection, carried.command_id, recorded.verdict, &recorded.result)
+        .await?;
     Ok(Handled::Done)
 }
 

@@ -23,17 +23,20 @@ impl ResultStream {
         }
     }
 
-    /// Publishes that an entry that is no command was dead-lettered: it has
-    /// no command id, so the entry's id and the reason say which.
+    /// Publishes that an entry without a usable command id was
+    /// dead-lettered: its entry id in its partition's stream and the reason
+    /// say which. (One that carried a usable id is published under it.)
     pub async fn publish_unreadable(
         &self,
         connection: &mut StreamConnection,
         entry_id: &str,
+        partition: u16,
         reason: &str,
     ) -> Result<(), String> {
         let verdict = CommandVerdict::DeadLettered;
         let result = serde_json::json!({
             "entry_id": entry_id,
+            "partition": partition,
             "outcome": verdict.as_str(),
             "reason": reason,
         });
