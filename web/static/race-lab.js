@@ -1,11 +1,23 @@
 // The race lab's forms. The server fires the bursts; this script only sets
 // a preset's switches when it is picked, picks the burst that reaches a
-// layer chosen for comparison, says that a run is going, and moves focus to
-// the result once the page comes back with one.
+// layer chosen for comparison, says that a run is going, moves focus to
+// the result once the page comes back with one, and tells a timeline mark's
+// request when it is tapped or focused (a touch screen has no hover).
 (function () {
   "use strict";
   const summary = document.getElementById("summary");
   if (summary) summary.focus();
+  const detail = document.getElementById("mark-detail");
+  if (detail) {
+    const tell = function (event) {
+      const mark = event.target.closest ? event.target.closest(".mark") : null;
+      if (mark && mark.dataset.title) detail.textContent = mark.dataset.title + ".";
+    };
+    document.querySelectorAll("figure.timeline svg").forEach(function (svg) {
+      svg.addEventListener("click", tell);
+      svg.addEventListener("focusin", tell);
+    });
+  }
   const compare = document.getElementById("compare-form");
   if (compare) {
     const layer = document.getElementById("compared");

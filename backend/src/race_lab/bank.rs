@@ -15,6 +15,7 @@
 
 use std::collections::HashSet;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -28,6 +29,17 @@ pub struct LabBank {
     deduplicates: bool,
     /// The payouts whose first answer was already lost.
     answer_lost_for: Mutex<HashSet<Uuid>>,
+    /// Requests the bank was sent, and those its deduplication by key
+    /// answered without sending money again.
+    asked: AtomicUsize,
+    answered_from_its_key: AtomicUsize,
+}
+
+/// What the lab's bank was asked in a run, for the page's funnel.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BankCounts {
+    pub asked: usize,
+    pub answered_from_its_key: usize,
 }
 
 impl LabBank {
@@ -37,31 +49,45 @@ impl LabBank {
             visitor,
             deduplicates,
             answer_lost_for: Mutex::new(HashSet::new()),
+            asked: AtomicUsize::new(0),
+            answered_from_its_key: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn counts(&self) -> BankCounts {
+        BankCounts {
+            asked: self.asked.load(Ordering::Relaxed),
+            answered_from_its_key: self.answered_from_its_key.load(Ordering::Relaxed),
         }
     }
 
     /// One request, answered as the deployment's gateway client sorts a
     /// real gateway's answers.
     pub async fn send(&self, key: &str, payout: &GatewayPayout<'_>) -> GatewayAnswer {
-        let sent: Result<(i64, bool), sqlx::Error> =
-            sqlx::query_as("SELECT sending, other_payout FROM race_lab_bank_send($1, $2, $3, $4, $5)")
-                .bind(self.visitor.0)
-                .bind(key)
-                .bind(payout.reference)
-                .bind(payout.amount_minor)
-                .bind(self.deduplicates)
-                .fetch_one(&self.db)
-                .await;
+        self.asked.fetch_add(1, Ordering::Relaxed);
+        let sent: Result<(i64, bool, bool), sqlx::Error> = sqlx::query_as(
+            "SELECT sending, replayed, other_payout FROM race_lab_bank_send($1, $2, $3, $4, $5)",
+        )
+        .bind(self.visitor.0)
+        .bind(key)
+        .bind(payout.reference)
+        .bind(payout.amount_minor)
+        .bind(self.deduplicates)
+        .fetch_one(&self.db)
+        .await;
         match sent {
             // The statement may have committed before the error: unknown.
             Err(_) => GatewayAnswer::Unknown {
                 why: "the lab bank's ledger could not be reached".to_owned(),
                 retry_after: None,
             },
-            Ok((_, true)) => GatewayAnswer::Rejected {
+            Ok((_, _, true)) => GatewayAnswer::Rejected {
                 why: "409 (the lab bank saw this key for another payout)".to_owned(),
             },
-            Ok((sending, false)) => {
+            Ok((sending, replayed, false)) => {
+                if replayed {
+                    self.answered_from_its_key.fetch_add(1, Ordering::Relaxed);
+                }
                 let first = self
                     .answer_lost_for
                     .lock()

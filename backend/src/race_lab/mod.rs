@@ -87,66 +87,150 @@ pub struct LabState {
     pub settled_not_sent_once: i64,
     pub unbalanced_payouts: i64,
     pub unexplained_payout_accounts: i64,
+    /// What each of A and B should hold by its ledger: its opening balance
+    /// plus its ledger entries. A balance that a lost update left behind
+    /// disagrees with it, and an overdraft shows here below zero even when
+    /// the balance column does not.
+    #[sqlx(default)]
+    pub wallet_a_ledger_minor: i64,
+    #[sqlx(default)]
+    pub wallet_b_ledger_minor: i64,
+    /// What moved between the lab wallets, each way.
+    #[sqlx(default)]
+    pub moved_a_to_b_minor: i64,
+    #[sqlx(default)]
+    pub moved_b_to_a_minor: i64,
 }
 
 impl LabState {
     pub async fn read(db: &sqlx::PgPool, user: UserId) -> Result<Self, sqlx::Error> {
-        sqlx::query_as("SELECT * FROM race_lab_state($1)")
+        let mut state: Self = sqlx::query_as("SELECT * FROM race_lab_state($1)")
             .bind(user.0)
             .fetch_one(db)
-            .await
+            .await?;
+        (
+            state.wallet_a_ledger_minor,
+            state.wallet_b_ledger_minor,
+            state.moved_a_to_b_minor,
+            state.moved_b_to_a_minor,
+        ) = sqlx::query_as(
+            "WITH lab AS (
+                 SELECT (array_agg(id) FILTER (WHERE lab_slot = 1))[1] AS a,
+                        (array_agg(id) FILTER (WHERE lab_slot = 2))[1] AS b
+                   FROM wallets WHERE user_id = $1 AND lab_slot IN (1, 2)
+             ),
+             by_ledger AS (
+                 SELECT w.id, w.opening_balance_minor
+                        + coalesce((SELECT sum(l.amount_minor) FROM ledger_entries l WHERE l.wallet_id = w.id), 0)
+                        AS minor
+                   FROM wallets w, lab WHERE w.id IN (lab.a, lab.b)
+             )
+             SELECT coalesce((SELECT minor FROM by_ledger, lab WHERE id = lab.a), 0)::bigint,
+                    coalesce((SELECT minor FROM by_ledger, lab WHERE id = lab.b), 0)::bigint,
+                    (SELECT coalesce(sum(t.amount_minor), 0) FROM transfers t, lab
+                      WHERE t.from_wallet_id = lab.a AND t.to_wallet_id = lab.b)::bigint,
+                    (SELECT coalesce(sum(t.amount_minor), 0) FROM transfers t, lab
+                      WHERE t.from_wallet_id = lab.b AND t.to_wallet_id = lab.a)::bigint",
+        )
+        .bind(user.0)
+        .fetch_one(db)
+        .await?;
+        Ok(state)
     }
 
-    /// Each money invariant, in words, and whether it held.
-    pub fn invariants(&self) -> [(&'static str, bool); 4] {
+    /// What left wallets A and B beyond what they held, by their ledgers.
+    pub fn overdrawn_minor(&self) -> i64 {
+        (-self.wallet_a_ledger_minor).max(0) + (-self.wallet_b_ledger_minor).max(0)
+    }
+
+    /// How far the balances stray from their ledgers, in all: what lost
+    /// updates misstated.
+    pub fn misstated_minor(&self) -> i64 {
+        (self.wallet_a_balance_minor - self.wallet_a_ledger_minor).abs()
+            + (self.wallet_b_balance_minor - self.wallet_b_ledger_minor).abs()
+    }
+
+    /// Each money invariant, and whether it held.
+    pub fn invariants(&self) -> [Invariant; 4] {
         [
-            ("No money was created or destroyed", self.money_created_minor == 0),
-            ("No balance is negative", self.negative_balances == 0),
-            (
-                "Each balance matches its ledger (no lost update)",
-                self.unexplained_balances == 0,
-            ),
-            (
-                "Each transfer is two ledger entries that sum to zero",
-                self.unbalanced_transfers == 0,
-            ),
+            Invariant {
+                held: "No money was created or destroyed",
+                broken: None,
+                holds: self.money_created_minor == 0,
+            },
+            Invariant {
+                held: "No wallet is below zero, by its balance or by its ledger",
+                broken: None,
+                holds: self.negative_balances == 0 && self.overdrawn_minor() == 0,
+            },
+            Invariant {
+                held: "Each balance matches its ledger (no lost update)",
+                broken: None,
+                holds: self.unexplained_balances == 0,
+            },
+            Invariant {
+                held: "Each transfer is two ledger entries that sum to zero",
+                broken: Some("Some transfers are not two ledger entries that sum to zero"),
+                holds: self.unbalanced_transfers == 0,
+            },
         ]
     }
 
     pub fn invariants_hold(&self) -> bool {
-        self.invariants().iter().all(|(_, held)| *held)
-            && self.payout_accounts().iter().all(|(_, held)| *held)
+        self.invariants().iter().all(|invariant| invariant.holds)
+            && self.payout_accounts().iter().all(|invariant| invariant.holds)
     }
 
-    /// The payouts' own double entry, in words, and whether it held.
-    pub fn payout_accounts(&self) -> [(&'static str, bool); 2] {
+    /// The payouts' own double entry, and whether it held.
+    pub fn payout_accounts(&self) -> [Invariant; 2] {
         [
-            (
-                "Each payout's transfers match its state: a hold, then a settlement or a release",
-                self.unbalanced_payouts == 0,
-            ),
-            (
-                "The holds wallet holds exactly what the payouts still hold",
-                self.unexplained_payout_accounts == 0,
-            ),
+            Invariant {
+                held: "Each payout's transfers match its state: a hold, then a settlement or a release",
+                broken: Some("Some payouts' transfers do not match their state"),
+                holds: self.unbalanced_payouts == 0,
+            },
+            Invariant {
+                held: "The holds wallet holds exactly what the payouts still hold",
+                broken: Some("The holds wallet does not hold what the payouts still hold"),
+                holds: self.unexplained_payout_accounts == 0,
+            },
         ]
     }
 
-    /// What the lab's bank's ledger says about each payout, in words, and
-    /// whether it held.
-    pub fn bank_checks(&self) -> [(&'static str, bool); 3] {
-        [
-            (
-                "Every settled payout was sent by the bank exactly once",
-                self.settled_not_sent_once == 0,
-            ),
-            ("No payout was sent twice", self.orders_paid_twice == 0),
-            (
-                "No money left without a debit",
-                self.sent_without_a_debit_minor == 0,
-            ),
-        ]
+    /// What the lab's bank's ledger says about each payout, and whether it
+    /// held. With no payout settled there is nothing to check a settlement
+    /// against, and the first check is left out rather than ticked.
+    pub fn bank_checks(&self) -> Vec<Invariant> {
+        let mut checks = Vec::new();
+        if self.payouts_settled > 0 {
+            checks.push(Invariant {
+                held: "Every settled payout was sent by the bank exactly once",
+                broken: Some("Some settled payouts were not sent by the bank exactly once"),
+                holds: self.settled_not_sent_once == 0,
+            });
+        }
+        checks.push(Invariant {
+            held: "No payout was sent twice",
+            broken: None,
+            holds: self.orders_paid_twice == 0,
+        });
+        checks.push(Invariant {
+            held: "No money left without a debit",
+            broken: None,
+            holds: self.sent_without_a_debit_minor == 0,
+        });
+        checks
     }
+}
+
+/// One money invariant: the sentence that says it held, the one that says
+/// it broke (`None` when the damage's own sentence already says so, with
+/// its amount), and whether it held.
+#[derive(Debug, Clone, Copy)]
+pub struct Invariant {
+    pub held: &'static str,
+    pub broken: Option<&'static str>,
+    pub holds: bool,
 }
 
 /// Whether both wallets of a transfer are the caller's own two lab

@@ -36,7 +36,7 @@ use crate::payout::PayoutRequest;
 use crate::payout::dispatcher::{self, Taken};
 use crate::payout::transaction::{self, PayoutCall};
 use crate::problem::Problem;
-use crate::race_lab::bank::LabBank;
+use crate::race_lab::bank::{BankCounts, LabBank};
 use crate::settings::PayoutMode;
 use crate::state::AppState;
 use crate::weakened;
@@ -56,7 +56,7 @@ pub async fn pay_out(
     switches: Switches,
     orders: &[Shot],
     run_max: Duration,
-) -> Delivered {
+) -> (Delivered, BankCounts) {
     let bank = LabBank::new(state.db.clone(), caller.user_id, switches.bank_deduplicates);
     let released = Instant::now();
     let barrier = Arc::new(Barrier::new(orders.len().max(1)));
@@ -77,7 +77,7 @@ pub async fn pay_out(
         }
     }
     let overlap_max = overlap_max(&answers);
-    Delivered { answers, overlap_max }
+    (Delivered { answers, overlap_max }, bank.counts())
 }
 
 async fn one_order(

@@ -5,6 +5,7 @@
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
+use super::bank::BankCounts;
 use super::burst::{self, Answer, SwitchesWithPasses, Target};
 use super::judgement::{Damage, Judgement};
 use super::presets::{Funnel, KeyStrategy, Plan, Preset};
@@ -40,6 +41,8 @@ pub struct Run {
     /// What the run showed against what its switches predict.
     pub judgement: Judgement,
     pub damage: Damage,
+    /// For a payout run, what the lab's bank was asked.
+    pub bank: BankCounts,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -144,9 +147,11 @@ pub async fn run_admitted(
     } else {
         Switches::ALL_ON
     };
+    let mut bank = BankCounts::default();
     let (answers, overlap_max, wave_max) = if request.preset.is_payout() {
         let orders: Vec<_> = plan.waves.iter().flatten().cloned().collect();
-        let paid = super::payouts::pay_out(state, caller, used, &orders, lab.run_max).await;
+        let (paid, asked) = super::payouts::pay_out(state, caller, used, &orders, lab.run_max).await;
+        bank = asked;
         (paid.answers, paid.overlap_max, orders.len())
     } else if request.preset.is_delivery() {
         let delivered = super::deliveries::deliver(state, user, wallets, used, &plan.waves, plan.pause).await;
@@ -158,7 +163,7 @@ pub async fn run_admitted(
     let funnel = Funnel::of(&answers);
     let lab_state = LabState::read(&state.db, user).await?;
     let kept = request.preset.kept(&funnel, &lab_state, &plan, lab.balance_minor);
-    let damage = Damage::of(request.preset, &lab_state, lab.balance_minor);
+    let damage = Damage::of(request.preset, &lab_state, plan.amount_minor);
     let judgement = Judgement::of(request.preset, &used, request.keys, &funnel, kept, &damage);
     // The run's keys served their purpose inside it; left, a visitor firing
     // run after run would pile up keys until their retention ends.
@@ -180,6 +185,7 @@ pub async fn run_admitted(
         kept,
         judgement,
         damage,
+        bank,
     })
 }
 

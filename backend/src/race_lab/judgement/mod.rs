@@ -4,65 +4,17 @@
 //! strength, the expected result is the protection; with all of them off or
 //! naive, it is the damage, counted. A weakened layer that the cooldown kept
 //! out of reach is said to be hidden, not to have held.
+//!
+//! This judgement is the page's secondary line. Whether money was harmed
+//! (`damage`) is the headline, and decides its colour.
 
-use super::LabState;
-use super::presets::{Funnel, KeyStrategy, Plan, Preset};
+mod damage;
+
+pub use damage::{Damage, Harm};
+
+use super::presets::{Funnel, KeyStrategy, Preset};
 use super::switches::Switches;
 use crate::settings::{IdempotencyMode, PayoutMode, RowGuardMode};
-
-/// The damage a run did to the lab wallets, from the database.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Damage {
-    /// Transfers beyond the one a retried or double-clicked transfer should
-    /// make: duplicate charges.
-    pub duplicate_charges: i64,
-    /// Balances minus opening balances: money made out of nothing.
-    pub money_created_minor: i64,
-    /// Moved out of wallet A beyond what it held (the overdraw preset).
-    pub overdrawn_minor: i64,
-    /// Balances their ledger no longer explains: lost updates.
-    pub lost_updates: i64,
-    /// Payouts the lab's bank sent more than once, and what it sent beyond
-    /// once each.
-    pub payouts_paid_twice: i64,
-    pub sent_twice_minor: i64,
-    /// What the lab's bank sent for payouts whose debit rolled back.
-    pub sent_without_a_debit_minor: i64,
-}
-
-impl Damage {
-    pub fn of(preset: Preset, state: &LabState, balance_minor: i64) -> Self {
-        let duplicates_expected_once = matches!(
-            preset,
-            Preset::SameKey
-                | Preset::DoubleClick
-                | Preset::RetryAfterWindow
-                | Preset::WebhookStorm
-                | Preset::Redelivery
-        );
-        Self {
-            duplicate_charges: if duplicates_expected_once {
-                (state.transfers - 1).max(0)
-            } else {
-                0
-            },
-            money_created_minor: state.money_created_minor,
-            overdrawn_minor: if preset == Preset::Overdraw {
-                (state.moved_minor - balance_minor).max(0)
-            } else {
-                0
-            },
-            lost_updates: state.unexplained_balances,
-            payouts_paid_twice: state.orders_paid_twice,
-            sent_twice_minor: state.sent_twice_minor,
-            sent_without_a_debit_minor: state.sent_without_a_debit_minor,
-        }
-    }
-
-    pub fn any(&self) -> bool {
-        *self != Damage::default()
-    }
-}
 
 /// How a run ended, against what its switches predict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,88 +87,49 @@ impl Judgement {
         }
     }
 
-    /// ✓ when the run showed what its switches predict, ✗ when a layer at
-    /// full strength failed, ℹ when it showed neither.
-    pub fn mark(self) -> &'static str {
+    /// What the run showed against what its switches predict, in a
+    /// sentence without a mark: marks and colour say whether money was
+    /// harmed, and only that.
+    pub fn sentence(self, preset: Preset, switches: &Switches, keys: KeyStrategy, funnel: &Funnel) -> String {
+        let (cause, layer) = cause(preset, switches, keys);
         match self {
-            Judgement::Protected | Judgement::DamageAsExpected => "✓",
-            Judgement::NotProtected => "✗",
-            Judgement::HiddenByCooldown | Judgement::NoDamageThisTime => "ℹ",
-        }
-    }
-
-    /// The page's class for the headline.
-    pub fn class(self) -> &'static str {
-        match self {
-            Judgement::Protected | Judgement::DamageAsExpected => "kept",
-            Judgement::NotProtected => "broken",
-            Judgement::HiddenByCooldown | Judgement::NoDamageThisTime => "hidden",
+            Judgement::Protected => "This is what the layers at full strength should show.".to_owned(),
+            Judgement::NotProtected => {
+                "The layers that should stop this race were at full strength, yet the run did \
+                                        not show what they promise: see the checks below."
+                    .to_owned()
+            }
+            Judgement::DamageAsExpected => {
+                format!("This is the damage let through with {cause}: {layer} exists to stop it.")
+            }
+            Judgement::HiddenByCooldown => {
+                let first = preset.first_layer();
+                format!(
+                    "{} {} {} of the {} copies, so the weakened layer was never reached and could not fail. Switch \
+                     {first} off and fire again to watch it fail.",
+                    capitalised(first),
+                    if preset.is_delivery() {
+                        "answered"
+                    } else {
+                        "stopped"
+                    },
+                    funnel.cooldown,
+                    funnel.sent
+                )
+            }
+            Judgement::NoDamageThisTime => format!(
+                "With {cause}, the race did not hit this time. Fire again: nothing but {layer} makes that certain."
+            ),
         }
     }
 }
 
-/// What the damage was, in sentences, with lab money formatted by `money`.
-pub fn damage_sentences(
-    damage: &Damage,
-    preset: Preset,
-    keys: KeyStrategy,
-    plan: &Plan,
-    money: impl Fn(i64) -> String,
-) -> Vec<String> {
-    let mut said = Vec::new();
-    if damage.duplicate_charges > 0 {
-        let (what, charged) = match keys {
-            _ if preset.is_delivery() => ("One event", "credited"),
-            KeyStrategy::Same => ("One key", "charged"),
-            _ => ("One transfer", "charged"),
-        };
-        let times = damage.duplicate_charges + 1;
-        said.push(format!(
-            "{what} was {charged} {times} times ({} duplicates, {} in all)",
-            damage.duplicate_charges,
-            money(times * plan.amount_minor)
-        ));
-    }
-    if damage.overdrawn_minor > 0 {
-        said.push(format!(
-            "{} more left wallet A than it held",
-            money(damage.overdrawn_minor)
-        ));
-    }
-    if damage.money_created_minor != 0 {
-        let verb = if damage.money_created_minor > 0 {
-            "created"
-        } else {
-            "destroyed"
-        };
-        said.push(format!(
-            "{} of money was {verb}",
-            money(damage.money_created_minor.abs())
-        ));
-    }
-    if damage.payouts_paid_twice > 0 {
-        said.push(format!(
-            "The bank sent {} payout{} twice ({} sent beyond once each)",
-            damage.payouts_paid_twice,
-            if damage.payouts_paid_twice == 1 { "" } else { "s" },
-            money(damage.sent_twice_minor)
-        ));
-    }
-    if damage.sent_without_a_debit_minor > 0 {
-        said.push(format!(
-            "{} left through the bank for payouts whose debit was rolled back: money sent without a debit",
-            money(damage.sent_without_a_debit_minor)
-        ));
-    }
-    if damage.lost_updates > 0 {
-        said.push(format!(
-            "{} balance{} no longer match{} the ledger: updates were lost",
-            damage.lost_updates,
-            if damage.lost_updates == 1 { "" } else { "s" },
-            if damage.lost_updates == 1 { "es" } else { "" },
-        ));
-    }
-    said
+fn capitalised(text: &str) -> String {
+    let mut chars = text.chars();
+    chars
+        .next()
+        .map(|first| first.to_uppercase().chain(chars).collect())
+        .unwrap_or_default()
 }
 
 /// Which switched layer a damage is the work of, and what that layer
@@ -262,7 +175,7 @@ pub fn cause(preset: Preset, switches: &Switches, keys: KeyStrategy) -> (String,
             }
             (
                 causes.join(" and "),
-                "the outbox, with one key per payout that the bank deduplicates by,",
+                "the outbox, with one key per payout that the bank deduplicates by",
             )
         }
     }

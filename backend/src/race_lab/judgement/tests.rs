@@ -33,9 +33,10 @@ fn switches(cooldown: bool, key_naive: bool, guard_naive: bool) -> Switches {
 
 const DOUBLE_CHARGE: Damage = Damage {
     duplicate_charges: 19,
+    overcharged_minor: 9_500,
     money_created_minor: 0,
-    overdrawn_minor: 0,
-    lost_updates: 0,
+    overdrawn_minor: [0, 0],
+    balance_and_ledger: [(500, 500), (19_500, 19_500)],
     payouts_paid_twice: 0,
     sent_twice_minor: 0,
     sent_without_a_debit_minor: 0,
@@ -75,7 +76,8 @@ fn with_the_defending_layers_weakened_the_damage_is_expected() {
         false,
         &DOUBLE_CHARGE,
     );
-    assert_eq!((judged, judged.mark()), (Judgement::DamageAsExpected, "✓"));
+    assert_eq!(judged, Judgement::DamageAsExpected);
+    assert!(DOUBLE_CHARGE.any());
     let no_key = switches(false, false, false);
     let judged = Judgement::of(
         Preset::DoubleClick,
@@ -85,7 +87,8 @@ fn with_the_defending_layers_weakened_the_damage_is_expected() {
         false,
         &Damage::default(),
     );
-    assert_eq!((judged, judged.mark()), (Judgement::NoDamageThisTime, "ℹ"));
+    assert_eq!(judged, Judgement::NoDamageThisTime);
+    assert!(!Damage::default().any());
 }
 
 #[test]
@@ -99,7 +102,7 @@ fn a_naive_layer_the_cooldown_kept_out_of_reach_is_hidden_not_held() {
         true,
         &Damage::default(),
     );
-    assert_eq!((judged, judged.mark()), (Judgement::HiddenByCooldown, "ℹ"));
+    assert_eq!(judged, Judgement::HiddenByCooldown);
     let naive_guard = switches(true, false, true);
     let judged = Judgement::of(
         Preset::Overdraw,
@@ -155,63 +158,59 @@ fn a_payout_run_is_defended_only_by_the_outbox_one_key_and_a_deduplicating_bank(
     };
     let (cause, _) = cause(Preset::LostAnswer, &inside, KeyStrategy::NewPerRequest);
     assert_eq!(cause, "the bank called inside the transaction");
-    let said = damage_sentences(
-        &Damage {
-            sent_without_a_debit_minor: 5_000,
-            ..Damage::default()
-        },
-        Preset::LostAnswer,
-        KeyStrategy::NewPerRequest,
-        &Plan {
-            waves: Vec::new(),
-            pause: std::time::Duration::ZERO,
-            amount_minor: 250,
-        },
-        |minor| format!("LAB {minor}"),
-    );
+    let said = Damage {
+        sent_without_a_debit_minor: 5_000,
+        ..Damage::default()
+    }
+    .harms(Preset::LostAnswer, false, |minor| format!("LAB {minor}"));
     assert_eq!(
         said,
-        vec![
-            "LAB 5000 left through the bank for payouts whose debit was rolled back: money sent without a debit"
-        ]
+        vec![Harm {
+            sentence:
+                "LAB 5000 left through the bank for payouts that do not exist: their debit was rolled back, \
+                       so wallet A was never charged for it"
+                    .to_owned(),
+            minor: 5_000,
+        }]
     );
 }
 
+/// Each harm is its own amount, with who bore it: the overcharge, not the
+/// total; a balance beside its ledger; an overdraft by the ledger.
 #[test]
 fn the_damage_is_counted_in_sentences() {
-    let plan = Plan {
-        waves: Vec::new(),
-        pause: std::time::Duration::ZERO,
-        amount_minor: 500,
-    };
-    let said = damage_sentences(
-        &DOUBLE_CHARGE,
-        Preset::SameKey,
-        KeyStrategy::Same,
-        &plan,
-        |minor| format!("LAB {minor}"),
-    );
+    let money = |minor: i64| format!("LAB {minor}");
+    let said = DOUBLE_CHARGE.harms(Preset::SameKey, true, money);
     assert_eq!(
         said,
-        vec!["One key was charged 20 times (19 duplicates, LAB 10000 in all)"]
+        vec![Harm {
+            sentence: "One key was charged 20 times: wallet A paid LAB 9500 too much (19 duplicates)"
+                .to_owned(),
+            minor: 9_500,
+        }]
     );
-    let created = Damage {
-        money_created_minor: 18_600,
-        lost_updates: 1,
+    let naive_guard = Damage {
+        money_created_minor: 14_900,
+        overdrawn_minor: [10_000, 0],
+        balance_and_ledger: [(4_900, -10_000), (30_000, 30_000)],
         ..Damage::default()
     };
-    let said = damage_sentences(
-        &created,
-        Preset::Overdraw,
-        KeyStrategy::NewPerRequest,
-        &plan,
-        |minor| format!("LAB {minor}"),
-    );
+    let said: Vec<(String, i64)> = naive_guard
+        .harms(Preset::Overdraw, false, money)
+        .into_iter()
+        .map(|harm| (harm.sentence, harm.minor))
+        .collect();
     assert_eq!(
         said,
         vec![
-            "LAB 18600 of money was created".to_owned(),
-            "1 balance no longer matches the ledger: updates were lost".to_owned()
+            ("Wallet A sent LAB 10000 more than it held: an overdraft".to_owned(), 10_000),
+            ("LAB 14900 was created from nothing in wallets A and B".to_owned(), 14_900),
+            (
+                "Wallet A shows LAB 4900, but its opening balance plus its ledger is LAB -10000: an update was lost"
+                    .to_owned(),
+                14_900
+            ),
         ]
     );
+    assert_eq!(naive_guard.lost_updates(), 1);
 }

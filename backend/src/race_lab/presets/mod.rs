@@ -228,7 +228,7 @@ impl Preset {
                     state.payouts_settled == orders
                         && state.bank_sendings == orders
                         && state.payouts_debited_minor == orders * plan.amount_minor
-                        && state.bank_checks().iter().all(|(_, held)| *held)
+                        && state.bank_checks().iter().all(|check| check.holds)
                 }
             }
     }

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::problem::ProblemType;
 use crate::race_lab::burst::Answer;
-use crate::race_lab::presets::{Preset, Stage};
+use crate::race_lab::presets::Stage;
 use crate::state::AppState;
 
 /// Examples shown under each group of answers.
@@ -43,7 +43,7 @@ pub(super) struct Example {
 
 /// The answers grouped by stage and how they ended, each group with a few
 /// examples.
-pub(super) fn groups(state: &AppState, preset: Preset, answers: &[Answer]) -> Vec<Group> {
+pub(super) fn groups(state: &AppState, label: &dyn Fn(Stage) -> String, answers: &[Answer]) -> Vec<Group> {
     let mut grouped: BTreeMap<(Stage, String), Vec<(usize, &Answer)>> = BTreeMap::new();
     for (index, answer) in answers.iter().enumerate() {
         grouped
@@ -54,7 +54,7 @@ pub(super) fn groups(state: &AppState, preset: Preset, answers: &[Answer]) -> Ve
     grouped
         .into_iter()
         .map(|((stage, how), members)| Group {
-            label: stage.label(preset).to_owned(),
+            label: label(stage),
             class: stage.class().to_owned(),
             how,
             count: members.len(),
@@ -120,9 +120,11 @@ pub(super) fn how_it_ended(answer: &Answer) -> String {
     }
     match ProblemType::of_body(&answer.body) {
         Some(kind) => format!("{} ({})", kind.title().to_lowercase(), answer.status),
-        None if answer.status == 201 => "moved money (201)".to_owned(),
-        None if answer.status == 200 => "credited (200)".to_owned(),
-        None if answer.status == 202 => "held and accepted (202)".to_owned(),
+        // The stage's own label says what a success did; its answer is
+        // told by its status alone, so that the two never repeat.
+        None if answer.status == 201 => "answered 201 Created".to_owned(),
+        None if answer.status == 200 => "answered 200 OK".to_owned(),
+        None if answer.status == 202 => "answered 202 Accepted".to_owned(),
         None => format!("answered {}", answer.status),
     }
 }

@@ -305,7 +305,7 @@ pub async fn show_comparison(
                 Compared::Cooldown => "Every other layer was the service's own.",
                 _ => {
                     "The cooldown was off for every run, so that each burst reached the layer compared; the other \
-                     layer was the service's own."
+                     layers were the service's own."
                 }
             },
             alternatives: views
@@ -324,8 +324,10 @@ pub async fn show_comparison(
     )
 }
 
-/// The measures of each run, side by side: the verdict, the money, where
-/// the requests stopped, and the damage counted against the database.
+/// The measures of each run, side by side: whether money was harmed, the
+/// run against its switches, the money, where the requests stopped, and
+/// the damage counted against the database. Colour and marks follow the
+/// one rule: red with ✗ where money was harmed, green with ✓ where not.
 fn measures(views: &[(uuid::Uuid, RunView)]) -> Vec<Measure> {
     let plain = |text: String| Cell {
         text,
@@ -335,37 +337,44 @@ fn measures(views: &[(uuid::Uuid, RunView)]) -> Vec<Measure> {
         label,
         cells: views.iter().map(|(_, view)| cell(view)).collect(),
     };
-    let stage = |stage: Stage| {
-        move |view: &RunView| {
-            plain(
-                view.funnel
-                    .iter()
-                    .find(|row| row.class == stage.class())
-                    .map_or(0, |row| row.count)
-                    .to_string(),
-            )
-        }
+    let count = |view: &RunView, stage: Stage| {
+        view.funnel
+            .iter()
+            .find(|row| row.class == stage.class())
+            .map_or(0, |row| row.count)
     };
+    let stage = |stage: Stage| move |view: &RunView| plain(count(view, stage).to_string());
+    let harm_class = |view: &RunView| if view.harmed() { "harmed" } else { "unharmed" }.to_owned();
     vec![
-        across("What it showed", &|view| Cell {
+        across("Money", &|view| Cell {
             text: view.headline.clone(),
-            class: view.headline_class.clone(),
+            class: harm_class(view),
         }),
+        across("Against its switches", &|view| plain(view.verdict.clone())),
         across("Money moved", &|view| plain(view.moved.clone())),
         across("Requests that moved money", &stage(Stage::Moved)),
         across("Stopped by the cooldown", &stage(Stage::Cooldown)),
         across("Stopped by the key", &stage(Stage::Key)),
-        across("Refused by the balance check", &stage(Stage::Guard)),
-        across("Of those stopped, answered 409", &|view| {
+        across("Refused: the balance could not cover it", &|view| {
+            plain(count(view, Stage::Guard).to_string())
+        }),
+        across("Conflicts (409): the balance changed under the write", &|view| {
+            plain(view.guard_conflicts.to_string())
+        }),
+        across("All answers 409 (a conflict, or a key in flight)", &|view| {
             plain(view.conflicts.to_string())
         }),
         across("No answer, or an error", &stage(Stage::Other)),
         across("Slowest answer", &|view| plain(view.slowest.clone())),
-        across("Damage, counted against the database", &|view| {
-            plain(match view.damage.is_empty() {
-                true => "None".to_owned(),
-                false => view.damage.join("; "),
-            })
+        across("Damage, counted against the database", &|view| Cell {
+            text: match view.damage.is_empty() {
+                true => "✓ None".to_owned(),
+                false => {
+                    let said: Vec<&str> = view.damage.iter().map(|harm| harm.text.as_str()).collect();
+                    format!("✗ {}", said.join("; "))
+                }
+            },
+            class: harm_class(view),
         }),
     ]
 }

@@ -31,7 +31,9 @@ use results::RunView;
 
 mod answers;
 mod comparison;
+mod funnel;
 mod live_feed;
+mod money_card;
 mod not_fired;
 mod results;
 mod timeline;
@@ -158,7 +160,12 @@ pub async fn show_run(
             ),
         );
     };
-    let form = LabForm::defaults(Preset::SameKey, 50.min(state.config.race_lab.requests_max));
+    // "Fire again" repeats the run shown, every switch and count as it was.
+    let requests_max = state.config.race_lab.requests_max;
+    let form = match parse_run(&result.1.fired, requests_max) {
+        Ok(fired) => LabForm::of(&fired),
+        Err(_) => LabForm::defaults(Preset::SameKey, 50.min(requests_max)),
+    };
     lab_page(&state, session.as_ref(), form, None, Some(result))
 }
 

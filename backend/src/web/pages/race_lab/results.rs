@@ -4,15 +4,16 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::race_lab::Switches;
 use crate::race_lab::burst::Answer;
-use crate::race_lab::judgement::{self, Judgement, damage_sentences};
-use crate::race_lab::presets::{Preset, Stage};
-use crate::race_lab::run::Run;
-use crate::race_lab::{LAB_CURRENCY, LabState, Switches};
+use crate::race_lab::presets::{KeyStrategy, Preset};
+use crate::race_lab::run::{Run, RunRequest};
 use crate::state::AppState;
-use crate::web::money;
 
+use super::RunFields;
 use super::answers::{Group, groups, milliseconds};
+use super::funnel::{FunnelRow, stage_label};
+use super::money_card::{self, Check, HarmLine, lab_money};
 use super::timeline::Timeline;
 
 /// One run, as the page shows it. Stored as JSON with the run
@@ -22,11 +23,16 @@ use super::timeline::Timeline;
 pub(super) struct RunView {
     pub(super) preset: String,
     pub(super) promise: String,
-    /// The judgement's mark and sentence, and its class on the page.
+    /// Whether money was harmed, and how much: its mark and sentence, and
+    /// its class on the page (`harmed` or `unharmed`).
     pub(super) headline: String,
     pub(super) headline_class: String,
-    /// The damage counted against the database, one sentence each.
-    pub(super) damage: Vec<String>,
+    /// Whether the run behaved as its switches predict, in a sentence
+    /// without a mark; empty in results kept before it was said apart.
+    #[serde(default)]
+    pub(super) verdict: String,
+    /// The damage counted against the database, one harm each.
+    pub(super) damage: Vec<HarmLine>,
     pub(super) switches_off: Vec<String>,
     pub(super) keys: String,
     pub(super) sent: usize,
@@ -67,21 +73,14 @@ pub(super) struct RunView {
     /// The slowest answer's time, in words.
     #[serde(default)]
     pub(super) slowest: String,
-}
-
-#[derive(Serialize, Deserialize)]
-pub(super) struct FunnelRow {
-    pub(super) label: String,
-    pub(super) class: String,
-    pub(super) count: usize,
-    /// Bar width, percent of the requests sent.
-    pub(super) percent: usize,
-}
-
-#[derive(Serialize, Deserialize)]
-pub(super) struct Check {
-    pub(super) label: String,
-    pub(super) held: bool,
+    /// Answers 409 from the balance's guard: an optimistic write that found
+    /// the balance changed, counted as conflicts, not as refusals.
+    #[serde(default)]
+    pub(super) guard_conflicts: usize,
+    /// The run as fired, every switch and count, so that "Fire again"
+    /// repeats it; empty in results kept before it was kept.
+    #[serde(default)]
+    pub(super) fired: RunFields,
 }
 
 impl RunView {
@@ -93,18 +92,24 @@ impl RunView {
         };
         let preset = run.request.preset;
         let lab_state = &run.state;
-        let (expected_moved, moved_as_expected) = expected_money(run);
-        let damage = damage_sentences(&run.damage, preset, run.request.keys, &run.plan, lab_money);
+        let (expected_moved, moved_as_expected) = money_card::expected_money(run);
+        let harms = run
+            .damage
+            .harms(preset, run.request.keys == KeyStrategy::Same, lab_money);
+        let (headline, headline_class) = money_card::headline(run, &harms);
         // A delivery's first layer is the edge lock, which has no window,
         // and a payout run's orders skip the cooldown.
         let cooldown_window = (switches.cooldown && !preset.is_delivery() && !preset.is_payout())
             .then_some(state.config.cooldown.ttl);
         Self {
-            preset: preset.label().to_owned(),
+            preset: preset_line(run),
             promise: preset.promise().to_owned(),
-            headline: headline(run, &switches, &damage),
-            headline_class: run.judgement.class().to_owned(),
-            damage,
+            headline,
+            headline_class: headline_class.to_owned(),
+            verdict: run
+                .judgement
+                .sentence(preset, &switches, run.request.keys, &run.funnel),
+            damage: harms.into_iter().map(HarmLine::from).collect(),
             switches_off: preset
                 .switched_off(&switches)
                 .into_iter()
@@ -114,84 +119,76 @@ impl RunView {
             sent: run.funnel.sent,
             requests: what_was_fired(preset),
             overlap_max: run.overlap_max,
-            wave: run.wave_max,
-            overlap_target: (run.wave_max * 9).div_ceil(10),
+            wave: overlap_whole(run),
+            overlap_target: (overlap_whole(run) * 9).div_ceil(10),
             amount: lab_money(run.plan.amount_minor),
             funnel: FunnelRow::all_of(run),
-            moved_label: if preset.is_payout() {
-                "Paid out of wallet A, and sent by the bank".to_owned()
-            } else {
-                moved_word()
-            },
-            moved: money_moved(preset, lab_state),
+            moved_label: moved_label(preset),
+            moved: money_card::money_moved(preset, lab_state),
             expected_moved,
             moved_as_expected,
-            balance_a: lab_money(lab_state.wallet_a_balance_minor),
-            balance_b: lab_money(lab_state.wallet_b_balance_minor),
-            checks: Check::all_of(preset, lab_state),
+            balance_a: money_card::balance_beside_ledger(
+                lab_state.wallet_a_balance_minor,
+                lab_state.wallet_a_ledger_minor,
+            ),
+            balance_b: money_card::balance_beside_ledger(
+                lab_state.wallet_b_balance_minor,
+                lab_state.wallet_b_ledger_minor,
+            ),
+            checks: money_card::checks(preset, lab_state),
             bank_note: if preset.is_payout() {
-                bank_note(lab_state)
+                money_card::bank_note(lab_state)
             } else {
                 String::new()
             },
-            timeline: Timeline::of(&run.answers, preset, cooldown_window),
-            groups: groups(state, preset, &run.answers),
+            timeline: Timeline::of(&run.answers, &|stage| stage_label(run, stage), cooldown_window),
+            groups: groups(state, &|stage| stage_label(run, stage), &run.answers),
             fired_at: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
             switches_used: switches.header_value(),
             conflicts: run.answers.iter().filter(|answer| answer.status == 409).count(),
             slowest: milliseconds(run.answers.iter().map(Answer::latency).max().unwrap_or_default()),
+            guard_conflicts: super::funnel::guard_conflicts(&run.answers),
+            fired: RunFields::of(&run.request),
         }
     }
-}
 
-impl FunnelRow {
-    /// Every request sent, then where they stopped, stage by stage.
-    fn all_of(run: &Run) -> Vec<Self> {
-        let funnel = &run.funnel;
-        let row = |stage: Stage, count: usize| FunnelRow {
-            label: stage.label(run.request.preset).to_owned(),
-            class: stage.class().to_owned(),
-            count,
-            percent: (count * 100).checked_div(funnel.sent).unwrap_or(0),
-        };
-        vec![
-            FunnelRow {
-                label: "Sent".to_owned(),
-                class: "sent".to_owned(),
-                count: funnel.sent,
-                percent: 100,
-            },
-            row(Stage::Cooldown, funnel.cooldown),
-            row(Stage::Key, funnel.key),
-            row(Stage::Guard, funnel.guard),
-            row(Stage::Moved, funnel.moved),
-            row(Stage::Other, funnel.failed),
-        ]
+    /// Whether the run harmed money: the one rule for the page's colour.
+    pub(super) fn harmed(&self) -> bool {
+        self.headline_class == "harmed" || self.headline_class == "broken"
     }
 }
 
-impl Check {
-    /// The lab wallets' invariants, and for a payout run its accounts and
-    /// the bank's ledger.
-    fn all_of(preset: Preset, lab_state: &LabState) -> Vec<Self> {
-        let mut checks: Vec<(&str, bool)> = lab_state.invariants().to_vec();
-        if preset.is_payout() {
-            checks.extend(lab_state.payout_accounts());
-            checks.extend(lab_state.bank_checks());
+/// What the overlap is measured against: the largest wave, or the whole
+/// run when a later wave overlapped an earlier one still in flight (the
+/// redelivery preset), so that the figure never exceeds its whole.
+fn overlap_whole(run: &Run) -> usize {
+    if run.overlap_max > run.wave_max {
+        run.funnel.sent
+    } else {
+        run.wave_max
+    }
+}
+
+/// The preset's name as the run fired it: a run with other keys than the
+/// preset's own says which, instead of the preset's words about keys.
+fn preset_line(run: &Run) -> String {
+    let preset = run.request.preset;
+    let keys = run.request.keys;
+    let name = preset.label().split(':').next().unwrap_or_default();
+    match preset {
+        _ if keys == preset.default_keys() => preset.label().to_owned(),
+        Preset::SameKey | Preset::DoubleClick => {
+            format!(
+                "{name}: the same transfer, all at once, with {}",
+                keys.described()
+            )
         }
-        checks
-            .into_iter()
-            .map(|(label, held)| Check {
-                label: label.to_owned(),
-                held,
-            })
-            .collect()
+        Preset::RetryAfterWindow => format!(
+            "{name}: one transfer, then retries once the cooldown has passed, with {}",
+            keys.described()
+        ),
+        _ => preset.label().to_owned(),
     }
-}
-
-/// Lab money, in words.
-fn lab_money(minor: i64) -> String {
-    money::format(minor, LAB_CURRENCY)
 }
 
 /// Which keys the run's requests carried, in words.
@@ -217,121 +214,42 @@ fn what_was_fired(preset: Preset) -> String {
     }
 }
 
-/// The money the run moved between the lab wallets, or for a payout run
-/// what left wallet A and what the bank sent.
-fn money_moved(preset: Preset, lab_state: &LabState) -> String {
-    if preset.is_payout() {
-        format!(
-            "{} and {}",
-            lab_money(lab_state.payouts_debited_minor),
-            lab_money(lab_state.bank_sent_minor)
-        )
-    } else {
-        lab_money(lab_state.moved_minor)
-    }
-}
-
-/// The run's judgement in one sentence, its mark first.
-fn headline(run: &Run, switches: &Switches, damage: &[String]) -> String {
-    let mark = run.judgement.mark();
-    let (cause, layer) = judgement::cause(run.request.preset, switches, run.request.keys);
-    match run.judgement {
-        Judgement::Protected => format!("{mark} It showed what it should."),
-        Judgement::NotProtected => format!("{mark} It did not show what it should."),
-        Judgement::DamageAsExpected => format!(
-            "{mark} As expected with {cause}: {}. This is what {layer} exists to stop.",
-            damage.join("; ")
-        ),
-        Judgement::HiddenByCooldown => {
-            let first = run.request.preset.first_layer();
-            format!(
-                "{mark} {} {} {} of the {} copies, so the naive layer was never reached and could not fail. Switch \
-                 {first} off and fire again to watch it fail.",
-                capitalised(first),
-                if run.request.preset.is_delivery() {
-                    "answered"
-                } else {
-                    "stopped"
-                },
-                run.funnel.cooldown,
-                run.funnel.sent
-            )
-        }
-        Judgement::NoDamageThisTime => format!(
-            "{mark} With {cause}, nothing was charged twice and no money was created this time: the race did not \
-             hit. Fire again; nothing but {layer} makes that certain."
-        ),
-    }
-}
-
 fn requests_word() -> String {
     "requests".to_owned()
+}
+
+/// What the money line counts, for a run of `preset`.
+fn moved_label(preset: Preset) -> String {
+    match preset.is_payout() {
+        true => "Paid out of wallet A, and sent by the bank".to_owned(),
+        false => moved_word(),
+    }
 }
 
 fn moved_word() -> String {
     "Money moved".to_owned()
 }
 
-/// What the lab's bank sent, and where the payouts' money is now.
-fn bank_note(state: &LabState) -> String {
-    let times = |count: i64| {
-        if count == 1 {
-            "once".to_owned()
-        } else {
-            format!("{count} times")
-        }
-    };
-    let held = if state.held_minor == 0 {
-        "nothing is held any more".to_owned()
-    } else {
-        format!("{} is still held for the rest", lab_money(state.held_minor))
-    };
-    format!(
-        "The lab bank's own ledger shows money sent {}. {} payout{} settled, and {held}.",
-        times(state.bank_sendings),
-        state.payouts_settled,
-        if state.payouts_settled == 1 { "" } else { "s" },
-    )
-}
-
-fn capitalised(text: &str) -> String {
-    let mut chars = text.chars();
-    chars
-        .next()
-        .map(|first| first.to_uppercase().chain(chars).collect())
-        .unwrap_or_default()
-}
-
-/// What should have moved, in words, and whether the database agrees.
-fn expected_money(run: &Run) -> (String, bool) {
-    let amount = run.plan.amount_minor;
-    let moved = run.state.moved_minor;
-    match run.request.preset {
-        Preset::SameKey | Preset::DoubleClick | Preset::RetryAfterWindow => {
-            (format!("{} (one transfer)", lab_money(amount)), moved == amount)
-        }
-        Preset::Overdraw => {
-            let coverable = run.balance_minor / amount * amount;
-            (
-                format!("at most {} (what the balance covers)", lab_money(coverable)),
-                moved <= coverable,
-            )
-        }
-        Preset::Crossing => (
-            "any amount, with every cent accounted for".to_owned(),
-            run.state.invariants_hold(),
-        ),
-        Preset::WebhookStorm | Preset::Redelivery => {
-            (format!("{} (one credit)", lab_money(amount)), moved == amount)
-        }
-        Preset::LostAnswer => {
-            let orders = i64::try_from(run.funnel.sent).unwrap_or(i64::MAX);
-            let each_once = lab_money(orders * amount);
-            (
-                format!("{each_once} and {each_once} ({orders} payouts, each debited once and sent once)"),
-                run.state.payouts_debited_minor == orders * amount
-                    && run.state.bank_sent_minor == orders * amount,
-            )
+impl RunFields {
+    /// The fields that fire `request` again, every switch and count as it
+    /// was.
+    fn of(request: &RunRequest) -> Self {
+        let form = super::LabForm::of(request);
+        Self {
+            compared: String::new(),
+            preset: form.preset.to_owned(),
+            count: form.count.to_string(),
+            cooldown: if form.cooldown { "on" } else { "off" }.to_owned(),
+            keys: form.keys.to_owned(),
+            idempotency: form.idempotency.to_owned(),
+            row_guard: form.row_guard.to_owned(),
+            payout: form.payout_mode.to_owned(),
+            bank: if form.bank_deduplicates {
+                "deduplicates"
+            } else {
+                "no_deduplication"
+            }
+            .to_owned(),
         }
     }
 }

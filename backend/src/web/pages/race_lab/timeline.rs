@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::race_lab::burst::Answer;
-use crate::race_lab::presets::{Preset, Stage};
+use crate::race_lab::presets::Stage;
 use crate::web::money;
 
 use super::answers::{how_it_ended, milliseconds};
@@ -51,19 +51,25 @@ pub(super) struct Mark {
 }
 
 impl Timeline {
-    /// The axis in SVG units: `COLUMNS` columns of `STEP` each.
-    const COLUMNS: u32 = 40;
+    /// The axis in SVG units: `COLUMNS` columns of `STEP` each. 32 columns
+    /// keep a mark at least 8 px wide on a 390 px phone, large enough to
+    /// tap.
+    const COLUMNS: u32 = 32;
     const STEP: u32 = 10;
     /// Marks one column holds before the next go to the nearest column
     /// with room: a dense moment spreads sideways a little rather than
-    /// growing a lane taller than a screen. 40 columns of 10 hold 400
-    /// marks, twice the largest run.
+    /// growing a lane taller than a screen. 32 columns of 10 hold 320
+    /// marks, more than the largest run.
     const STACK_MAX: u32 = 10;
 
     /// One lane per stage that any answer reached; x is the moment the
     /// answer came, since the burst; one mark per request, stacked, so
     /// that every mark can be counted at any N.
-    pub(super) fn of(answers: &[Answer], preset: Preset, cooldown_window: Option<Duration>) -> Self {
+    pub(super) fn of(
+        answers: &[Answer],
+        label: &dyn Fn(Stage) -> String,
+        cooldown_window: Option<Duration>,
+    ) -> Self {
         let last = answers
             .iter()
             .map(|answer| answer.answered)
@@ -77,7 +83,7 @@ impl Timeline {
         };
         let lanes = Stage::ALL
             .into_iter()
-            .filter_map(|stage| Lane::of(stage, answers, preset, &column_of))
+            .filter_map(|stage| Lane::of(stage, answers, label, &column_of))
             .collect();
         let quarter = axis_ms / 4.0;
         let (window_x, window_note) = match cooldown_window {
@@ -102,7 +108,7 @@ impl Lane {
     fn of(
         stage: Stage,
         answers: &[Answer],
-        preset: Preset,
+        label: &dyn Fn(Stage) -> String,
         column_of: &impl Fn(Duration) -> u32,
     ) -> Option<Self> {
         let mut heights = vec![0u32; Timeline::COLUMNS as usize];
@@ -130,7 +136,7 @@ impl Lane {
             })
             .collect::<Vec<_>>();
         (!marks.is_empty()).then(|| Lane {
-            label: stage.label(preset).to_owned(),
+            label: label(stage),
             class: stage.class().to_owned(),
             count: marks.len(),
             height,
@@ -222,6 +228,7 @@ fn axis_label(ms: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::race_lab::presets::Preset;
 
     #[test]
     fn the_axis_ends_at_a_round_number_at_or_past_the_last_answer() {
@@ -258,7 +265,7 @@ mod tests {
             (0..200).map(|_| answer(3)).collect::<Vec<_>>(),
             (0..200).map(answer).collect::<Vec<_>>(),
         ] {
-            let timeline = Timeline::of(&answers, Preset::SameKey, None);
+            let timeline = Timeline::of(&answers, &|stage| stage.label(Preset::SameKey).to_owned(), None);
             let lane = &timeline.lanes[0];
             assert_eq!(lane.count, 200);
             let mut places: Vec<(u32, u32)> = lane.marks.iter().map(|mark| (mark.x, mark.y)).collect();
