@@ -98,12 +98,19 @@ fn verdict(page: &str) -> bool {
     summary.starts_with('✓')
 }
 
-/// The headline of a run whose switched layers let the damage through: it
-/// says so as the expected result, and counts it.
+/// The headline of a run whose switched layers let the damage through:
+/// red with ✗, the harm counted, and under it the line that says this is
+/// what the switched layers let through.
 fn damage_as_expected(page: &str, counted: &str) -> String {
     let summary = text_of(page, "summary");
-    assert!(summary.starts_with("✓ As expected with"), "{summary}");
-    assert!(summary.contains(counted), "{summary}");
+    let said = text_of(page, "verdict");
+    assert!(summary.starts_with("✗ Money was harmed."), "{summary}");
+    assert!(page.contains("class=\"summary harmed\""), "{summary}");
+    assert!(said.starts_with("This is the damage let through with"), "{said}");
+    assert!(
+        summary.contains(counted) || said.contains(counted),
+        "{summary} / {said}"
+    );
     summary
 }
 
@@ -249,7 +256,8 @@ async fn each_layer_switched_off_shows_its_damage() {
     damage_as_expected(
         &page,
         &format!(
-            "One key was charged {transfers} times ({} duplicates",
+            "One key was charged {transfers} times: wallet A paid {} too much ({} duplicate",
+            layered_wallet::web::money::format((transfers - 1) * BALANCE / 20, "LAB"),
             transfers - 1
         ),
     );
@@ -702,10 +710,14 @@ async fn the_verdict_follows_the_switches_and_the_evidence() {
         ],
     )
     .await;
+    // No money was harmed, so the headline is green; the line under it
+    // says why the naive key could not fail.
     let summary = text_of(&page, "summary");
+    assert!(summary.starts_with("✓ No money was harmed"), "{summary}");
+    let said = text_of(&page, "verdict");
     assert!(
-        summary.starts_with("ℹ The cooldown lock stopped 29 of the 30 copies"),
-        "{summary}"
+        said.starts_with("The cooldown lock stopped 29 of the 30 copies"),
+        "{said}"
     );
     assert_eq!(lab_of(&app, "alice").await.transfers, 1);
 }
@@ -858,12 +870,15 @@ async fn crossing_with_the_naive_guard_shows_lost_updates_not_pool_timeouts() {
         lab.transfers > 50,
         "most crossing transfers went through: {lab:?}"
     );
-    // The lesson is the lost updates, judged as the naive guard predicts
-    // (or, should the race not hit, said so): never a red cross.
+    // The lesson is the lost updates: money harmed, in red, and the line
+    // under it names the naive guard (or, should the race not hit, says so).
     let summary = text_of(&page, "summary");
+    let said = text_of(&page, "verdict");
     assert!(
-        summary.starts_with("✓ As expected with the naive row guard") || summary.starts_with('ℹ'),
-        "{summary}"
+        (summary.starts_with("✗ Money was harmed.")
+            && said.starts_with("This is the damage let through with the naive row guard"))
+            || (summary.starts_with("✓ No money was harmed") && said.contains("did not hit")),
+        "{summary} / {said}"
     );
 }
 
@@ -1017,7 +1032,17 @@ async fn lab_payouts_leave_the_bank_once_unless_a_switch_breaks_the_saga() {
     let (status, page) = fire_payouts(&mut alice, &count, "outbox", "deduplicates").await;
     assert_eq!(status, "fired");
     assert!(verdict(&page), "{}", text_of(&page, "summary"));
-    assert!(page.contains("Held and accepted"));
+    // The funnel names each layer of the payout, down to the bank's key.
+    for layer in [
+        "Cooldown lock: not asked",
+        "Stopped by the idempotency key",
+        "Refused by the hold (the row guard)",
+        "Held (the row guard) and queued in the outbox",
+        "Sent by the outbox to the bank",
+        "Answered by the bank&#39;s key",
+    ] {
+        assert!(page.contains(layer), "{layer}");
+    }
     assert!(text_of(&page, "bank-note").contains(&format!("money sent {orders} times")));
     let clean = LabPayouts {
         wallet_a_balance_minor: BALANCE - paid_out,
@@ -1057,7 +1082,7 @@ async fn lab_payouts_leave_the_bank_once_unless_a_switch_breaks_the_saga() {
     // The bank called inside the transaction: the lost answer rolls the
     // debit back after the money left.
     let (_, page) = fire_payouts(&mut alice, &count, "call_in_transaction", "deduplicates").await;
-    damage_as_expected(&page, "money sent without a debit");
+    damage_as_expected(&page, "payouts that do not exist");
     assert_eq!(
         lab_state::<LabPayouts>(&app, "alice").await,
         LabPayouts {
@@ -1292,7 +1317,8 @@ async fn a_comparison_fires_each_alternative_and_counts_each_ones_damage() {
     ] {
         assert!(page.contains(name), "{name}");
     }
-    assert_eq!(page.matches(">None</td>").count(), 3, "{page}");
+    assert_eq!(page.matches(">✓ None</td>").count(), 3, "{page}");
+    assert_eq!(page.matches("class=\"verdict harmed\"").count(), 2, "{page}");
 
     // One run against the visitor's quota (one a minute here): a second
     // comparison is refused by the compare form, and fires nothing.
