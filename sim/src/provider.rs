@@ -132,7 +132,8 @@ pub struct Provider {
 
 impl Provider {
     /// Delivers to `targets` (instances, or one load balancer), signing
-    /// with `secret`, retrying as `policy` says.
+    /// with `secret` in its scheme (`signature::headers_for`), retrying as
+    /// `policy` says.
     pub fn new(targets: Vec<String>, secret: SecretString, policy: RetryPolicy) -> anyhow::Result<Self> {
         anyhow::ensure!(!targets.is_empty(), "the provider needs at least one target");
         Ok(Self {
@@ -155,17 +156,13 @@ impl Provider {
             Ok(body) => body,
             Err(_) => return Delivery::unanswered(),
         };
-        let header = signature::header_for(&self.secret, Utc::now(), &body);
         let url = format!("{}{DEPOSITS_PATH}", self.targets[target % self.targets.len()]);
-        let sent = self
-            .http
-            .post(url)
-            .header("content-type", "application/json")
-            .header(signature::HEADER, header)
-            .timeout(timeout)
-            .body(body)
-            .send()
-            .await;
+        let mut request = self.http.post(url).header("content-type", "application/json");
+        // In the secret's scheme: Standard Webhooks for a `whsec_` one.
+        for (name, value) in signature::headers_for(&self.secret, &event.event_id, Utc::now(), &body) {
+            request = request.header(name, value);
+        }
+        let sent = request.timeout(timeout).body(body).send().await;
         let Ok(response) = sent else {
             return Delivery::unanswered();
         };

@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use base64::Engine;
 use futures::StreamExt;
 use layered_wallet::decision::Decision;
 use rand::Rng;
@@ -63,9 +64,43 @@ pub struct ProviderArgs {
     /// one, shows the double credits the checks then find.
     #[arg(long, default_value = "atomic")]
     pub inbox: String,
+    /// How the provider signs: `provider-signature` (ours) or
+    /// `standard-webhooks`.
+    #[arg(long, value_enum, default_value_t = SignatureScheme::ProviderSignature)]
+    pub scheme: SignatureScheme,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+/// The two ways a provider may sign a deposit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SignatureScheme {
+    /// `Provider-Signature: t=…,v1=…`.
+    #[default]
+    ProviderSignature,
+    /// `webhook-id`, `webhook-timestamp`, `webhook-signature`, under a
+    /// `whsec_` secret.
+    StandardWebhooks,
+}
+
+impl SignatureScheme {
+    /// A fresh secret of this scheme, shared by the provider and the
+    /// instances.
+    fn new_secret(self) -> String {
+        match self {
+            Self::ProviderSignature => format!("sim-provider-{}", Uuid::new_v4().simple()),
+            Self::StandardWebhooks => {
+                let key: [u8; 32] = rand::thread_rng().r#gen();
+                format!(
+                    "{}{}",
+                    layered_wallet::settings::STANDARD_WEBHOOKS_SECRET_PREFIX,
+                    base64::engine::general_purpose::STANDARD.encode(key)
+                )
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -97,6 +132,7 @@ struct Delivered {
 pub struct Report {
     pub instances: usize,
     pub event_lock: bool,
+    pub scheme: SignatureScheme,
     pub events: usize,
     pub deliveries: usize,
     /// Deliveries that got no answer in time (the provider's time-outs).
@@ -111,7 +147,7 @@ pub struct Report {
 }
 
 pub async fn run(args: &ProviderArgs) -> anyhow::Result<Report> {
-    let secret = format!("sim-provider-{}", Uuid::new_v4().simple());
+    let secret = args.scheme.new_secret();
     let spec = args
         .stores
         .spec("sim-provider")?
@@ -167,6 +203,7 @@ pub async fn run(args: &ProviderArgs) -> anyhow::Result<Report> {
 
     let mut report = tally(&delivered, servers.len(), seconds);
     report.event_lock = args.event_lock;
+    report.scheme = args.scheme;
     check_answers(&delivered, &mut report.checks);
     let events: Vec<DepositEvent> = delivered.iter().map(|one| one.event.clone()).collect();
     check_credits(&db, &accounts, &opening, &events, &mut report.checks).await?;
@@ -348,11 +385,15 @@ pub async fn check_credits(
 pub fn print(report: &Report) {
     println!();
     println!(
-        "Provider run: {} events over {} instances (edge lock {}), {} deliveries in {:.1} s ({} unanswered in \
-         time; at most {} deliveries of one event)",
+        "Provider run: {} events over {} instances (edge lock {}, signed with {}), {} deliveries in {:.1} s ({} \
+         unanswered in time; at most {} deliveries of one event)",
         report.events,
         report.instances,
         if report.event_lock { "on" } else { "off" },
+        match report.scheme {
+            SignatureScheme::ProviderSignature => "Provider-Signature",
+            SignatureScheme::StandardWebhooks => "Standard Webhooks",
+        },
         report.deliveries,
         report.seconds,
         report.unanswered,

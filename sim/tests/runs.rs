@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use wallet_sim::broker_run::{self, BrokerArgs};
 use wallet_sim::instances::Stores;
 use wallet_sim::payout_run::{self, PayoutArgs};
-use wallet_sim::provider_run::{self, ProviderArgs};
+use wallet_sim::provider_run::{self, ProviderArgs, SignatureScheme};
 use wallet_testkit::{create_database, database_url_of, drop_database, redis_url};
 
 /// The `wallet-server` the workspace's tests build next to this test's
@@ -50,6 +50,8 @@ async fn a_misbehaving_provider_gets_every_event_credited_exactly_once() {
         backoff_base_ms: 10,
         event_lock: false,
         inbox: "atomic".into(),
+        // Standard Webhooks here; the naive run below signs with ours.
+        scheme: SignatureScheme::StandardWebhooks,
         json: false,
     };
     let report = provider_run::run(&args).await.expect("the run");
@@ -71,6 +73,7 @@ async fn a_misbehaving_provider_gets_every_event_credited_exactly_once() {
     let naive = provider_run::run(&ProviderArgs {
         events: 8,
         inbox: "check_then_insert".into(),
+        scheme: SignatureScheme::ProviderSignature,
         ..args.clone()
     })
     .await

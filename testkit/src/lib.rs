@@ -8,7 +8,8 @@
 //! The tests use the harness as one flat namespace (`use wallet_testkit::*`):
 //! the private modules sort it by concern, and everything public in them is
 //! re-exported here. The public modules are used by their paths
-//! (`wallet_testkit::chaos::run`, `wallet_testkit::visitor::Visitor`).
+//! (`wallet_testkit::chaos::run`, `wallet_testkit::visitor::Visitor`,
+//! `wallet_testkit::python_tools::protocol_venv`).
 
 pub mod answer_cutter;
 pub mod chaos;
@@ -17,6 +18,7 @@ pub mod nginx;
 pub mod private_redis_cluster;
 pub mod private_stores;
 pub mod proxy;
+pub mod python_tools;
 pub mod replicated_postgres;
 pub mod server_process;
 pub mod visitor;

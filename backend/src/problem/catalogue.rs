@@ -271,7 +271,7 @@ impl ProblemType {
                 StatusCode::UNAUTHORIZED,
                 "Provider signature missing or invalid",
                 "This address is for the payment provider only.",
-                "Deposits must carry a Provider-Signature header: t=<unix seconds>,v1=<hex HMAC-SHA256 of t, a dot and the body> under a secret in provider_webhook_secrets, with t within provider_signature_tolerance_s of the server's clock. User tokens are not accepted here. Nothing was stored.",
+                "Deposits must be signed in one of two schemes, under a secret in provider_webhook_secrets, at a time within provider_signature_tolerance_s of the server's clock: a Provider-Signature header, t=<unix seconds>,v1=<hex HMAC-SHA256 of t, a dot and the body>; or Standard Webhooks, with webhook-id (the body's event_id), webhook-timestamp and webhook-signature (v1,<base64 HMAC-SHA256 of the id, the timestamp and the body, joined by dots>) under a whsec_ secret. User tokens are not accepted here. Nothing was stored.",
             ),
             EventPayloadChanged => (
                 "event-payload-changed",

@@ -63,13 +63,13 @@ async fn decide(
         Ok(body) => body,
         Err(problem) => return invalid(problem),
     };
-    // Two signature headers are refused, as every single-valued header
-    // is: a proxy in front might check one and this server the other.
-    let header = match crate::headers::single(request, provider_signature::HEADER) {
-        Ok(header) => header.map(|value| value.as_bytes()),
+    // A signature header sent twice is refused, as every single-valued
+    // header is: a proxy in front might check one and this server the other.
+    let headers = match provider_signature::SignatureHeaders::of(request) {
+        Ok(headers) => headers,
         Err(problem) => return invalid(problem),
     };
-    if let Err(refused) = state.provider_signatures.verify(header, &body, Utc::now()) {
+    if let Err(refused) = state.provider_signatures.verify(&headers, &body, Utc::now()) {
         tracing::warn!(reason = refused.as_str(), "refused a deposit's signature");
         let problem = Problem::new(
             ProblemType::ProviderSignatureInvalid,

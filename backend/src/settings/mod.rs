@@ -31,7 +31,8 @@ pub use declare::{Bounds, SettingDoc, SettingValue, Shown, choice_name, parse_ch
 pub use declared::{SETTINGS_DOC, Settings};
 pub use doc::render_settings_doc;
 pub use sections::{
-    Accounts, Config, Cooldown, Database, Demo, Feed, Http, Idempotency, Money, RaceLab, Redis, RowGuard,
+    Accounts, Config, Cooldown, Database, Demo, Feed, Http, Idempotency, Money, ProviderSecret, RaceLab,
+    Redis, RowGuard, STANDARD_WEBHOOKS_SECRET_PREFIX, provider_secret,
 };
 
 /// What a transfer statement's timeout must leave beyond the waits it

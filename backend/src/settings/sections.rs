@@ -33,7 +33,9 @@ mod stores;
 pub use accounts::{Accounts, Money};
 pub use demos::{Demo, RaceLab};
 pub use feed::Feed;
-pub use flows::{Commands, Deposits, Payouts};
+pub use flows::{
+    Commands, Deposits, Payouts, ProviderSecret, STANDARD_WEBHOOKS_SECRET_PREFIX, provider_secret,
+};
 pub use layers::{Cooldown, Idempotency, RowGuard};
 pub use serving::Http;
 pub use stores::{Database, Redis};

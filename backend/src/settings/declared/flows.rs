@@ -12,8 +12,10 @@ macro_rules! flows_settings {
     ([$($files:ident)*] $($sections:tt)*) => {
         $crate::settings::declare::declare_settings! { @gather [$($files)*] $($sections)*
             section "Deposits from a payment provider" {
-                /// Secrets the provider signs deposit webhooks with, each at least 32
-                /// bytes. Several at once let a secret be rotated without refusing a
+                /// Secrets the provider signs deposit webhooks with. One of at least 32
+                /// bytes signs `Provider-Signature`; one written `whsec_` and the base64
+                /// of 24 to 64 bytes signs Standard Webhooks (`webhook-signature`).
+                /// Several at once let a secret be rotated without refusing a
                 /// delivery: add the new one, move the provider over, remove the old.
                 provider_webhook_secrets: Vec<SecretString> = Vec::new(),
                     empty "no provider can sign, so every deposit is refused (401)";

@@ -4,14 +4,54 @@
 
 use std::time::Duration;
 
-use secrecy::{ExposeSecret, SecretString};
+use base64::Engine;
+use base64::engine::DecodePaddingMode;
+use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
+use secrecy::{ExposeSecret, SecretSlice, SecretString};
 
 use crate::settings::checks::Checks;
 use crate::settings::{InboxMode, PayoutMode, Settings};
 
+/// How a Standard Webhooks secret begins; the base64 of its key follows.
+pub const STANDARD_WEBHOOKS_SECRET_PREFIX: &str = "whsec_";
+
+/// What one of `provider_webhook_secrets` is, by its form.
+pub enum ProviderSecret {
+    /// At least 32 bytes: our `Provider-Signature` scheme's, used as it is.
+    Ours,
+    /// `whsec_` and base64: Standard Webhooks', with the 24 to 64 bytes of
+    /// key it encodes, as the specification has them.
+    StandardWebhooks(SecretSlice<u8>),
+    /// Neither.
+    Unusable,
+}
+
+/// Base64 with or without its padding, as the specification's libraries
+/// read a secret.
+const SECRET_BASE64: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
+
+/// The form of one provider secret: the one rule for what a secret is.
+pub fn provider_secret(secret: &SecretString) -> ProviderSecret {
+    let text = secret.expose_secret();
+    match text.strip_prefix(STANDARD_WEBHOOKS_SECRET_PREFIX) {
+        Some(encoded) => match SECRET_BASE64.decode(encoded) {
+            Ok(key) if (24..=64).contains(&key.len()) => {
+                ProviderSecret::StandardWebhooks(SecretSlice::from(key))
+            }
+            _ => ProviderSecret::Unusable,
+        },
+        None if text.len() >= 32 => ProviderSecret::Ours,
+        None => ProviderSecret::Unusable,
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Deposits {
-    /// Each at least 32 bytes; empty: every deposit is refused.
+    /// Each of a form `provider_secret` takes; empty: every deposit is
+    /// refused.
     pub provider_webhook_secrets: Vec<SecretString>,
     pub signature_tolerance: Duration,
     pub amount_minor_max: i64,
@@ -32,8 +72,8 @@ impl Deposits {
         check.require(
             s.provider_webhook_secrets
                 .iter()
-                .all(|secret| secret.expose_secret().len() >= 32),
-            "each of provider_webhook_secrets must be at least 32 bytes",
+                .all(|secret| !matches!(provider_secret(secret), ProviderSecret::Unusable)),
+            "each of provider_webhook_secrets must be at least 32 bytes, or whsec_ and the base64 of 24 to 64 bytes",
         );
         require_the_inbox_to_outlast(
             s,
