@@ -159,9 +159,11 @@ impl Damage {
             if balance != ledger {
                 say(
                     format!(
-                        "Wallet {name} shows {}, but its opening balance plus its ledger is {}: an update was lost",
+                        "Wallet {name} shows {}, but its opening balance plus its ledger is {}: lost updates \
+                         misstate it by {}",
                         money(balance),
-                        money(ledger)
+                        money(ledger),
+                        money((balance - ledger).abs())
                     ),
                     (balance - ledger).abs(),
                 );

@@ -206,7 +206,8 @@ fn the_damage_is_counted_in_sentences() {
             ("Wallet A sent LAB 10000 more than it held: an overdraft".to_owned(), 10_000),
             ("LAB 14900 was created from nothing in wallets A and B".to_owned(), 14_900),
             (
-                "Wallet A shows LAB 4900, but its opening balance plus its ledger is LAB -10000: an update was lost"
+                "Wallet A shows LAB 4900, but its opening balance plus its ledger is LAB -10000: lost updates \
+                 misstate it by LAB 14900"
                     .to_owned(),
                 14_900
             ),
