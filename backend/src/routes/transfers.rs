@@ -33,7 +33,7 @@ use crate::transfer::pipeline;
     params(("Idempotency-Key" = Option<Uuid>, Header,
         description = "A UUID naming this transfer; retries with the same key replay the first response"),
         ("Race-Lab-Switches" = Option<String>, Header,
-        description = "Race lab only: e.g. `cooldown=off, idempotency=check_then_insert, row_guard=read_decide_write, run=<uuid>`. Honoured only with a valid Race-Lab-Pass, for transfers between the caller's own two race-lab wallets"),
+        description = "Race lab only: e.g. `cooldown=off, idempotency=check_then_insert, row_guard=read_decide_write, run=<uuid>`. The pattern states the members in that order, `, ` between them; the server reads them in any order, each at most once, with any spaces around `,` and `=`. Honoured only with a valid Race-Lab-Pass, for transfers between the caller's own two race-lab wallets"),
         ("Race-Lab-Pass" = Option<String>, Header,
         description = "Race lab only: the pass a race-lab run mints for each request it sends, bound to the caller, the run, the shot and the switches, accepted once before it expires. Other clients cannot make one")),
     responses(

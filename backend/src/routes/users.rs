@@ -22,11 +22,14 @@ pub struct Credentials {
     /// characters Unicode allows in identifiers, UTS #39, read after NFKC),
     /// with single plain spaces between words. Latin may not mix with
     /// Cyrillic or Greek, nor a name with more than two scripts, and a name
-    /// that looks like an existing one is refused. The pattern says the
-    /// part a regular expression can: no blank at either end, no two blanks
-    /// together, no blank but a plain space.
+    /// that looks like an existing one is refused (409). The pattern states
+    /// the names every deployment accepts: ASCII letters, digits and
+    /// `' . _ : -`. Beyond them, `x-accepted-pattern` says what every
+    /// accepted name keeps (no blank at either end, no two blanks together,
+    /// no blank but a plain space), and the rules above decide the rest.
     pub name: String,
-    /// 8 to 128 characters.
+    /// `password_chars_min` to `password_chars_max` characters (8 to 128
+    /// unless the deployment says otherwise; the schema states its own).
     #[schema(value_type = String, format = Password)]
     pub password: SecretString,
 }

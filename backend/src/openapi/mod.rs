@@ -6,8 +6,8 @@
 //! failure an operation can answer, grouped by status with the problem
 //! types from the catalogue (`problem::ProblemType`), the headers every
 //! response carries, the limits this deployment enforces (from its
-//! settings), and the links that lead from one operation's answer to the
-//! next.
+//! settings, `bounds`), and the links that lead from one operation's answer
+//! to the next.
 
 use serde_json::{Map, Value, json};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -17,6 +17,8 @@ use crate::problem::ProblemType::{self, *};
 use crate::routes::{decisions, deposits, health, payouts, transfers, users, wallets};
 use crate::settings::Config;
 use crate::state::AppState;
+
+mod bounds;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -151,8 +153,6 @@ fn header(description: &str) -> Value {
     json!({ "description": description, "schema": { "type": "string" } })
 }
 
-const UUID_PATTERN: &str = "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}";
-
 /// Completes the generated document: failures, headers, limits, links.
 fn contract(document: &mut Value, config: &Config) {
     let Some(paths) = document["paths"].as_object_mut() else {
@@ -178,7 +178,7 @@ fn contract(document: &mut Value, config: &Config) {
                 add_headers(response, method, path, status);
             }
             add_links(responses, method, path);
-            constrain_parameters(operation, config);
+            bounds::constrain_parameters(operation, config);
             // An operation anyone may call says so, rather than leaving a
             // reader (or a linter) to guess: signing up and in, the probes,
             // and the provider's webhook, which its signature authenticates.
@@ -190,19 +190,7 @@ fn contract(document: &mut Value, config: &Config) {
     // Relative to wherever the document was fetched from: every instance
     // serves it about itself.
     document["servers"] = json!([{ "url": "/", "description": "The instance that served this document" }]);
-    if let Some(name) = document.pointer_mut("/components/schemas/Credentials/properties/name") {
-        name["minLength"] = json!(1);
-        name["maxLength"] = json!(config.accounts.user_name_chars_max);
-        name["pattern"] = json!(crate::names::SPACING_PATTERN);
-    }
-    if let Some(amount) = document.pointer_mut("/components/schemas/TransferBody/properties/amount_minor") {
-        amount["minimum"] = json!(1);
-        amount["maximum"] = json!(config.money.transfer_amount_minor_max);
-    }
-    if let Some(amount) = document.pointer_mut("/components/schemas/PayoutBody/properties/amount_minor") {
-        amount["minimum"] = json!(1);
-        amount["maximum"] = json!(config.payouts.amount_minor_max);
-    }
+    bounds::state(document, config);
 }
 
 fn add_failures(responses: &mut Map<String, Value>, failures: &[ProblemType]) {
@@ -297,38 +285,6 @@ fn add_links(responses: &mut Map<String, Value>, method: &str, path: &str) {
     };
     if let Some(success) = responses.get_mut("201") {
         success["links"] = links;
-    }
-}
-
-fn constrain_parameters(operation: &mut Value, config: &Config) {
-    let page_max = match operation["operationId"].as_str() {
-        Some("list_transfers") => config.money.transfers_page_rows_max,
-        _ => config.feed.page_entries_max as i64,
-    };
-    // `get_mut`, not indexing: indexing a missing key would insert a null.
-    let Some(parameters) = operation.get_mut("parameters").and_then(Value::as_array_mut) else {
-        return;
-    };
-    for parameter in parameters {
-        match parameter["name"].as_str() {
-            Some("limit") => {
-                parameter["schema"] = json!({ "type": "integer", "minimum": 1, "maximum": page_max });
-            }
-            Some("after") => {
-                parameter["schema"] = json!({ "type": "string", "pattern": "^[0-9]{1,19}-[0-9]{1,19}$" });
-            }
-            Some("Idempotency-Key") => {
-                parameter["schema"] = json!({
-                    "type": "string",
-                    "pattern": format!("^({UUID_PATTERN}|\"{UUID_PATTERN}\")$"),
-                });
-            }
-            Some("id") => {
-                parameter["schema"] =
-                    json!({ "type": "string", "format": "uuid", "pattern": format!("^{UUID_PATTERN}$") });
-            }
-            _ => {}
-        }
     }
 }
 
