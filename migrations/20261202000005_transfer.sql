@@ -147,3 +147,151 @@ BEGIN
     END IF;
 END
 $$;
+
+-- Many transfers in one call: each decided exactly as transfer() decides
+-- it, in one transaction, so that a batch costs one round trip. Inputs are
+-- parallel arrays, one element per transfer; each row out is one
+-- transfer's answer, by its index (1-based) in the arrays, in transfer()'s
+-- columns, plus `failure`: the SQLSTATE of an error that undid that
+-- transfer alone (nothing of it was written, its key is free again).
+--
+-- Locks are taken in one global order across the whole batch, the order
+-- every single transfer() also follows, so batches and single transfers
+-- never deadlock:
+--   1. the idempotency keys, claimed in (user, key) order (a transfer()
+--      claims its one key before any wallet);
+--   2. every wallet the batch will touch, locked at once in wallet-id
+--      order (row_guard_transfer() locks its two in that order too);
+--   3. then each transfer's row guard and stored answer, in input order;
+--      its wallets are already held.
+-- A transaction waiting on a key holds no wallet, and one holding wallets
+-- waits for no key, so no cycle can form. Each transfer's claim and guard
+-- run in a block of their own: one transfer's error rolls back only that
+-- transfer. The same key twice in one batch is the caller's error: the
+-- second finds the first in flight.
+-- One transfer's answer in a batch: transfer()'s columns, and `failure`.
+CREATE TYPE transfer_answer AS (
+    refused access_refusal,
+    claim claim_verdict,
+    claim_ms double precision,
+    guard guard_verdict,
+    guard_ms double precision,
+    balance_minor_after bigint,
+    created_at timestamptz,
+    response_status smallint,
+    response_body text,
+    response_refusal guard_verdict,
+    response_trace_id text,
+    failure text
+);
+
+CREATE FUNCTION transfer_batch(
+    p_users uuid[],
+    p_token_hashes bytea[],
+    p_keys uuid[],
+    p_fingerprints bytea[],
+    p_transfer_ids uuid[],
+    p_froms uuid[],
+    p_tos uuid[],
+    p_amounts bigint[],
+    p_trace_ids text[],
+    p_retention_hours int,
+    p_claim_wait_ms int,
+    p_wallet_wait_ms int
+)
+RETURNS TABLE (idx int, answer transfer_answer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_n int := coalesce(array_length(p_users, 1), 0);
+    v_answers transfer_answer[];
+    v_going boolean[];
+    v_refused access_refusal;
+    v_claim record;
+    v_guard record;
+    v_started timestamptz;
+    v_i int;
+BEGIN
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    v_answers := array_fill(NULL::transfer_answer, ARRAY[v_n]);
+    v_going := array_fill(true, ARRAY[v_n]);
+
+    -- 1. Access, then the keys, in (user, key) order; keyless transfers
+    -- only need access.
+    FOR v_i IN
+        SELECT i FROM generate_subscripts(p_users, 1) AS i ORDER BY p_users[i], p_keys[i] NULLS LAST, i
+    LOOP
+        BEGIN
+            v_refused := access_refused(p_users[v_i], p_token_hashes[v_i], p_froms[v_i], p_tos[v_i]);
+            IF v_refused IS NOT NULL THEN
+                v_answers[v_i].refused := v_refused;
+                v_going[v_i] := false;
+            ELSIF p_keys[v_i] IS NOT NULL THEN
+                v_started := clock_timestamp();
+                SELECT * INTO v_claim
+                  FROM idempotency_claim(p_users[v_i], p_keys[v_i], p_fingerprints[v_i], p_retention_hours,
+                                         p_claim_wait_ms);
+                v_answers[v_i].claim := v_claim.outcome;
+                v_answers[v_i].claim_ms := extract(epoch FROM clock_timestamp() - v_started) * 1000;
+                v_answers[v_i].response_status := v_claim.response_status;
+                v_answers[v_i].response_body := v_claim.response_body;
+                v_answers[v_i].response_refusal := v_claim.response_refusal;
+                v_answers[v_i].response_trace_id := v_claim.response_trace_id;
+                v_going[v_i] := v_claim.outcome = 'started';
+            END IF;
+        EXCEPTION WHEN OTHERS THEN
+            v_answers[v_i] := ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, SQLSTATE);
+            v_going[v_i] := false;
+        END;
+    END LOOP;
+
+    -- 2. Every wallet of the transfers still going, at once, in id order.
+    PERFORM set_config('lock_timeout', p_wallet_wait_ms || 'ms', true);
+    PERFORM 1 FROM wallets w
+      WHERE w.id IN (SELECT unnest(ARRAY[p_froms[i], p_tos[i]])
+                       FROM generate_subscripts(p_users, 1) AS i WHERE v_going[i])
+      ORDER BY w.id
+        FOR NO KEY UPDATE;
+
+    -- 3. Each row guard and stored answer, in input order; its wallets
+    -- are held already.
+    FOR v_i IN 1 .. v_n LOOP
+        CONTINUE WHEN NOT v_going[v_i];
+        BEGIN
+            v_started := clock_timestamp();
+            SELECT * INTO v_guard
+              FROM row_guard_transfer(p_transfer_ids[v_i], p_users[v_i], p_froms[v_i], p_tos[v_i],
+                                      p_amounts[v_i], p_keys[v_i], p_wallet_wait_ms);
+            IF v_guard.outcome = 'not_owner' THEN
+                RAISE EXCEPTION 'row guard refused an owner';
+            END IF;
+            v_answers[v_i].guard := v_guard.outcome;
+            v_answers[v_i].guard_ms := extract(epoch FROM clock_timestamp() - v_started) * 1000;
+            v_answers[v_i].balance_minor_after := v_guard.balance_minor_after;
+            v_answers[v_i].created_at := v_guard.created_at;
+            v_answers[v_i].response_trace_id := p_trace_ids[v_i];
+            IF v_guard.outcome = 'accepted' THEN
+                v_answers[v_i].response_status := 201;
+                v_answers[v_i].response_body := transfer_receipt(
+                    p_transfer_ids[v_i], p_froms[v_i], p_tos[v_i], p_amounts[v_i], v_guard.created_at,
+                    v_guard.balance_minor_after);
+            ELSE
+                v_answers[v_i].response_status := 422;
+                v_answers[v_i].response_refusal := v_guard.outcome;
+            END IF;
+            IF p_keys[v_i] IS NOT NULL THEN
+                PERFORM idempotency_complete(p_users[v_i], p_keys[v_i], v_guard.outcome,
+                                             v_answers[v_i].response_body, p_trace_ids[v_i], p_transfer_ids[v_i]);
+            END IF;
+        EXCEPTION WHEN OTHERS THEN
+            -- This transfer's guard and answer were undone; its claim, made
+            -- in step 1, goes too, so that a retry runs it afresh.
+            DELETE FROM idempotency_keys k WHERE k.user_id = p_users[v_i] AND k.key = p_keys[v_i];
+            v_answers[v_i] := ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, SQLSTATE);
+        END;
+    END LOOP;
+
+    RETURN QUERY SELECT i, v_answers[i] FROM generate_subscripts(v_answers, 1) AS i ORDER BY i;
+END
+$$;

@@ -1,0 +1,33 @@
+-- The database alone deciding :batch transfers in one call of the
+-- service's transfer_batch(), with the arguments the server passes (live
+-- tokens, fresh idempotency keys, the default waits): one round trip per
+-- batch. :n wallets; each transfer pays from a random wallet to another
+-- random one (crossing transfers included); :hot = 1 makes every transfer
+-- pay wallet 1.
+\set seed random(1, 2147483647)
+SELECT count(*) FILTER (WHERE (answer).failure IS NOT NULL) AS failures FROM (
+  WITH t AS (
+    SELECT i,
+           1 + (abs(hashint4(:seed + i)) % (:n - :hot)) + :hot AS a,
+           CASE WHEN :hot = 1 THEN 1 ELSE 1 + (abs(hashint4(:seed + 7919 * i)) % :n) END AS b
+      FROM generate_series(1, :batch) AS i
+  ), named AS (
+    SELECT i, ('00000000-0000-0000-0000-' || lpad(to_hex(a), 12, '0'))::uuid AS u,
+           ('00000000-0000-0000-0001-' || lpad(to_hex(a), 12, '0'))::uuid AS f,
+           ('00000000-0000-0000-0001-' || lpad(to_hex(CASE WHEN b = a THEN 1 + a % :n ELSE b END), 12, '0'))::uuid AS t,
+           sha256(convert_to('pgbench-token-' || a, 'UTF8')) AS h,
+           gen_random_uuid() AS k
+      FROM t
+  )
+  SELECT * FROM transfer_batch(
+      (SELECT array_agg(u ORDER BY i) FROM named),
+      (SELECT array_agg(h ORDER BY i) FROM named),
+      (SELECT array_agg(k ORDER BY i) FROM named),
+      (SELECT array_agg(sha256(convert_to('fingerprint-' || k, 'UTF8')) ORDER BY i) FROM named),
+      (SELECT array_agg(gen_random_uuid() ORDER BY i) FROM named),
+      (SELECT array_agg(f ORDER BY i) FROM named),
+      (SELECT array_agg(t ORDER BY i) FROM named),
+      (SELECT array_fill(1::bigint, ARRAY[:batch])),
+      (SELECT array_fill('4bf92f3577b34da6a3ce929d0e0e4736'::text, ARRAY[:batch])),
+      24, 2000, 3000)
+) AS answers;
