@@ -231,7 +231,9 @@ impl TestApp {
     /// everything delivered was acknowledged.
     pub async fn wait_until_nothing_pending(&self) {
         for _ in 0..300 {
-            if self.commands_pending().await == 0 {
+            // An entry just published is neither pending nor handled until
+            // a consumer reads it: wait for both.
+            if self.commands_pending().await == 0 && self.commands_undelivered().await == 0 {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -285,6 +287,42 @@ impl TestApp {
         pending
     }
 
+    /// Streams whose newest entry the group has not read yet.
+    pub async fn commands_undelivered(&self) -> u64 {
+        let mut conn = redis().await;
+        let streams = self.command_streams();
+        let mut undelivered = 0;
+        for partition in 0..streams.partitions() {
+            let stream = streams.stream(partition);
+            let newest: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
+                .arg(&stream)
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(1)
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_default();
+            let Some((newest, _)) = newest.into_iter().next() else {
+                continue;
+            };
+            let groups: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("XINFO")
+                .arg("GROUPS")
+                .arg(&stream)
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_default();
+            let delivered = groups
+                .iter()
+                .find(|group| group.get("name").is_some_and(|name| value_text(name) == GROUP))
+                .and_then(|group| group.get("last-delivered-id").map(value_text));
+            if delivered.is_none_or(|delivered| stream_id(&delivered) < stream_id(&newest)) {
+                undelivered += 1;
+            }
+        }
+        undelivered
+    }
+
     /// The entries of one of the commands' own streams (dead letters,
     /// results), oldest first, as field maps.
     pub async fn stream_entries(&self, stream: String) -> Vec<std::collections::HashMap<String, String>> {
@@ -300,4 +338,18 @@ impl TestApp {
             .map(|(_, fields)| fields.into_iter().collect())
             .collect()
     }
+}
+
+fn value_text(value: &redis::Value) -> String {
+    match value {
+        redis::Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+        redis::Value::SimpleString(text) => text.clone(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// A stream id as a pair of numbers, so that ids compare as Redis orders them.
+fn stream_id(id: &str) -> (u64, u64) {
+    let (millis, sequence) = id.split_once('-').unwrap_or((id, "0"));
+    (millis.parse().unwrap_or(0), sequence.parse().unwrap_or(0))
 }
