@@ -1,5 +1,5 @@
 //! The race lab's payouts: money that leaves, through the payout saga, to
-//! the lab's own bank (`payout::lab_bank`), which sends each payout and
+//! the lab's own bank (`race_lab::bank`), which sends each payout and
 //! then loses its first answer.
 //!
 //! 1. **The orders**: N payouts of lab money from wallet A at once, each
