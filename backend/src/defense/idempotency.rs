@@ -20,8 +20,10 @@
 //!
 //! The claim's SQL is the function `idempotency_claim()`
 //! (migrations/20261202000004_idempotency.sql), so that the whole
-//! transfer can run in one round trip (`transfer()`); this module calls it
-//! on its own when the transfer runs step by step (demonstration modes).
+//! transfer can run in one round trip (`transfer()`). The race lab's
+//! weakened claims (check-then-insert, an advisory lock, a Redis lock on
+//! the key) are in `weakened/idempotency.rs` and
+//! `weakened/idempotency_key_lock.rs`, not here.
 //!
 //! **Does not guarantee** anything for requests without a key (the cooldown
 //! sheds those bursts, the row guard keeps the balance right) or after a key

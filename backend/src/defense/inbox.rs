@@ -25,7 +25,8 @@
 //! The claim's SQL is `inbox_claim()`
 //! (migrations/20261202000011_inbox_and_deposits.sql), called inside each
 //! entry point's one statement (`deposit()`, `broker_command()`), which
-//! answers with [`InboxClaim`].
+//! answers with [`InboxClaim`]. The race lab's weakened inbox
+//! (check-then-insert) is in `weakened/inbox.rs`, not here.
 
 use crate::decision::Outcome;
 

@@ -1,8 +1,8 @@
 //! Transfers: the pipeline through the three layers (`pipeline`), the
 //! PostgreSQL call that holds layers 2 and 3 (`transaction`), admission
 //! (`admission`), the history (`history`), and who money goes to
-//! (`recipient`). The race lab's weakened variants are in
-//! `crate::weakened`, not here.
+//! (`recipient`). The race lab's weakened variants are in `weakened/`, not
+//! here.
 
 pub mod history;
 pub mod pipeline;

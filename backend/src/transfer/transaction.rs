@@ -12,6 +12,9 @@
 //! Serialization failures and deadlocks are retried up to
 //! `transfer_retries_max` times; neither should happen with the fixed lock
 //! order, and neither reaches the client as a 500.
+//!
+//! The race lab's weakened transaction, one statement at a time so that a
+//! weakened layer can stand in, is in `weakened/transfer_transaction.rs`.
 
 use std::future::Future;
 
