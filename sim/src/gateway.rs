@@ -13,6 +13,9 @@
 //!
 //! Its ledger (`gateway_sent`) is the truth about money that left: each row
 //! is one sending. The checks of a payout run read it.
+//!
+//! It implements the protocol of `docs/gateway.openapi.yaml`, and
+//! schemathesis holds it to that document (`backend/tests/gateway_protocol.rs`).
 
 use std::time::Duration;
 
@@ -92,19 +95,87 @@ pub struct GatewayArgs {
     /// answered as unknown, and a request with it is applied afresh.
     #[arg(long, default_value_t = 0)]
     pub key_retention_ms: u64,
+    /// Appends every payout request, as received, to this file (a JSON
+    /// object a line): what the protocol tests hold the caller's requests
+    /// to.
+    #[arg(long)]
+    pub record_requests: Option<std::path::PathBuf>,
+}
+
+/// Appends `request` (with `body`, when it has one) to
+/// `--record-requests`, if set.
+fn record(gateway: &Gateway, request: &HttpRequest, body: Option<&[u8]>) {
+    let Some(path) = &gateway.args.record_requests else {
+        return;
+    };
+    let header = |name: &str| {
+        request
+            .headers()
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned)
+    };
+    let line = json!({
+        "method": request.method().as_str(),
+        "path": request.path(),
+        "headers": {
+            "idempotency-key": header("idempotency-key"),
+            "content-type": header("content-type"),
+            "traceparent": header("traceparent"),
+        },
+        "body": body.map(|body| String::from_utf8_lossy(body).into_owned()),
+    });
+    let appended = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut file| std::io::Write::write_all(&mut file, format!("{line}\n").as_bytes()));
+    if let Err(error) = appended {
+        eprintln!("gateway: could not record a request: {error}");
+    }
 }
 
 /// A payout as the gateway's API takes it.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PayoutBody {
+    #[serde(deserialize_with = "whole_number")]
     amount_minor: i64,
     currency: String,
     destination: String,
     /// The caller's own name for the payout, kept with each sending: what
     /// the checks group sendings by, whatever key each attempt carried.
-    #[serde(default)]
+    /// Optional, but never `null` (`docs/gateway.openapi.yaml`).
+    #[serde(default, deserialize_with = "present_string")]
     reference: Option<String>,
+}
+
+/// An integer as JSON Schema has it: `7482.0` is one too.
+fn whole_number<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
+    let number = serde_json::Number::deserialize(deserializer)?;
+    number
+        .as_i64()
+        .or_else(|| {
+            number
+                .as_f64()
+                .filter(|n| n.fract() == 0.0 && n.abs() < 9.0e18)
+                .map(|n| n as i64)
+        })
+        .ok_or_else(|| serde::de::Error::custom("amount_minor must be an integer"))
+}
+
+/// A field that may be left out, but is a string when it is there.
+fn present_string<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<String>, D::Error> {
+    String::deserialize(deserializer).map(Some)
+}
+
+/// Whether `key` is an `Idempotency-Key` the protocol allows: 1 to 255
+/// URL-safe characters, so that a look-up can name it in its path.
+fn is_key(key: &str) -> bool {
+    (1..=IDEMPOTENCY_KEY_BYTES_MAX).contains(&key.len())
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._~-".contains(&b))
 }
 
 impl PayoutBody {
@@ -124,12 +195,10 @@ impl PayoutBody {
         {
             return Some("destination must be 1 to 64 letters, digits and - _ . :");
         }
-        if self
-            .reference
-            .as_ref()
-            .is_some_and(|reference| reference.len() > 64)
-        {
-            return Some("reference must be at most 64 characters");
+        if self.reference.as_ref().is_some_and(|reference| {
+            reference.chars().count() > 64 || reference.chars().any(char::is_control)
+        }) {
+            return Some("reference must be at most 64 characters, none of them control characters");
         }
         None
     }
@@ -169,8 +238,9 @@ pub async fn serve(args: GatewayArgs) -> anyhow::Result<()> {
                 "/healthz",
                 web::get().to(|| async { HttpResponse::Ok().body("ok") }),
             )
-            .route("/v1/payouts", web::post().to(send_payout))
-            .route("/v1/payouts/{key}", web::get().to(payout_by_key))
+            // Resources, so that another method is answered 405.
+            .service(web::resource("/v1/payouts").route(web::post().to(send_payout)))
+            .service(web::resource("/v1/payouts/{key}").route(web::get().to(payout_by_key)))
     })
     .bind(&listen)?
     .run()
@@ -193,6 +263,7 @@ fn chance(rate: f64) -> bool {
 }
 
 async fn send_payout(request: HttpRequest, body: web::Bytes, gateway: web::Data<Gateway>) -> HttpResponse {
+    record(&gateway, &request, Some(&body));
     let args = &gateway.args;
     if args.latency_ms > 0 {
         tokio::time::sleep(Duration::from_millis(args.latency_ms)).await;
@@ -201,13 +272,13 @@ async fn send_payout(request: HttpRequest, body: web::Bytes, gateway: web::Data<
         .headers()
         .get("idempotency-key")
         .and_then(|value| value.to_str().ok())
-        .filter(|key| !key.is_empty() && key.len() <= IDEMPOTENCY_KEY_BYTES_MAX)
+        .filter(|key| is_key(key))
         .map(str::to_owned)
     else {
         return error(
             StatusCode::BAD_REQUEST,
             "idempotency_key_required",
-            "every payout needs an Idempotency-Key of 1 to 255 characters",
+            "every payout needs an Idempotency-Key of 1 to 255 letters, digits and . _ ~ -",
         );
     };
     let payout: PayoutBody = match serde_json::from_slice(&body) {
@@ -375,7 +446,19 @@ async fn apply(gateway: &Gateway, key: &str, payout: &PayoutBody) -> Result<Appl
 /// forgotten), the protocol's unknown-key answer: 404, problem+json, of
 /// type `UNKNOWN_KEY_PROBLEM_TYPE`, the one answer a caller may release a
 /// hold on.
-async fn payout_by_key(key: web::Path<String>, gateway: web::Data<Gateway>) -> HttpResponse {
+async fn payout_by_key(
+    request: HttpRequest,
+    key: web::Path<String>,
+    gateway: web::Data<Gateway>,
+) -> HttpResponse {
+    record(&gateway, &request, None);
+    if !is_key(&key) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_key",
+            "an Idempotency-Key is 1 to 255 letters, digits and . _ ~ -",
+        );
+    }
     let stored: Result<Option<(i16, String)>, sqlx::Error> = match forget_old_keys(&gateway).await {
         Ok(()) => {
             sqlx::query_as("SELECT status, body FROM gateway_requests WHERE idempotency_key = $1")

@@ -14,6 +14,10 @@
 //! (`UNKNOWN_KEY_PROBLEM_TYPE`): a bare 404 is what a wrong path, a proxy or
 //! a load balancer answers, and says nothing about the payout. A 422 is a
 //! refusal only with the gateway's error body.
+//!
+//! The protocol, as a bank's engineer would implement it, is the OpenAPI
+//! document `docs/gateway.openapi.yaml`; `backend/tests/gateway_protocol.rs`
+//! holds this client and the simulator to it.
 
 use std::time::Duration;
 
@@ -136,7 +140,10 @@ impl Heard {
         let error = serde_json::from_slice::<ErrorBody>(&self.body).ok();
         let said = error
             .as_ref()
-            .map(|error| format!("{}: {}", error.error, error.message))
+            .map(|error| match error.message.as_str() {
+                "" => error.error.clone(),
+                message => format!("{}: {message}", error.error),
+            })
             .unwrap_or_else(|| "no readable reason".to_owned());
         match status {
             StatusCode::UNPROCESSABLE_ENTITY if error.is_some() => GatewayAnswer::Refused { reason: said },
@@ -366,6 +373,19 @@ mod tests {
             heard(422, Some("application/json"), None, refusal).sorted(),
             GatewayAnswer::Refused {
                 reason: "destination_refused: closed".to_owned()
+            }
+        );
+        // Without a message, the reason is the code alone.
+        assert_eq!(
+            heard(
+                422,
+                Some("application/json"),
+                None,
+                r#"{"error":"destination_refused"}"#
+            )
+            .sorted(),
+            GatewayAnswer::Refused {
+                reason: "destination_refused".to_owned()
             }
         );
         assert!(matches!(
