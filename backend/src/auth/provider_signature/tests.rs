@@ -148,117 +148,104 @@ fn a_standard_webhook_is_accepted_under_any_whsec_secret_and_among_several_signa
     );
 }
 
-#[test]
-fn every_broken_standard_webhook_is_refused_with_its_reason() {
-    let now = Utc::now();
-    let body = br#"{"event_id":"evt_1"}"#;
-    let mixed = ProviderSignatures::new(
+const BODY: &[u8] = br#"{"event_id":"evt_1"}"#;
+
+/// Signatures under the Standard Webhooks secret and one of ours.
+fn mixed() -> ProviderSignatures {
+    ProviderSignatures::new(
         vec![
             secret(STANDARD_SECRET),
             secret("old-secret-old-secret-old-secret-0"),
         ],
         std::time::Duration::from_secs(300),
-    );
+    )
+}
+
+fn assert_refused(cases: Vec<(SignatureHeaders<'_>, SignatureRefused)>, now: DateTime<Utc>) {
+    for (headers, refused) in cases {
+        assert_eq!(mixed().verify(&headers, BODY, now), Err(refused), "{headers:?}");
+    }
+}
+
+#[test]
+fn every_malformed_standard_webhook_is_refused_as_such() {
+    let now = Utc::now();
     let at = now.timestamp().to_string();
-    let good = standard_signature(STANDARD_SECRET, "evt_1", now, body);
-    let ahead = (now + chrono::TimeDelta::seconds(301)).timestamp().to_string();
-    let behind = (now - chrono::TimeDelta::seconds(301)).timestamp().to_string();
-    let signed_ahead = standard_signature(
-        STANDARD_SECRET,
-        "evt_1",
-        now + chrono::TimeDelta::seconds(301),
-        body,
+    let good = standard_signature(STANDARD_SECRET, "evt_1", now, BODY);
+    let five = format!("{good} {good} {good} {good} {good}");
+    let malformed = |headers| (headers, SignatureRefused::StandardMalformed);
+    assert_refused(
+        vec![
+            malformed(standard_headers("evt_1", &at, "v1,not base64!")),
+            malformed(standard_headers("evt_1", &at, "v1")),
+            malformed(standard_headers("evt_1", &at, "v2,AAAA")),
+            malformed(standard_headers("evt_1", &at, "v1,AAAA")),
+            malformed(standard_headers("evt_1", &at, &five)),
+            malformed(standard_headers("evt_1", "soon", &good)),
+            malformed(standard_headers("evt 1", &at, &good)),
+            malformed(SignatureHeaders {
+                webhook_id: Some(b"evt_1"),
+                ..SignatureHeaders::default()
+            }),
+            (
+                SignatureHeaders {
+                    provider_signature: Some(b"t=1,v1=00"),
+                    ..standard_headers("evt_1", &at, &good)
+                },
+                SignatureRefused::BothSchemes,
+            ),
+        ],
+        now,
     );
-    let signed_behind = standard_signature(
-        STANDARD_SECRET,
-        "evt_1",
-        now - chrono::TimeDelta::seconds(301),
-        body,
+}
+
+#[test]
+fn every_wrong_or_stale_standard_webhook_is_refused_with_its_reason() {
+    let now = Utc::now();
+    let at = now.timestamp().to_string();
+    let shifted = |seconds| now + chrono::TimeDelta::seconds(seconds);
+    let (ahead, behind) = (
+        shifted(301).timestamp().to_string(),
+        shifted(-301).timestamp().to_string(),
     );
-    let other_id = standard_signature(STANDARD_SECRET, "evt_2", now, body);
-    let ours_key = standard_signature(
+    let signed_ahead = standard_signature(STANDARD_SECRET, "evt_1", shifted(301), BODY);
+    let signed_behind = standard_signature(STANDARD_SECRET, "evt_1", shifted(-301), BODY);
+    let other_id = standard_signature(STANDARD_SECRET, "evt_2", now, BODY);
+    let unknown_key = standard_signature(
         "whsec_b2xkLW9sZC1vbGQtb2xkLW9sZC1vbGQtb2xkLW9sZA==",
         "evt_1",
         now,
-        body,
+        BODY,
     );
-    let five = format!("{good} {good} {good} {good} {good}");
-    let cases: Vec<(SignatureHeaders<'_>, SignatureRefused)> = vec![
-        (
-            standard_headers("evt_1", &at, "v1,not base64!"),
-            SignatureRefused::StandardMalformed,
-        ),
-        (
-            standard_headers("evt_1", &at, "v1"),
-            SignatureRefused::StandardMalformed,
-        ),
-        (
-            standard_headers("evt_1", &at, "v2,AAAA"),
-            SignatureRefused::StandardMalformed,
-        ),
-        (
-            standard_headers("evt_1", &at, "v1,AAAA"),
-            SignatureRefused::StandardMalformed,
-        ),
-        (
-            standard_headers("evt_1", &at, &five),
-            SignatureRefused::StandardMalformed,
-        ),
-        (
-            standard_headers("evt_1", "soon", &good),
-            SignatureRefused::StandardMalformed,
-        ),
-        (
-            standard_headers("evt 1", &at, &good),
-            SignatureRefused::StandardMalformed,
-        ),
-        (
-            SignatureHeaders {
-                webhook_id: Some(b"evt_1"),
-                ..SignatureHeaders::default()
-            },
-            SignatureRefused::StandardMalformed,
-        ),
-        (
-            SignatureHeaders {
-                provider_signature: Some(b"t=1,v1=00"),
-                ..standard_headers("evt_1", &at, &good)
-            },
-            SignatureRefused::BothSchemes,
-        ),
-        (
-            standard_headers("evt_1", &ahead, &signed_ahead),
-            SignatureRefused::Stale,
-        ),
-        (
-            standard_headers("evt_1", &behind, &signed_behind),
-            SignatureRefused::Stale,
-        ),
-        (
-            standard_headers("evt_1", &at, &ours_key),
-            SignatureRefused::Mismatch,
-        ),
-        (
-            standard_headers("evt_2", &at, &other_id),
-            SignatureRefused::IdNotEventId,
-        ),
-        (
-            standard_headers("evt_1", &at, &other_id),
-            SignatureRefused::Mismatch,
-        ),
-    ];
-    for (headers, refused) in cases {
-        assert_eq!(
-            mixed.verify(&headers, body, now),
-            Err(refused),
-            "{headers:?}"
-        );
-    }
-    // Our scheme's secrets sign nothing in Standard Webhooks, and the
-    // reverse.
-    let only_ours = signatures();
+    assert_refused(
+        vec![
+            (
+                standard_headers("evt_1", &ahead, &signed_ahead),
+                SignatureRefused::Stale,
+            ),
+            (
+                standard_headers("evt_1", &behind, &signed_behind),
+                SignatureRefused::Stale,
+            ),
+            (
+                standard_headers("evt_1", &at, &unknown_key),
+                SignatureRefused::Mismatch,
+            ),
+            (
+                standard_headers("evt_2", &at, &other_id),
+                SignatureRefused::IdNotEventId,
+            ),
+            (
+                standard_headers("evt_1", &at, &other_id),
+                SignatureRefused::Mismatch,
+            ),
+        ],
+        now,
+    );
+    // Our scheme's secrets sign nothing in Standard Webhooks.
+    let good = standard_signature(STANDARD_SECRET, "evt_1", now, BODY);
     assert_eq!(
-        only_ours.verify(&standard_headers("evt_1", &at, &good), body, now),
+        signatures().verify(&standard_headers("evt_1", &at, &good), BODY, now),
         Err(SignatureRefused::Mismatch)
     );
 }
