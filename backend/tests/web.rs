@@ -1,7 +1,7 @@
 //! The browser demo's pages and forms, over plain HTTP: rendering, sessions,
 //! CSRF, and the transfer form going through the same three layers.
 
-use wallet_testkit::visitor::{Visitor, hidden, signed_up};
+use wallet_testkit::visitor::{Visitor, hidden, signed_in, signed_up};
 use wallet_testkit::*;
 
 #[tokio::test]
@@ -390,4 +390,132 @@ async fn a_planted_pre_sign_in_csrf_cookie_is_refused() {
             .await,
         1
     );
+}
+
+/// An amount over the balance is said in a sentence on the review, with no
+/// negative balance and Send disabled, for a transfer and for a payout;
+/// sent anyway, it is refused and nothing changes.
+#[tokio::test]
+async fn a_review_over_the_balance_says_so_and_offers_no_send() {
+    let app = spawn_app(|settings| {
+        settings.payout_gateway_url = "http://127.0.0.1:9".into();
+        settings.payout_dispatcher_enabled = false;
+    })
+    .await;
+    app.sign_up("bob").await;
+    let mut alice = signed_up(&app, "alice").await;
+    let (status, review) = alice.review("bob", "1,500.00").await;
+    assert_eq!(status, 200);
+    assert!(
+        review.contains(
+            "Your wallet does not hold enough for this transfer: you can spend $1,000.00, and this transfer is \
+             $1,500.00."
+        ),
+        "{review}"
+    );
+    assert!(
+        !review.contains("-$"),
+        "a negative balance on the review: {review}"
+    );
+    assert!(
+        review.contains("id=\"send\" disabled>"),
+        "Send is offered: {review}"
+    );
+    let response = alice.confirm(&review).await;
+    let (_, page) = alice.follow(response).await;
+    assert!(
+        page.contains("Your balance is too low for this amount."),
+        "{page}"
+    );
+    assert_eq!(app.transfer_count().await, 0);
+    assert_eq!(app.balance(app.wallet_of("alice").await).await, 100_000);
+
+    let (_, wallet) = alice.get("/wallet").await;
+    let response = alice
+        .post(
+            "/wallet/payout/review",
+            &[
+                ("destination", "acct-42"),
+                ("amount", "1,000.01"),
+                ("form_key", &hidden(&wallet, "form_key")),
+                ("csrf", &hidden(&wallet, "csrf")),
+            ],
+        )
+        .await;
+    let (status, review) = alice.follow(response).await;
+    assert_eq!(status, 200);
+    assert!(
+        review.contains(
+            "Your wallet does not hold enough for this payout: you can spend $1,000.00, and this payout is \
+             $1,000.01."
+        ),
+        "{review}"
+    );
+    assert!(
+        !review.contains("-$"),
+        "a negative balance on the review: {review}"
+    );
+    assert!(
+        review.contains("id=\"pay-out\" disabled>"),
+        "Pay out is offered: {review}"
+    );
+    let fields: Vec<(&str, String)> = ["csrf", "idempotency_key", "destination", "amount_minor", "amount"]
+        .into_iter()
+        .map(|name| (name, hidden(&review, name)))
+        .collect();
+    let form: Vec<(&str, &str)> = fields.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let response = alice.post("/wallet/payout", &form).await;
+    let (_, page) = alice.follow(response).await;
+    assert!(
+        page.contains("Your balance is too low for this amount."),
+        "{page}"
+    );
+    assert_eq!(app.count("SELECT count(*) FROM payouts").await, 0);
+    assert_eq!(app.balance(app.wallet_of("alice").await).await, 100_000);
+    app.assert_invariants().await;
+}
+
+/// The history says a payout was sent to the bank only once it was: one
+/// waiting for the dispatcher says so, one the bank refused says it was
+/// not sent and that the money came back, and a paid one says it was sent.
+#[tokio::test]
+async fn the_history_says_where_each_payout_stands() {
+    let waiting = spawn_app(|settings| {
+        settings.payout_gateway_url = "http://127.0.0.1:9".into();
+        settings.payout_dispatcher_enabled = false;
+    })
+    .await;
+    let alice = waiting.sign_up("alice").await;
+    let payout = waiting.pay_out(&alice, 2_500, "acct-42").await;
+    let mut browser = signed_in(&waiting, "alice").await;
+    let (_, wallet) = browser.get("/wallet").await;
+    assert!(
+        wallet.contains("Payout to bank account acct-42, set aside and waiting to be sent"),
+        "{wallet}"
+    );
+    assert!(!wallet.contains("Sent to bank account"), "{wallet}");
+    assert_eq!(waiting.payout_state(payout).await, "pending");
+
+    let gateway =
+        wallet_testkit::gateway::Gateway::start(&wallet_testkit::gateway::wallet_sim_binary(), &[]).await;
+    let app = spawn_app(with_payouts(&gateway.url)).await;
+    let alice = app.sign_up("alice").await;
+    let refused = app.pay_out(&alice, 4_000, "closed-9").await;
+    assert_eq!(app.wait_for_payout(refused, &["failed"]).await, "failed");
+    let carol = app.sign_up("carol").await;
+    let paid = app.pay_out(&carol, 2_500, "acct-42").await;
+    assert_eq!(app.wait_for_payout(paid, &["settled"]).await, "settled");
+    let (_, wallet) = signed_in(&app, "carol").await.get("/wallet").await;
+    assert!(wallet.contains("Sent to bank account acct-42"), "{wallet}");
+    let (_, wallet) = signed_in(&app, "alice").await.get("/wallet").await;
+    for line in [
+        "Payout to bank account closed-9, not sent: the bank refused it, and the money is back",
+        "Money back from the payout to bank account closed-9, which was not sent",
+    ] {
+        assert!(wallet.contains(line), "{line}: {wallet}");
+    }
+    assert!(!wallet.contains("Sent to bank account closed-9"), "{wallet}");
+    assert_eq!(app.balance(alice.wallet_id).await, 100_000);
+    assert_eq!(app.balance(carol.wallet_id).await, 97_500);
+    app.assert_invariants().await;
 }

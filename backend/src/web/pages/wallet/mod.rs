@@ -10,6 +10,8 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use askama_web::WebTemplate;
+use std::collections::HashMap;
+
 use serde::Deserialize;
 use uuid::Uuid;
 
@@ -82,8 +84,9 @@ async fn payouts(state: &AppState, session: &Session) -> Result<(i64, Vec<Payout
 
 struct HistoryRow {
     when: String,
-    direction: &'static str,
-    counterparty: String,
+    /// What the row was, in words: sent to or received from someone, or a
+    /// payout and where it stands.
+    what: String,
     amount: String,
 }
 
@@ -98,12 +101,17 @@ async fn history(state: &AppState, session: &Session) -> Result<Vec<HistoryRow>,
         WALLET_PAGE_HISTORY_ROWS.min(state.config.money.transfers_page_rows_max),
     )
     .await?;
+    let ids: Vec<Uuid> = rows.iter().map(|row| row.id).collect();
+    let payouts = payouts_behind(state, &ids).await?;
     Ok(rows
         .into_iter()
         .map(|row| HistoryRow {
             when: row.created_at.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
-            direction: if row.sent { "Sent to" } else { "Received from" },
-            counterparty: row.counterpart_name,
+            what: match payouts.get(&row.id) {
+                Some(payout) => payout.in_words(),
+                None if row.sent => format!("Sent to {}", row.counterpart_name),
+                None => format!("Received from {}", row.counterpart_name),
+            },
             amount: money::format(
                 if row.sent {
                     -row.amount_minor
@@ -113,6 +121,60 @@ async fn history(state: &AppState, session: &Session) -> Result<Vec<HistoryRow>,
                 &session.currency,
             ),
         })
+        .collect())
+}
+
+/// The payout behind a transfer of the history: the transfer is its hold,
+/// or the release of a payout the bank refused.
+#[derive(sqlx::FromRow)]
+struct PayoutBehind {
+    transfer_id: Uuid,
+    is_hold: bool,
+    destination: String,
+    state: crate::payout::PayoutState,
+}
+
+impl PayoutBehind {
+    /// The history's line for the transfer: "sent" only for a payout the
+    /// bank sent.
+    fn in_words(&self) -> String {
+        use crate::payout::PayoutState;
+        let payout = format!("Payout to bank account {}", self.destination);
+        if !self.is_hold {
+            return format!(
+                "Money back from the payout to bank account {}, which was not sent",
+                self.destination
+            );
+        }
+        match self.state {
+            PayoutState::Settled => format!("Sent to bank account {}", self.destination),
+            PayoutState::Pending => format!("{payout}, set aside and waiting to be sent"),
+            PayoutState::Sent => format!("{payout}, passed to the bank and waiting for its answer"),
+            PayoutState::Failed => format!("{payout}, not sent: the bank refused it, and the money is back"),
+            PayoutState::NeedsAttention => format!(
+                "{payout}: whether the bank sent it is not known yet, so the money stays set aside until it is \
+                 checked"
+            ),
+        }
+    }
+}
+
+/// The payouts whose hold or release is among `transfers`, by transfer.
+async fn payouts_behind(
+    state: &AppState,
+    transfers: &[Uuid],
+) -> Result<HashMap<Uuid, PayoutBehind>, sqlx::Error> {
+    let payouts: Vec<PayoutBehind> = sqlx::query_as(
+        "SELECT t.id AS transfer_id, t.id = p.hold_transfer_id AS is_hold, p.destination, p.state
+           FROM unnest($1::uuid[]) AS t (id)
+           JOIN payouts p ON t.id IN (p.hold_transfer_id, p.release_transfer_id)",
+    )
+    .bind(transfers)
+    .fetch_all(&state.db)
+    .await?;
+    Ok(payouts
+        .into_iter()
+        .map(|payout| (payout.transfer_id, payout))
         .collect())
 }
 
@@ -266,6 +328,20 @@ async fn sent_notice(
     } else {
         refused_notice(problem_text(&stored.body))
     }))
+}
+
+/// Why an amount cannot leave the wallet, when it is more than the wallet
+/// can spend: the review pages say so in place of a negative balance and
+/// offer no Send. The row guard still refuses it if it is sent anyway.
+pub(super) fn more_than_held(session: &Session, amount_minor: i64, what: &str) -> Option<String> {
+    (amount_minor > session.balance_minor).then(|| {
+        format!(
+            "Your wallet does not hold enough for this {what}: you can spend {}, and this {what} is {}. Change the \
+             amount to go on.",
+            money::format(session.balance_minor, &session.currency),
+            money::format(amount_minor, &session.currency),
+        )
+    })
 }
 
 pub(super) fn refused_notice(text: impl Into<String>) -> Notice {

@@ -34,7 +34,9 @@ struct PayoutReviewPage {
     typed_amount: String,
     available_text: String,
     available_after_text: String,
-    warning: Option<String>,
+    /// The wallet cannot spend the amount: said instead of a negative
+    /// balance, and Pay out is disabled.
+    short_of_money: Option<String>,
     idempotency_key: Uuid,
     amount_minor: i64,
     wait_s: Option<u64>,
@@ -146,12 +148,7 @@ fn review_page(
 ) -> HttpResponse {
     let currency = &session.currency;
     let after = session.balance_minor - draft.amount_minor;
-    let warning = (after < 0).then(|| {
-        format!(
-            "This is more than your available balance of {}: it will be refused.",
-            money::format(session.balance_minor, currency)
-        )
-    });
+    let short_of_money = super::more_than_held(session, draft.amount_minor, "payout");
     let amount_text = money::format(draft.amount_minor, currency);
     with_page(
         StatusCode::OK,
@@ -163,7 +160,7 @@ fn review_page(
             typed_amount: draft.typed_amount.clone(),
             available_text: money::format(session.balance_minor, currency),
             available_after_text: money::format(after, currency),
-            warning,
+            short_of_money,
             idempotency_key: draft.idempotency_key,
             amount_minor: draft.amount_minor,
             wait_s,

@@ -29,6 +29,9 @@ struct ReviewPage {
     typed_amount: String,
     balance_text: String,
     balance_after_text: String,
+    /// The wallet cannot spend the amount: said instead of a negative
+    /// balance, and Send is disabled.
+    short_of_money: Option<String>,
     warning: Option<String>,
     idempotency_key: Uuid,
     amount_minor: i64,
@@ -181,19 +184,13 @@ pub(super) fn review_page(
 ) -> HttpResponse {
     let currency = &session.currency;
     let after = session.balance_minor - draft.amount_minor;
-    let warning = if after < 0 {
-        Some(format!(
-            "This is more than your balance of {}: it will be refused.",
-            money::format(session.balance_minor, currency)
-        ))
-    } else if draft.amount_minor > session.balance_minor / 2 {
-        Some(format!(
+    let short_of_money = super::more_than_held(session, draft.amount_minor, "transfer");
+    let warning = (short_of_money.is_none() && draft.amount_minor > session.balance_minor / 2).then(|| {
+        format!(
             "This is more than half of your balance. Check the amount: {} is what will leave your wallet.",
             money::format(draft.amount_minor, currency)
-        ))
-    } else {
-        None
-    };
+        )
+    });
     let amount_text = money::format(draft.amount_minor, currency);
     // While Send counts down, the notice's own "Try again in N s." is
     // replaced by the live count the page keeps (`#countdown`).
@@ -219,6 +216,7 @@ pub(super) fn review_page(
             typed_amount: draft.typed_amount.clone(),
             balance_text: money::format(session.balance_minor, currency),
             balance_after_text: money::format(after, currency),
+            short_of_money,
             warning,
             idempotency_key: draft.idempotency_key,
             amount_minor: draft.amount_minor,
