@@ -124,6 +124,39 @@ async fn sideways_scroll_px(client: &Client) -> Value {
         .expect("widths")
 }
 
+/// Where the text of the elements matching `css` wraps inside a word: each
+/// line break not after a space or a hyphen, as the characters either side
+/// of it. Empty when every id and name wraps at a sensible point.
+async fn breaks_mid_word(client: &Client, css: &str) -> Vec<String> {
+    let found = client
+        .execute(
+            r#"const breaks = [];
+            for (const element of document.querySelectorAll(arguments[0])) {
+              const walker = document.createTreeWalker(element, NodeFilter.SHOW_TEXT);
+              let top = null, before = " ", node;
+              while ((node = walker.nextNode())) {
+                for (let i = 0; i < node.data.length; i += 1) {
+                  const range = document.createRange();
+                  range.setStart(node, i);
+                  range.setEnd(node, i + 1);
+                  const box = range.getClientRects()[0];
+                  if (!box || /\s/.test(node.data[i])) { before = node.data[i]; continue; }
+                  if (top !== null && box.top > top + 2 && !/[\s-]/.test(before)) {
+                    breaks.push(before + "|" + node.data[i] + " in " + element.textContent.trim());
+                  }
+                  top = box.top;
+                  before = node.data[i];
+                }
+              }
+            }
+            return breaks;"#,
+            vec![json!(css)],
+        )
+        .await
+        .expect("line breaks");
+    serde_json::from_value(found).expect("strings")
+}
+
 async fn text_of(client: &Client, css: &str) -> String {
     client
         .wait()
@@ -501,6 +534,38 @@ async fn sign_up_transfer_and_a_double_click_pays_once() {
         .expect("the transfer went through once the window had passed");
     assert_eq!(app.balance(alice).await, 100_000 - 1_250 - 500);
     assert_eq!(app.transfer_count().await, 2);
+
+    // On a phone, the wallet id and the history wrap between words or
+    // after a hyphen, never inside a word.
+    client.set_window_size(390, 900).await.expect("narrow window");
+    client.goto(&app.url("/wallet")).await.expect("the wallet");
+    let mid_word = breaks_mid_word(client, "#wallet-id, table.history td").await;
+    assert!(mid_word.is_empty(), "{mid_word:?}");
+
+    // The live feed names the recipient, and with one instance answering
+    // it leaves the instance out.
+    client.goto(&app.url("/feed")).await.expect("open the feed");
+    client
+        .wait()
+        .for_element(Locator::Css("#feed tbody tr"))
+        .await
+        .expect("the feed shows the transfers");
+    let rows: Vec<String> = serde_json::from_value(
+        client
+            .execute(
+                "return Array.from(document.querySelectorAll('#feed tbody tr')).map((tr) => tr.innerText);",
+                vec![],
+            )
+            .await
+            .expect("rows"),
+    )
+    .expect("texts");
+    assert!(rows.iter().any(|row| row.contains("12.50 to bob")), "{rows:?}");
+    assert!(
+        rows.iter()
+            .all(|row| !row.contains("instance") && !row.contains(" on ")),
+        "{rows:?}"
+    );
     app.assert_invariants().await;
     browser.quit().await;
 }
@@ -802,6 +867,22 @@ async fn the_race_lab_shows_each_layer_catch_what_it_catches() {
     assert_eq!(overflow, json!(0), "the feed scrolls sideways at 390 px");
     let first_amount = text_of(client, "#feed tbody tr:first-child td:nth-child(3)").await;
     assert!(first_amount.contains("LAB "), "{first_amount}");
+    // Lab money moves between the lab wallets, named as the lab names them.
+    let transfers: Vec<String> = serde_json::from_value(
+        client
+            .execute(
+                "return Array.from(document.querySelectorAll('#feed tbody td:nth-child(3)')).map((td) => td.innerText);",
+                vec![],
+            )
+            .await
+            .expect("the transfer cells"),
+    )
+    .expect("texts");
+    assert!(
+        transfers.iter().any(|cell| cell.contains("to lab wallet B")),
+        "{transfers:?}"
+    );
+    assert!(transfers.iter().all(|cell| !cell.contains('…')), "{transfers:?}");
     click(client, "#feed-money option[value=real]").await;
     let visible = client
         .execute(
@@ -951,6 +1032,30 @@ async fn a_payout_from_the_wallet_page_is_reviewed_set_aside_and_paid_out_once()
         "nothing is set aside once paid out"
     );
     assert_eq!(app.balance(app.wallet_of("alice").await).await, 97_500);
+
+    // On a phone, the wallet id, the bank account and the history wrap
+    // between words or after a hyphen, never inside a word; and a payout
+    // over the balance is said in words, with Pay out disabled.
+    client.set_window_size(390, 900).await.expect("narrow window");
+    client.goto(&app.url("/wallet")).await.expect("reload");
+    let mid_word = breaks_mid_word(client, "#wallet-id, #payouts td, table.history td").await;
+    assert!(mid_word.is_empty(), "{mid_word:?}");
+    fill(client, "#destination", "acct-42").await;
+    fill(client, "#payout-amount", "975.01").await;
+    click(client, "#review-payout").await;
+    let short = text_of(client, "#review-short").await;
+    assert!(
+        short.contains("Your wallet does not hold enough for this payout: you can spend $975.00"),
+        "{short}"
+    );
+    let pay_out = client.find(Locator::Css("#pay-out")).await.expect("the button");
+    assert!(
+        pay_out.attr("disabled").await.expect("attr").is_some(),
+        "Pay out is offered for more than the wallet holds"
+    );
+    let mid_word = breaks_mid_word(client, "#review-heading, dl.review dd, #review-short").await;
+    assert!(mid_word.is_empty(), "{mid_word:?}");
+    client.set_window_size(1280, 900).await.expect("wide window");
 
     // The live feed has the request's decision and the bank's answer, each
     // saying the money went to a bank account.

@@ -13,6 +13,12 @@
   const ROWS_PER_MONEY_MAX = 200;
   const labWallets = new Set((table.dataset.labWallets || "").split(",").filter(Boolean));
   const currency = table.dataset.currency || "";
+  // The wallets the page can name (the visitor's own, and the owners of
+  // those they sent to lately); any other is told by its id's short form.
+  const walletNames = JSON.parse(table.dataset.walletNames || "{}");
+  // Instances numbered in the order they first appear: a host name says
+  // nothing to a visitor, and with one instance the column is left out.
+  const instances = new Map();
   const LAYERS = { cooldown: "Cooldown lock", idempotency: "Idempotency key", row_guard: "Row guard",
     edge_lock: "Edge lock", inbox: "Inbox", gateway: "Bank gateway", none: "Before the layers" };
 
@@ -26,6 +32,16 @@
   function shortId(id) {
     const hex = String(id).replace(/-/g, "");
     return "…" + hex.slice(-8);
+  }
+
+  function walletName(id) {
+    return walletNames[id] || "wallet " + shortId(id);
+  }
+
+  function instanceNumber(id) {
+    if (!instances.has(id)) instances.set(id, instances.size + 1);
+    table.classList.toggle("one-instance", instances.size < 2);
+    return instances.get(id);
   }
 
   // A race-lab request (its stream says so), or a transfer to one of the
@@ -82,11 +98,12 @@
     }
     // A payout leaves for a bank account, not for a wallet.
     const where = entry.entry_point === "payout" ? " paid out to a bank account"
+      : !entry.to_wallet_id ? ""
       : (entry.entry_point === "deposit" ? " deposited into " : entry.entry_point === "command" ? " by command to " : " to ")
-        + shortId(entry.to_wallet_id);
+        + walletName(entry.to_wallet_id);
     cell(tr, entry.amount_minor ? money(entry.amount_minor, lab ? "LAB" : currency) + where : "");
     cell(tr, entry.idempotency_key ? shortId(entry.idempotency_key) : "none");
-    cell(tr, shortId(entry.request_id) + " on " + entry.instance_id);
+    cell(tr, "instance " + instanceNumber(entry.instance_id), "instance");
     cell(tr, entry.latency_ms.toFixed(1) + " ms", "num");
     show(tr);
     tbody.insertBefore(tr, tbody.firstChild);

@@ -22,6 +22,11 @@ struct FeedPage {
     /// the run sent switches; a deployment that keeps every layer on sends
     /// none, and its lab entries share the real stream.
     lab_wallets: String,
+    /// The wallets the page can name, as a JSON object from wallet id to
+    /// words: the visitor's own (their wallet, lab wallets A and B) and the
+    /// owners of the wallets they sent to lately. A wallet not in it is
+    /// told by its id's short form.
+    wallet_names: String,
     /// The deployment's currency, for every other transfer.
     currency: String,
     /// What is missing from the feed, and why, in sentences.
@@ -33,28 +38,82 @@ pub async fn feed(request: HttpRequest, state: web::Data<AppState>) -> HttpRespo
         Ok(session) => session,
         Err(response) => return response,
     };
-    let lab_wallets: Vec<uuid::Uuid> =
-        match sqlx::query_scalar("SELECT id FROM wallets WHERE user_id = $1 AND lab_slot IS NOT NULL")
-            .bind(session.token.user_id.0)
-            .fetch_all(&state.db)
-            .await
-        {
-            Ok(wallets) => wallets,
-            Err(error) => return unavailable(&state, Some(&session), &error),
-        };
+    let wallets = match wallets_named(&state.db, session.token.user_id.0, session.wallet_id).await {
+        Ok(wallets) => wallets,
+        Err(error) => return unavailable(&state, Some(&session), &error),
+    };
     with_page(
         StatusCode::OK,
         FeedPage {
             chrome: Chrome::new(&state, "Live feed", Some(&session)),
-            lab_wallets: lab_wallets
+            lab_wallets: wallets
                 .iter()
-                .map(uuid::Uuid::to_string)
+                .filter(|wallet| wallet.lab_slot.is_some())
+                .map(|wallet| wallet.id.to_string())
                 .collect::<Vec<_>>()
                 .join(","),
+            wallet_names: names_as_json(&wallets),
             currency: session.currency.clone(),
             gaps: gaps_in_words(&state.feed.gaps(session.token.user_id).await, &state.config.feed),
         },
     )
+}
+
+/// How many of the visitor's latest transfers name their recipients on
+/// the page: enough for the wallets a person sends to, bounded so that
+/// the page stays one index scan however long the history.
+const RECIPIENTS_FROM_TRANSFERS_MAX: i64 = 200;
+
+/// A wallet the page names: one of the visitor's own (`lab_slot` says
+/// which lab wallet), or a recent recipient, by its owner's name.
+#[derive(sqlx::FromRow)]
+struct NamedWallet {
+    id: uuid::Uuid,
+    lab_slot: Option<i16>,
+    owner: Option<String>,
+}
+
+/// The visitor's own wallets and the recipients of their latest transfers
+/// from `wallet`.
+async fn wallets_named(
+    db: &sqlx::PgPool,
+    user: uuid::Uuid,
+    wallet: uuid::Uuid,
+) -> Result<Vec<NamedWallet>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, lab_slot, NULL::text AS owner FROM wallets WHERE user_id = $1
+         UNION ALL
+         SELECT w.id, NULL, min(u.name)
+           FROM (SELECT to_wallet_id FROM transfers WHERE from_wallet_id = $2
+                  ORDER BY created_at DESC, id DESC LIMIT $3) t
+           JOIN wallets w ON w.id = t.to_wallet_id AND w.user_id <> $1
+           JOIN users u ON u.id = w.user_id
+          GROUP BY w.id",
+    )
+    .bind(user)
+    .bind(wallet)
+    .bind(RECIPIENTS_FROM_TRANSFERS_MAX)
+    .fetch_all(db)
+    .await
+}
+
+/// Each named wallet in the words a visitor knows it by, as the JSON
+/// object the page's script reads.
+fn names_as_json(wallets: &[NamedWallet]) -> String {
+    let names: std::collections::BTreeMap<String, String> = wallets
+        .iter()
+        .map(|wallet| {
+            let name = match (wallet.lab_slot, &wallet.owner) {
+                (Some(1), _) => "lab wallet A".to_owned(),
+                (Some(2), _) => "lab wallet B".to_owned(),
+                (Some(_), _) => "your lab payouts' holds".to_owned(),
+                (None, Some(owner)) => owner.clone(),
+                (None, None) => "your wallet".to_owned(),
+            };
+            (wallet.id.to_string(), name)
+        })
+        .collect();
+    serde_json::to_string(&names).unwrap_or_else(|_| "{}".to_owned())
 }
 
 /// The feed's gaps as the page tells them to a visitor.
