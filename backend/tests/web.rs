@@ -296,6 +296,11 @@ async fn a_first_visit_explains_itself_and_needs_one_account() {
             && home.contains("3. Row guard")
     );
     assert!(home.contains("href=\"/signup\"") && home.contains("<strong>demo</strong>"));
+    // It opens with what the reader gets, and names the layers' code only
+    // after saying what each does.
+    let said = |text: &str| home.find(text).unwrap_or_else(|| panic!("{text}: {home}"));
+    assert!(said("a wallet service you can try") < said("SET NX PX"), "{home}");
+    assert!(said("href=\"/signup\"") < said("1. Cooldown lock"), "{home}");
 
     let mut alice = signed_up(&app, "alice").await;
     let (_, home) = alice.get("/").await;
