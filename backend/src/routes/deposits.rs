@@ -28,8 +28,16 @@ use crate::telemetry::RequestContext;
 #[utoipa::path(
     post, path = "/api/v1/webhooks/deposits", tag = "deposits",
     request_body(content = DepositEventBody, description = "The provider's event"),
-    params(("Provider-Signature" = String, Header,
-        description = "`t=<unix seconds>,v1=<hex HMAC-SHA256 of t, a dot and the body>` under a secret in provider_webhook_secrets; several v1 values may be sent during a rotation")),
+    params(
+        ("Provider-Signature" = Option<String>, Header, nullable = false,
+            description = "Our scheme: `t=<unix seconds>,v1=<hex HMAC-SHA256 of t, a dot and the body>` under a secret in provider_webhook_secrets; several v1 values may be sent during a rotation. Send either this header or the three Standard Webhooks headers, never both: a delivery with neither, or with both schemes, is refused 401 provider-signature-invalid"),
+        ("webhook-id" = Option<String>, Header, nullable = false,
+            description = "Standard Webhooks: the message id, which must equal the body's event_id. Sent with webhook-timestamp and webhook-signature, all three or none"),
+        ("webhook-timestamp" = Option<String>, Header, nullable = false,
+            description = "Standard Webhooks: when it was signed, in unix seconds; refused when further than provider_signature_tolerance_s from the server's clock, either way"),
+        ("webhook-signature" = Option<String>, Header, nullable = false,
+            description = "Standard Webhooks: a space-separated list of `v1,<base64 HMAC-SHA256 of webhook-id, a dot, webhook-timestamp, a dot and the body>` under the key a `whsec_<base64>` secret in provider_webhook_secrets encodes; several signatures may be sent during a rotation"),
+    ),
     responses(
         (status = 200, description = "Credited (by this delivery or an earlier one of the same event)", body = DepositReceipt),
     )
