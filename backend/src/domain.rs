@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use crate::problem::{Fields, Problem};
+use crate::problem::{FieldError, Fields, Problem, ProblemType};
 
 /// The currency of lab money. No deployment may use it for real money
 /// (`settings` refuses it), so the row guard's currency check is the wall
@@ -99,6 +99,23 @@ pub struct TransferRequest {
     pub amount: AmountMinor,
 }
 
+/// What is wrong with a transfer's `to_wallet_id` when it names its source.
+const SAME_WALLET: &str = "must be another wallet than from_wallet_id";
+
+/// A transfer names one wallet twice: a rule of its own, since no schema
+/// can say that two fields differ.
+fn same_wallet() -> Problem {
+    let mut problem = Problem::new(
+        ProblemType::SameWallet,
+        "from_wallet_id and to_wallet_id name the same wallet; a transfer moves money between two wallets.",
+    );
+    problem.errors = Some(Box::new(vec![FieldError {
+        pointer: "#/to_wallet_id".to_owned(),
+        detail: SAME_WALLET.to_owned(),
+    }]));
+    problem
+}
+
 impl TransferRequest {
     /// Malformed JSON is a 400; well-formed JSON of the wrong shape or with
     /// a value outside the rules is a 422 naming each field it refuses
@@ -112,10 +129,16 @@ impl TransferRequest {
         if let Some(rule) = amount_minor.and_then(|minor| AmountMinor::broken_rule(minor, amount_minor_max)) {
             fields.refuse("amount_minor", rule);
         }
-        if from.is_some() && from == to {
-            fields.refuse("to_wallet_id", "must be another wallet than from_wallet_id");
+        // A body that breaks other rules too names this one with them; one
+        // that breaks only this one gets the rule's own problem type.
+        let same_wallet_named = from.is_some() && from == to;
+        if same_wallet_named && !fields.is_clean() {
+            fields.refuse("to_wallet_id", SAME_WALLET);
         }
         fields.finish("The transfer body is not valid")?;
+        if same_wallet_named {
+            return Err(same_wallet());
+        }
         match (from, to, amount_minor) {
             (Some(from), Some(to), Some(amount_minor)) => {
                 Self::new(WalletId(from), WalletId(to), amount_minor, amount_minor_max)
@@ -134,9 +157,7 @@ impl TransferRequest {
         amount_minor_max: i64,
     ) -> Result<Self, Problem> {
         if from == to {
-            return Err(Problem::validation(
-                "from_wallet_id and to_wallet_id must be different wallets.",
-            ));
+            return Err(same_wallet());
         }
         Ok(Self {
             from,

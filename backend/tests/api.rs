@@ -257,7 +257,7 @@ async fn every_refusal_in_the_matrix_is_a_problem_and_changes_nothing() {
         ("not your wallet", app.transfer_request_from(&alice, bob.wallet_id, alice.wallet_id, 8, None), 403, "not-your-wallet", None),
         ("unknown source", app.transfer_request_from(&alice, Uuid::new_v4(), bob.wallet_id, 8, None), 403, "not-your-wallet", None),
         ("unknown target", app.transfer_request(&alice, Uuid::new_v4(), 9, None), 422, "unknown-target-wallet", Some("row_guard")),
-        ("same source and target", app.transfer_request(&alice, alice.wallet_id, 10, None), 422, "validation-failed", None),
+        ("same source and target", app.transfer_request(&alice, alice.wallet_id, 10, None), 422, "same-wallet", None),
         ("zero amount", app.transfer_request(&alice, bob.wallet_id, 0, None), 422, "validation-failed", None),
         ("negative amount", app.transfer_request(&alice, bob.wallet_id, -5, None), 422, "validation-failed", None),
         ("amount over the maximum", app.transfer_request(&alice, bob.wallet_id, 10_000_001, None), 422, "validation-failed", None),

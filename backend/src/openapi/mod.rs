@@ -87,7 +87,7 @@ const PAYOUT: [ProblemType; 9] = [
     OutcomeUnknown,
 ];
 /// A transfer's own failures, after its body's.
-const TRANSFER: [ProblemType; 14] = [
+const TRANSFER: [ProblemType; 15] = [
     Unauthorized,
     CsrfTokenInvalid,
     NotYourWallet,
@@ -96,6 +96,7 @@ const TRANSFER: [ProblemType; 14] = [
     InsufficientFunds,
     UnknownTargetWallet,
     CurrencyMismatch,
+    SameWallet,
     CooldownActive,
     Overloaded,
     OutcomeUnknown,

@@ -29,6 +29,7 @@ pub enum ProblemType {
     VersionConflict,
     UnknownTargetWallet,
     CurrencyMismatch,
+    SameWallet,
     RaceLabSwitchesOff,
     LabPassInvalid,
     LabWalletsOnly,
@@ -61,7 +62,7 @@ struct Entry {
 }
 
 impl ProblemType {
-    pub const ALL: [ProblemType; 38] = [
+    pub const ALL: [ProblemType; 39] = [
         ProblemType::MalformedRequest,
         ProblemType::ValidationFailed,
         ProblemType::Unauthorized,
@@ -82,6 +83,7 @@ impl ProblemType {
         ProblemType::VersionConflict,
         ProblemType::UnknownTargetWallet,
         ProblemType::CurrencyMismatch,
+        ProblemType::SameWallet,
         ProblemType::RaceLabSwitchesOff,
         ProblemType::LabPassInvalid,
         ProblemType::LabWalletsOnly,
@@ -244,6 +246,14 @@ impl ProblemType {
                 "The wallets hold different currencies",
                 "The recipient's wallet holds a different currency, and this service does not convert money. Nothing was sent.",
                 "The source and target wallets hold different currencies; the row guard never moves minor units from one currency to another. Nothing moved.",
+            ),
+            SameWallet => (
+                "same-wallet",
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "A transfer needs two wallets",
+                "You chose the same wallet to send from and to. Choose another wallet to send to.",
+                "from_wallet_id and to_wallet_id name the same wallet: a transfer moves money between two wallets. A rule \
+                 no schema states; `errors` points at `#/to_wallet_id`. Nothing moved.",
             ),
             RaceLabSwitchesOff => (
                 "race-lab-switches-off",

@@ -67,6 +67,11 @@ impl Fields {
         Ok(fields)
     }
 
+    /// No field has broken a rule so far.
+    pub fn is_clean(&self) -> bool {
+        self.errors.is_empty()
+    }
+
     /// Notes that `field` breaks a rule.
     pub fn refuse(&mut self, field: &str, detail: impl Into<String>) {
         self.errors.push(FieldError::at(field, detail));
