@@ -878,8 +878,12 @@ async fn the_race_lab_shows_each_layer_catch_what_it_catches() {
             .expect("the transfer cells"),
     )
     .expect("texts");
+    // The newest rows may all be deliveries or all transfers, whichever
+    // runs came last: either names its lab wallet.
     assert!(
-        transfers.iter().any(|cell| cell.contains("to lab wallet B")),
+        transfers
+            .iter()
+            .any(|cell| cell.contains("to lab wallet B") || cell.contains("into lab wallet A")),
         "{transfers:?}"
     );
     assert!(transfers.iter().all(|cell| !cell.contains('…')), "{transfers:?}");

@@ -92,7 +92,7 @@ async fn refusals_are_final_and_say_which() {
             client.with_token(&alice.token),
             order(&alice, &alice, 5),
             422,
-            "validation-failed",
+            "same-wallet",
         ),
         (
             client.with_token(&alice.token),
