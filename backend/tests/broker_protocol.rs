@@ -228,25 +228,10 @@ async fn outcome_at_endpoint(app: &TestApp, protocol: &Protocol, command_id: &st
     panic!("{command_id} has no outcome after 30 s");
 }
 
-/// The entries of one of the wallet's own streams, oldest first.
-async fn entries(stream: &str) -> Vec<HashMap<String, String>> {
-    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-        .arg(stream)
-        .arg("-")
-        .arg("+")
-        .query_async(&mut redis().await)
-        .await
-        .expect("XRANGE");
-    entries
-        .into_iter()
-        .map(|(_, fields)| fields.into_iter().collect())
-        .collect()
-}
-
 /// Waits (30 s at most) until `stream` holds `count` entries.
-async fn wait_for_entries(stream: &str, count: usize) -> Vec<HashMap<String, String>> {
+async fn wait_for_entries(app: &TestApp, stream: &str, count: usize) -> Vec<HashMap<String, String>> {
     for _ in 0..300 {
-        let found = entries(stream).await;
+        let found = app.stream_entries(stream.to_owned()).await;
         if found.len() >= count {
             return found;
         }
@@ -318,9 +303,9 @@ async fn commands_published_by_the_document_come_out_as_it_says() {
         "{dead}"
     );
 
-    let results = wait_for_entries(&protocol.stream("results", &app.redis_prefix, None), 4).await;
+    let results = wait_for_entries(&app, &protocol.stream("results", &app.redis_prefix, None), 4).await;
     check_results(&protocol, &results, &published, [&applied, &refusal, &dead]);
-    let letters = wait_for_entries(&protocol.stream("deadLetters", &app.redis_prefix, None), 2).await;
+    let letters = wait_for_entries(&app, &protocol.stream("deadLetters", &app.redis_prefix, None), 2).await;
     check_dead_letters(&protocol, &letters, &published);
 
     // The documented group read the partition and holds nothing.
