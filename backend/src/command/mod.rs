@@ -258,10 +258,11 @@ pub fn new_command_id() -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn fields(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    /// An entry's fields, as a stream hands them over.
+    pub(crate) fn fields(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         pairs
             .iter()
             .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))

@@ -137,13 +137,7 @@ pub async fn record(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn fields(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
-            .collect()
-    }
+    use crate::command::tests::fields;
 
     #[test]
     fn an_entry_carries_its_id_only_when_it_is_given_once_and_well_formed() {
