@@ -230,3 +230,20 @@ mod tests {
         assert_eq!(body(same).expect_err("bad").status, 422);
     }
 }
+
+/// One transfer as the transfer call takes it (`transfer()` alone, or
+/// `transfer_batch()` with others): everything of the request, owned, so
+/// that it can wait for an executor (`crate::executors`).
+#[derive(Debug, Clone)]
+pub struct TransferOrder {
+    pub user: UserId,
+    pub token_hash: [u8; 32],
+    pub key: Option<Uuid>,
+    pub fingerprint: [u8; 32],
+    /// The id the transfer gets if it is made.
+    pub transfer_id: Uuid,
+    pub request: TransferRequest,
+    /// Goes into stored problem bodies, so a replayed refusal still points
+    /// at the trace of the request that decided it.
+    pub trace_id: String,
+}

@@ -18,6 +18,7 @@ pub mod defense;
 pub mod deposit;
 pub mod domain;
 pub mod ending;
+pub mod executors;
 pub mod feed;
 pub mod headers;
 pub mod kept_pages;

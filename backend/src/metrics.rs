@@ -64,6 +64,9 @@ pub struct Metrics {
     pool_connections: IntGaugeVec,
     /// The admission limit's places and queue, refreshed at every scrape.
     transfer_admission: IntGaugeVec,
+    /// Transfers each call to PostgreSQL carried: 1 for `transfer()`,
+    /// more for `transfer_batch()` (`crate::executors`).
+    pub transfer_batch_transfers: prometheus::Histogram,
     /// 1 while the cooldown runs without Redis (fail-open), as last seen by
     /// a readiness probe.
     pub cooldown_degraded: IntGauge,
@@ -193,6 +196,14 @@ impl Metrics {
             &["state"],
         )
         .expect("static metric definition");
+        let transfer_batch_transfers = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "transfer_batch_transfers",
+                "Transfers each call to PostgreSQL carried: 1 alone (transfer()), more together (transfer_batch())",
+            )
+            .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0]),
+        )
+        .expect("static metric definition");
         let feed_entries = IntGauge::new(
             "decision_feed_entries",
             "Entries the decision feed holds across every user's streams, as last counted",
@@ -245,6 +256,7 @@ impl Metrics {
             Box::new(redis_round_trips.clone()),
             Box::new(pool_connections.clone()),
             Box::new(transfer_admission.clone()),
+            Box::new(transfer_batch_transfers.clone()),
             Box::new(cooldown_degraded.clone()),
             Box::new(feed_entries.clone()),
             Box::new(feed_streams_removed.clone()),
@@ -292,6 +304,7 @@ impl Metrics {
             redis_round_trips,
             pool_connections,
             transfer_admission,
+            transfer_batch_transfers,
             cooldown_degraded,
             cooldown_window,
             problems,

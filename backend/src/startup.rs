@@ -35,6 +35,8 @@ pub struct Application {
     consumers: Vec<tokio::task::JoinHandle<()>>,
     /// The payout dispatcher, when this instance sends payouts.
     dispatcher: Option<tokio::task::JoinHandle<()>>,
+    /// The transfer executors, each holding a connection.
+    transfer_executors: Vec<tokio::task::JoinHandle<()>>,
     stopper: crate::shutdown::Stopper,
 }
 
@@ -52,7 +54,8 @@ impl Application {
         let public_address = reachable_from_here(listener.local_addr()?);
         let port = public_address.port();
         let admin_port = admin_listener.local_addr()?.port();
-        let (state, commands_client) = assemble_state(config, db.clone(), public_address)?;
+        let (state, commands_client, transfer_executors) =
+            assemble_state(config, db.clone(), public_address)?;
         let sweeper = crate::sweep::spawn_sweeper(
             db,
             state.config.idempotency.sweep_interval,
@@ -84,6 +87,7 @@ impl Application {
             sweeper,
             consumers,
             dispatcher,
+            transfer_executors,
         })
     }
 
@@ -112,8 +116,8 @@ impl Application {
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let result = self.server.await;
         self.sweeper.abort();
-        for consumer in &self.consumers {
-            consumer.abort();
+        for task in self.consumers.iter().chain(&self.transfer_executors) {
+            task.abort();
         }
         if let Some(dispatcher) = &self.dispatcher {
             dispatcher.abort();
@@ -204,7 +208,7 @@ fn assemble_state(
     config: Config,
     db: PgPool,
     public_address: std::net::SocketAddr,
-) -> anyhow::Result<(AppState, Option<StreamClient>)> {
+) -> anyhow::Result<(AppState, Option<StreamClient>, Vec<tokio::task::JoinHandle<()>>)> {
     let metrics = Metrics::new();
     metrics.cooldown_window.set(config.cooldown.ttl.as_secs_f64());
     let (redis, redis_client, commands_client) = connect_redis(&config, &metrics)?;
@@ -220,6 +224,12 @@ fn assemble_state(
     } else {
         config.http.instance_id.as_str().into()
     };
+    let (transfers, transfer_executors) = crate::executors::Queue::start(
+        db.clone(),
+        crate::transfer::transaction::TransferCall::of(&config),
+        config.database.transfer_executors,
+        metrics.transfer_batch_transfers.clone(),
+    );
     let state = AppState {
         cooldown: CooldownLock::new(&config, redis.clone(), metrics.cooldown_fail_open.clone()),
         event_lock: crate::defense::edge_lock::EventLock::new(&config, redis.clone()),
@@ -255,11 +265,12 @@ fn assemble_state(
         streams_per_address: Arc::default(),
         instance_id,
         transfer_admission: Arc::new(crate::admission::Admission::new(&config.database)),
+        transfers,
         api_document: serde_json::to_vec(&openapi::document(&config))?.into(),
         draining: crate::shutdown::Draining::default(),
         config: Arc::new(config),
     };
-    Ok((state, commands_client))
+    Ok((state, commands_client, transfer_executors))
 }
 
 /// The HTTP server on both listeners: one set of workers, the middleware

@@ -273,3 +273,210 @@ async fn batches_raced_with_each_other_and_single_transfers_keep_every_key_and_e
         "money created, negative, unexplained, unbalanced"
     );
 }
+
+/// What one instance's `/metrics` says of its calls to PostgreSQL: the
+/// transfers they carried, and how many calls there were.
+async fn batch_sizes(app: &TestApp) -> (f64, f64) {
+    let metrics = app.metrics().await;
+    let value = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("{name} is missing from /metrics"))
+    };
+    (
+        value("wallet_transfer_batch_transfers_sum "),
+        value("wallet_transfer_batch_transfers_count "),
+    )
+}
+
+/// Transfers admitted and not yet decided, on both instances.
+async fn running(instances: &[&TestApp]) -> usize {
+    let mut running = 0;
+    for app in instances {
+        running += app
+            .metrics()
+            .await
+            .lines()
+            .find_map(|line| line.strip_prefix("wallet_transfer_admission{state=\"running\"} "))
+            .and_then(|value| value.trim().parse::<usize>().ok())
+            .unwrap_or(0);
+    }
+    running
+}
+
+/// One order sent through the API: who pays whom, how much, its key.
+struct Sent {
+    payer: usize,
+    payee: usize,
+    amount_minor: i64,
+    key: String,
+}
+
+/// The same race through the service: two instances, each with two
+/// executors that batch up to eight transfers. The test holds every
+/// wallet while the transfers arrive, so that they queue behind the
+/// executors' first calls and go on in batches; each order is sent to
+/// both instances at once under one key. Then every key is sent once more.
+#[tokio::test]
+async fn transfers_raced_through_two_instances_in_batches_keep_one_effect_per_key_and_exact_balances() {
+    let adjust = |settings: &mut layered_wallet::settings::Settings| {
+        without_cooldown(settings);
+        settings.transfers_connections = 2;
+        settings.transfers_batch_max = 8;
+        // The first calls wait for the wallets the test holds.
+        settings.wallet_lock_wait_ms_max = 30_000;
+        settings.db_statement_timeout_ms = 60_000;
+    };
+    let first = spawn_app(adjust).await;
+    let second = spawn_second_instance_with(&first, adjust).await;
+    let mut users = Vec::new();
+    for name in ["ana", "ben", "cai", "dee"] {
+        users.push(first.sign_up(name).await);
+    }
+    let grant = first.settings.signup_grant_minor;
+
+    // Crossing pairs both ways, everyone paying ana (the hot wallet), and
+    // cai overdrawing: eight payments of 30% of the grant each.
+    let mut orders = Vec::new();
+    for payer in 0..users.len() {
+        for payee in (0..users.len()).filter(|payee| *payee != payer) {
+            for round in 0..3 {
+                let amount_minor = 100 + i64::try_from(payer * 10 + payee + round).expect("small");
+                orders.push((payer, payee, amount_minor));
+            }
+        }
+    }
+    orders.extend((0..8).map(|_| (2, 3, grant * 3 / 10)));
+    let sent: Vec<Sent> = orders
+        .into_iter()
+        .map(|(payer, payee, amount_minor)| Sent {
+            payer,
+            payee,
+            amount_minor,
+            key: new_key(),
+        })
+        .collect();
+
+    let wallets: Vec<Uuid> = users.iter().map(|user| user.wallet_id).collect();
+    let mut holder = first.db.begin().await.expect("a transaction");
+    sqlx::query("SELECT 1 FROM wallets WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+        .bind(&wallets)
+        .execute(&mut *holder)
+        .await
+        .expect("every wallet held");
+    let mut tasks = Vec::new();
+    for order in &sent {
+        for app in [&first, &second] {
+            let request = app.transfer_request(
+                &users[order.payer],
+                users[order.payee].wallet_id,
+                order.amount_minor,
+                Some(&order.key),
+            );
+            let key = order.key.clone();
+            tasks.push(tokio::spawn(async move {
+                let response = request.send().await.expect("sent");
+                let status = response.status().as_u16();
+                (key, status, response.text().await.expect("a body"))
+            }));
+        }
+    }
+    // Let them all arrive, then let go of the wallets.
+    for _ in 0..200 {
+        if running(&[&first, &second]).await >= tasks.len() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    holder.commit().await.expect("the wallets let go");
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.expect("a request"));
+    }
+
+    // No deadlock, no failure: each answer is the transfer's own, or a
+    // 409 while its copy on the other instance was in flight.
+    let unexpected: Vec<_> = answers
+        .iter()
+        .filter(|(_, status, _)| ![201, 409, 422].contains(status))
+        .collect();
+    assert!(unexpected.is_empty(), "{unexpected:?}");
+
+    // Every key once more, alone: the same status and the same bytes as
+    // every earlier answer that was not a 409.
+    let mut decided: HashMap<String, (u16, String)> = HashMap::new();
+    for order in &sent {
+        let retry = second
+            .transfer(
+                &users[order.payer],
+                users[order.payee].wallet_id,
+                order.amount_minor,
+                Some(&order.key),
+            )
+            .await;
+        let status = retry.status().as_u16();
+        assert_eq!(retry.headers()["idempotent-replayed"], "true", "{}", order.key);
+        decided.insert(order.key.clone(), (status, retry.text().await.expect("a body")));
+    }
+    for (key, status, body) in &answers {
+        if *status != 409 {
+            assert_eq!(
+                &decided[key],
+                &(*status, body.clone()),
+                "a replay of {key} changed"
+            );
+        }
+    }
+
+    // One transfer per accepted key, and each balance exactly its grant
+    // plus what the accepted answers say it received and sent.
+    let accepted: Vec<&Sent> = sent.iter().filter(|order| decided[&order.key].0 == 201).collect();
+    assert_eq!(
+        first.transfer_count().await,
+        i64::try_from(accepted.len()).expect("small")
+    );
+    assert!(
+        sent.iter()
+            .all(|order| [201, 422].contains(&decided[&order.key].0)),
+        "every key was decided"
+    );
+    for (index, user) in users.iter().enumerate() {
+        let received: i64 = accepted
+            .iter()
+            .filter(|order| order.payee == index)
+            .map(|order| order.amount_minor)
+            .sum();
+        let paid: i64 = accepted
+            .iter()
+            .filter(|order| order.payer == index)
+            .map(|order| order.amount_minor)
+            .sum();
+        assert_eq!(
+            first.balance(user.wallet_id).await,
+            grant + received - paid,
+            "{}",
+            user.name
+        );
+    }
+    assert!(
+        sent.iter()
+            .filter(|order| order.payer == 2 && order.amount_minor == grant * 3 / 10)
+            .any(|order| decided[&order.key].0 == 422),
+        "the overdraw storm was refused in part"
+    );
+    first.assert_invariants().await;
+
+    // And the queue did form batches.
+    let mut carried = 0.0;
+    let mut calls = 0.0;
+    for app in [&first, &second] {
+        let (sum, count) = batch_sizes(app).await;
+        carried += sum;
+        calls += count;
+    }
+    assert!(
+        carried > calls,
+        "{carried} transfers in {calls} calls: no batch formed"
+    );
+}

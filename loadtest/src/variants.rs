@@ -62,16 +62,31 @@ struct Variant {
     cooldown: bool,
     idempotency: &'static str,
     row_guard: &'static str,
+    /// `transfers_batch_max`: how many waiting transfers one call may
+    /// carry (the demonstration modes run one at a time whatever it is).
+    batch_max: u32,
     /// A naive mode, expected to let damage through.
     naive: bool,
 }
 
-const VARIANTS: [Variant; 8] = [
+/// The service's default `transfers_batch_max`.
+const BATCHED: u32 = 16;
+
+const VARIANTS: [Variant; 9] = [
     Variant {
         name: "conditional UPDATE, insert-first claim (the service's, no cooldown)",
         cooldown: false,
         idempotency: "atomic",
         row_guard: "guarded",
+        batch_max: BATCHED,
+        naive: false,
+    },
+    Variant {
+        name: "the same, one transfer per call (transfers_batch_max = 1)",
+        cooldown: false,
+        idempotency: "atomic",
+        row_guard: "guarded",
+        batch_max: 1,
         naive: false,
     },
     Variant {
@@ -79,6 +94,7 @@ const VARIANTS: [Variant; 8] = [
         cooldown: false,
         idempotency: "atomic",
         row_guard: "for_update",
+        batch_max: BATCHED,
         naive: false,
     },
     Variant {
@@ -86,6 +102,7 @@ const VARIANTS: [Variant; 8] = [
         cooldown: false,
         idempotency: "atomic",
         row_guard: "optimistic_version",
+        batch_max: BATCHED,
         naive: false,
     },
     Variant {
@@ -93,6 +110,7 @@ const VARIANTS: [Variant; 8] = [
         cooldown: false,
         idempotency: "atomic",
         row_guard: "read_decide_write",
+        batch_max: BATCHED,
         naive: true,
     },
     Variant {
@@ -100,6 +118,7 @@ const VARIANTS: [Variant; 8] = [
         cooldown: false,
         idempotency: "advisory_lock",
         row_guard: "guarded",
+        batch_max: BATCHED,
         naive: false,
     },
     Variant {
@@ -107,6 +126,7 @@ const VARIANTS: [Variant; 8] = [
         cooldown: false,
         idempotency: "redis_key_lock",
         row_guard: "guarded",
+        batch_max: BATCHED,
         naive: false,
     },
     Variant {
@@ -114,6 +134,7 @@ const VARIANTS: [Variant; 8] = [
         cooldown: false,
         idempotency: "check_then_insert",
         row_guard: "guarded",
+        batch_max: BATCHED,
         naive: true,
     },
     Variant {
@@ -121,6 +142,7 @@ const VARIANTS: [Variant; 8] = [
         cooldown: true,
         idempotency: "atomic",
         row_guard: "guarded",
+        batch_max: BATCHED,
         naive: false,
     },
 ];
@@ -347,6 +369,7 @@ fn spec(server: &Path, args: &VariantsArgs, variant: &Variant, gap_ms: u64) -> S
     .with("WALLET_IDEMPOTENCY_MODE", variant.idempotency)
     .with("WALLET_ROW_GUARD_MODE", variant.row_guard)
     .with("WALLET_NAIVE_WINDOW_MS", gap_ms)
+    .with("WALLET_TRANSFERS_BATCH_MAX", variant.batch_max)
 }
 
 fn print_damage(rows: &[Damage], args: &VariantsArgs) {

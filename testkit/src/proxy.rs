@@ -37,7 +37,8 @@ struct Wire {
 
 /// Which statement's reply to lose, and whether to go on losing them.
 struct ReplyFault {
-    needle: Vec<u8>,
+    /// Any of these in a statement's text.
+    needles: Vec<Vec<u8>>,
     every_time: bool,
 }
 
@@ -92,22 +93,22 @@ impl CountingProxy {
     /// before any of the reply is forwarded. The app cannot know whether it
     /// committed.
     pub fn lose_the_reply_to(&self, needle: &str) {
-        self.arm(needle, false);
+        self.arm(&[needle], false);
     }
 
-    /// Like `lose_the_reply_to`, for every such statement until
-    /// `stop_losing_replies`.
-    pub fn keep_losing_replies_to(&self, needle: &str) {
-        self.arm(needle, true);
+    /// Like `lose_the_reply_to`, for every statement that contains any of
+    /// `needles`, until `stop_losing_replies`.
+    pub fn keep_losing_replies_to(&self, needles: &[&str]) {
+        self.arm(needles, true);
     }
 
     pub fn stop_losing_replies(&self) {
         *self.wire.lose_reply.lock().expect("lock") = None;
     }
 
-    fn arm(&self, needle: &str, every_time: bool) {
+    fn arm(&self, needles: &[&str], every_time: bool) {
         *self.wire.lose_reply.lock().expect("lock") = Some(ReplyFault {
-            needle: needle.as_bytes().to_vec(),
+            needles: needles.iter().map(|needle| needle.as_bytes().to_vec()).collect(),
             every_time,
         });
     }
@@ -189,7 +190,10 @@ async fn pipe(client: TcpStream, server: TcpStream, wire: Wire) {
                         log.push(String::from_utf8_lossy(text).trim_end_matches('\0').to_owned());
                     }
                     carries_it |= armed.as_ref().zip(executes).is_some_and(|(fault, text)| {
-                        text.windows(fault.needle.len()).any(|w| w == fault.needle)
+                        fault
+                            .needles
+                            .iter()
+                            .any(|needle| text.windows(needle.len()).any(|w| w == needle.as_slice()))
                     });
                 }
                 if carries_it {

@@ -19,6 +19,8 @@
 use std::future::Future;
 
 use chrono::{DateTime, Utc};
+use sqlx::postgres::{PgConnection, PgRow};
+use sqlx::{FromRow, Row};
 use uuid::Uuid;
 
 use crate::auth::VerifiedToken;
@@ -26,9 +28,11 @@ use crate::decision::{Decision, Layer, Outcome};
 use crate::defense::Refusal;
 use crate::defense::idempotency::{Claim, ClaimVerdict, IdempotencyKey, StoredColumns};
 use crate::defense::row_guard::{GuardVerdict, Guarded};
-use crate::domain::TransferRequest;
+use crate::domain::{TransferOrder, TransferRequest};
 use crate::ending::{self, AccessRefusal, Settled, layer_span};
+use crate::executors::{BatchedCall, Failure};
 use crate::problem::{Problem, SqlState};
+use crate::settings::Config;
 use crate::state::AppState;
 
 /// The body of a successful `POST /api/v1/transfers`, as the SQL function
@@ -184,7 +188,9 @@ struct OneCallRow {
     stored: StoredColumns,
 }
 
-/// The whole transaction in one call of `transfer()`.
+/// The whole transaction in one call, by one of the transfer executors
+/// (`crate::executors`): `transfer()` alone, or `transfer_batch()` with
+/// the transfers waiting beside it.
 async fn in_one_call(call: Call<'_>) -> Result<Settled, TransactionError> {
     let Call {
         state,
@@ -194,31 +200,136 @@ async fn in_one_call(call: Call<'_>) -> Result<Settled, TransactionError> {
         fingerprint,
         trace_id,
     } = call;
-    let config = &state.config;
-    // Acquired apart from the statement, so that an error here is known to
-    // have sent nothing.
-    let mut connection = state.db.acquire().await?;
-    let row: OneCallRow = sqlx::query_as(
-        "SELECT refused, claim, claim_ms, guard, guard_ms, balance_minor_after, created_at,
-                response_status, response_body, response_refusal, response_trace_id
-         FROM transfer($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-    )
-    .bind(caller.user_id.0)
-    .bind(&caller.hash[..])
-    .bind(key.map(IdempotencyKey::as_uuid))
-    .bind(&fingerprint[..])
-    .bind(i32::from(config.idempotency.retention_hours))
-    .bind(i32::from(config.idempotency.wait_ms_max))
-    .bind(i32::from(config.database.wallet_lock_wait_ms_max))
-    .bind(Uuid::now_v7())
-    .bind(request.from.0)
-    .bind(request.to.0)
-    .bind(request.amount.get())
-    .bind(trace_id)
-    .fetch_one(&mut *connection)
-    .await
-    .map_err(TransactionError::at_commit)?;
-    settle(state, key, row)
+    let order = TransferOrder {
+        user: caller.user_id,
+        token_hash: caller.hash,
+        key: key.map(IdempotencyKey::as_uuid),
+        fingerprint: *fingerprint,
+        transfer_id: Uuid::now_v7(),
+        request: *request,
+        trace_id: trace_id.to_owned(),
+    };
+    let row = match state.transfers.run(order).await {
+        Ok(row) => row,
+        Err(Failure {
+            error,
+            may_have_committed,
+        }) => {
+            let error = TransactionError::from(error);
+            return Err(match error {
+                TransactionError::Database { error, .. } => TransactionError::Database {
+                    error,
+                    may_have_committed,
+                },
+                other => other,
+            });
+        }
+    };
+    settle(state, key, OneCallRow::from_row(&row)?)
+}
+
+/// `transfer()` and `transfer_batch()`, with the waits and the retention
+/// every transfer of this deployment shares.
+pub struct TransferCall {
+    pub retention_hours: i32,
+    pub claim_wait_ms: i32,
+    pub wallet_wait_ms: i32,
+}
+
+impl TransferCall {
+    pub fn of(config: &Config) -> Self {
+        Self {
+            retention_hours: i32::from(config.idempotency.retention_hours),
+            claim_wait_ms: i32::from(config.idempotency.wait_ms_max),
+            wallet_wait_ms: i32::from(config.database.wallet_lock_wait_ms_max),
+        }
+    }
+}
+
+impl BatchedCall for TransferCall {
+    type Order = TransferOrder;
+
+    async fn one(&self, connection: &mut PgConnection, order: &TransferOrder) -> Result<PgRow, sqlx::Error> {
+        sqlx::query(
+            "SELECT refused, claim, claim_ms, guard, guard_ms, balance_minor_after, created_at,
+                    response_status, response_body, response_refusal, response_trace_id
+             FROM transfer($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        )
+        .bind(order.user.0)
+        .bind(&order.token_hash[..])
+        .bind(order.key)
+        .bind(&order.fingerprint[..])
+        .bind(self.retention_hours)
+        .bind(self.claim_wait_ms)
+        .bind(self.wallet_wait_ms)
+        .bind(order.transfer_id)
+        .bind(order.request.from.0)
+        .bind(order.request.to.0)
+        .bind(order.request.amount.get())
+        .bind(&order.trace_id)
+        .fetch_one(connection)
+        .await
+    }
+
+    async fn many(
+        &self,
+        connection: &mut PgConnection,
+        orders: &[TransferOrder],
+    ) -> Result<Vec<Option<PgRow>>, sqlx::Error> {
+        let column = |of: fn(&TransferOrder) -> Uuid| orders.iter().map(of).collect::<Vec<_>>();
+        let rows = sqlx::query(
+            "SELECT idx, (answer).* FROM transfer_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        )
+        .bind(column(|order| order.user.0))
+        .bind(
+            orders
+                .iter()
+                .map(|order| &order.token_hash[..])
+                .collect::<Vec<_>>(),
+        )
+        .bind(orders.iter().map(|order| order.key).collect::<Vec<_>>())
+        .bind(
+            orders
+                .iter()
+                .map(|order| &order.fingerprint[..])
+                .collect::<Vec<_>>(),
+        )
+        .bind(column(|order| order.transfer_id))
+        .bind(column(|order| order.request.from.0))
+        .bind(column(|order| order.request.to.0))
+        .bind(
+            orders
+                .iter()
+                .map(|order| order.request.amount.get())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            orders
+                .iter()
+                .map(|order| order.trace_id.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(self.retention_hours)
+        .bind(self.claim_wait_ms)
+        .bind(self.wallet_wait_ms)
+        .fetch_all(connection)
+        .await?;
+        // One row per transfer, by index; a transfer undone alone (its
+        // `failure` set) is run again by itself.
+        rows.into_iter()
+            .zip(1..)
+            .map(|(row, index)| {
+                let idx: i32 = row.try_get("idx")?;
+                if idx != index {
+                    return Err(sqlx::Error::Protocol(format!(
+                        "transfer_batch() answered {idx} in place {index}"
+                    )));
+                }
+                let failure: Option<String> = row.try_get("failure")?;
+                Ok(failure.is_none().then_some(row))
+            })
+            .collect()
+    }
 }
 
 /// Reads `transfer()`'s row: the layers ran inside the database; each is

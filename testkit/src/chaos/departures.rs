@@ -232,7 +232,7 @@ pub async fn run_departures(binary: PathBuf, fault: DepartureFault, scale: Scale
             tokio::task::block_in_place(|| deployment.server().start_again());
         }
         DepartureFault::HoldRepliesLost => {
-            deployment.proxy().keep_losing_replies_to("FROM payout(");
+            deployment.proxy().keep_losing_replies_to(&["FROM payout("]);
             tokio::time::sleep(scale.fault_length).await;
             deployment.proxy().stop_losing_replies();
         }

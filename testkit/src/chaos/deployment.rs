@@ -222,7 +222,9 @@ impl Deployment {
             Fault::PostgresCrash => tokio::task::block_in_place(|| self.server().stop(PgStopMode::Immediate)),
             Fault::InstanceKilled => self.instances[0].kill_9(),
             Fault::ConnectionsCut => self.proxy().cut_connections(),
-            Fault::CommitRepliesLost => self.proxy().keep_losing_replies_to("FROM transfer("),
+            Fault::CommitRepliesLost => self
+                .proxy()
+                .keep_losing_replies_to(&["FROM transfer(", "FROM transfer_batch("]),
             Fault::PrimaryFailover(_) => {
                 let cluster = self.cluster();
                 let primary = cluster.leader().await.expect("a primary before the failover");

@@ -17,8 +17,9 @@ pub enum Fault {
     InstanceKilled,
     /// The proxy drops every open database connection, every 200 ms.
     ConnectionsCut,
-    /// The proxy lets each `transfer()` call commit, then drops the
-    /// connection before the reply reaches the instance.
+    /// The proxy lets each `transfer()` or `transfer_batch()` call
+    /// commit, then drops the connection before the reply reaches the
+    /// instance: every transfer of a lost batch is an unknown outcome.
     CommitRepliesLost,
     /// On a primary with a standby under Patroni: the standby falls
     /// `STANDBY_PAUSE_MS` behind, then the primary's node dies (`kill -9`

@@ -65,6 +65,22 @@ macro_rules! stores_settings {
                 /// load past what the database can take is refused at once, instead
                 /// of queueing until it times out.
                 transfers_admission_wait_ms_max: u64 = 50, within 0..=60_000 "ms";
+                /// Connections the transfer executors hold, one each, taken from the
+                /// pool and kept: a transfer is one round trip on one of them, with
+                /// no check before or after it. The rest of the pool serves every
+                /// other path, so this must stay under `db_pool_connections_max`.
+                transfers_connections: u32 = 4, within 1..=1_000 "connections";
+                /// Most transfers one executor sends to PostgreSQL in one call
+                /// (`transfer_batch()`), taken from those waiting when it is free; it
+                /// never waits for more. 1: each transfer in a call of its own
+                /// (`transfer()`).
+                transfers_batch_max: u32 = 16, within 1..=1_000 "transfers";
+                /// An executor's connection unused this long is checked (one round
+                /// trip) before a transfer is sent down it, so that one that broke
+                /// while idle is replaced and the client gets a clean answer instead
+                /// of "outcome unknown". Under load the connections are never this
+                /// idle, and no transfer waits for a check.
+                transfers_idle_check_after_ms: u64 = 1_000, within 0..=3_600_000 "ms";
                 /// Longest wait for a wallet row lock held by another transfer. This
                 /// and the idempotency wait and retention are `u16`: they go to
                 /// PostgreSQL as `int`, and the type makes that conversion total.

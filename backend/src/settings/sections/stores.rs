@@ -31,6 +31,8 @@ pub struct Database {
     pub transfers_in_flight_max: u32,
     pub transfers_admission_queue_max: u32,
     pub transfers_admission_wait: Duration,
+    /// The transfer executors' connections, batch and idle check.
+    pub transfer_executors: crate::executors::Bounds,
     pub migrate_on_start: bool,
 }
 
@@ -44,6 +46,11 @@ impl Database {
             s.transfers_admission_wait_ms_max < s.db_acquire_wait_ms_max,
             "transfers_admission_wait_ms_max must be under db_acquire_wait_ms_max: overload is refused before a \
              transfer would wait for a connection that long",
+        );
+        check.require(
+            s.transfers_connections < s.db_pool_connections_max,
+            "transfers_connections must be under db_pool_connections_max: the transfer executors keep theirs, \
+             and every other path needs the rest",
         );
         for (setting, url) in [
             ("database_url", &s.database_url),
@@ -73,6 +80,14 @@ impl Database {
             transfers_in_flight_max: s.transfers_in_flight_max,
             transfers_admission_queue_max: s.transfers_admission_queue_max,
             transfers_admission_wait: Duration::from_millis(s.transfers_admission_wait_ms_max),
+            transfer_executors: crate::executors::Bounds {
+                connections: s.transfers_connections,
+                batch_max: s.transfers_batch_max as usize,
+                idle_check_after: Duration::from_millis(s.transfers_idle_check_after_ms),
+                // Only transfers holding one of admission's places run, so no
+                // more than that many ever wait for an executor.
+                queue_max: s.transfers_in_flight_max as usize,
+            },
             migrate_on_start: s.migrate_on_start,
         }
     }
