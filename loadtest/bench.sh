@@ -15,7 +15,10 @@
 # docs/scaling.svg) and with the idempotency table at size (KEYS_AT_SIZE),
 # the same load from wrk as a second generator, one hot
 # wallet, cooldown rejections/s (with the PostgreSQL transactions they
-# caused), replays/s, the server's peak RSS, and what one accepted transfer
+# caused), replays/s, the server's peak RSS, the same service sending each
+# transfer alone (transfers_batch_max = 1), the database alone batched
+# (pgbench calling transfer_batch() with the batches the service formed at
+# 32 clients), and what one accepted transfer
 # costs outside PostgreSQL: server CPU (also against one /healthz request),
 # Redis commands and round trips, PostgreSQL statements, and PostgreSQL
 # round trips counted on the wire. The other entry points, each against
@@ -114,14 +117,24 @@ run() { # name, then wallet-loadtest run arguments
 start_server WALLET_COOLDOWN_TTL_MS=1
 say "HTTP ceiling: /healthz (and the server's CPU per request)"
 run healthz healthz --concurrency 32 --server-pid "$server_pid"
+# The server's count of transfers carried by calls to PostgreSQL, and of
+# the calls: sum or count.
+batches() { curl -fs "http://127.0.0.1:$admin_port/metrics" | sed -n "s/^wallet_transfer_batch_transfers_$1 //p"; }
 for clients in 8 32 128 512; do
   say "service: throughput at $clients clients"
+  [ "$clients" = 32 ] && batches_before=("$(batches sum)" "$(batches count)")
   costs=()
   # At 32 clients, also what each transfer costs outside PostgreSQL,
   # sampled after the sign-ups and with PostgreSQL's statistics settled.
   [ "$clients" = 32 ] && costs=(--server-pid "$server_pid" --redis-url "$REDIS_URL"
     --metrics-url "http://127.0.0.1:$admin_port/metrics" --settle-ms 11000)
   run "throughput-$clients" throughput --concurrency "$clients" --users $((clients * 2)) "${costs[@]}"
+  # The batches the 32-client run formed: transfers per call to PostgreSQL.
+  # And the server's peak memory so far, before the larger runs.
+  if [ "$clients" = 32 ]; then
+    batch_mean=$(python3 -c "print(f'{($(batches sum) - ${batches_before[0]}) / max($(batches count) - ${batches_before[1]}, 1):.2f}')")
+    rss_32_kib=$(sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$server_pid/status")
+  fi
 done
 say "wrk: keyed transfers from 200 users, same server"
 loadtest/wrk/sign_up.py "$target" 200 > "$work/wrk-users.txt"
@@ -133,6 +146,22 @@ say "service: replays"
 run replay replay --concurrency 32 --users 32
 rss_kib=$(sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$server_pid/status")
 stop_server
+
+# The same service sending each transfer in a call of its own.
+start_server WALLET_COOLDOWN_TTL_MS=1 WALLET_TRANSFERS_BATCH_MAX=1
+say "service: throughput at 32 clients, transfers_batch_max = 1"
+run unbatched throughput --concurrency 32 --users 64
+stop_server
+
+# The database alone, batched: pgbench calling transfer_batch() with the
+# batches the service formed at 32 clients (their mean, rounded), from as
+# many clients as the service has executors.
+batch_size=$(python3 -c "print(max(1, round($batch_mean)))")
+executors=4
+say "pgbench: transfer_batch(), $batch_size a batch, $executors clients"
+psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
+pg_batch_tps=$(pgbench_tps "$executors" transfer_batch_fn.sql -T "$duration" -D n=$wallets -D hot=0 -D batch="$batch_size")
+pg_batch=$(python3 -c "print(round($pg_batch_tps * $batch_size))")
 
 # PostgreSQL round trips per transfer, counted on the wire by a proxy
 # between the server and PostgreSQL; a run of its own, so that the proxy's
@@ -274,7 +303,7 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "Measured by \`loadtest/bench.sh\` on $(date -u +%Y-%m-%d): $(nproc) cores ($cpu), $(free -g | awk '/Mem:/ {print $2}') GiB,"
   echo "PostgreSQL $(psql "$db_url" -Atqc 'SHOW server_version' | cut -d' ' -f1), Redis $(redis-server --version | sed 's/.*v=\([0-9.]*\).*/\1/')."
   echo "Load generator, server, PostgreSQL and Redis share the machine. ${duration} s per measurement; release build;"
-  echo "server defaults (2 workers, 16 PostgreSQL connections). Absolute figures drift from run to run; the ratios are the point."
+  echo "server defaults (2 workers, 16 PostgreSQL connections, of which the 4 transfer executors hold one each and send up to 16 waiting transfers in one call). Absolute figures drift from run to run; the ratios are the point."
   echo
   echo "## Ceilings"
   echo
@@ -287,6 +316,7 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   for clients in 8 32 64; do
     echo "| pgbench, the service's \`transfer()\` called directly (the database alone), $clients clients | ${pg_fn_by_clients[$clients]} transfers/s |"
   done
+  echo "| pgbench, the service's \`transfer_batch()\` called directly (the database alone, batched): $batch_size transfers a call (the service's mean batch at 32 clients, $batch_mean), $executors clients (the service's executors) | $pg_batch transfers/s |"
   echo "| pgbench, replays answered by \`transfer()\` directly, 32 clients | $pg_replay replays/s |"
   echo "| redis-benchmark, \`SET … NX PX\`, 32 clients | $redis_ops ops/s |"
   echo "| the server's \`GET /healthz\`, 32 clients, same load generator | $healthz_rps requests/s |"
@@ -299,15 +329,18 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
     target="—"; [ "$clients" = 32 ] && target="≥ 1.0"
     echo "| accepted transfers/s, $clients clients (p50 $(pct "throughput-$clients" p50_ms) ms, p99 $(pct "throughput-$clients" p99_ms) ms) | $(accepted "throughput-$clients") | ${pg_tps[$clients]} (statements) | $(ratio "$(accepted "throughput-$clients")" "${pg_tps[$clients]}") | $target |"
   done
-  echo "| accepted transfers/s, 32 clients, \`wallet-loadtest\`, against the database alone | $(accepted throughput-32) | $pg_fn (\`transfer()\`) | $(ratio "$(accepted throughput-32)" "$pg_fn") | ≥ 0.9 |"
-  echo "| accepted transfers/s, 32 clients, \`wrk\` (200 users; p50 $wrk_p50 ms, p99 $wrk_p99 ms; answers $wrk_answers), against the database alone | $wrk_accepted | $pg_fn (\`transfer()\`) | $(ratio "$wrk_accepted" "$pg_fn") | ≥ 0.9 |"
+  echo "| accepted transfers/s, 32 clients, \`wallet-loadtest\`, against the database alone | $(accepted throughput-32) | $pg_fn (\`transfer()\`) | $(ratio "$(accepted throughput-32)" "$pg_fn") | ≥ 1.0 |"
+  echo "| accepted transfers/s, 32 clients, \`wrk\` (200 users; p50 $wrk_p50 ms, p99 $wrk_p99 ms; answers $wrk_answers), against the database alone | $wrk_accepted | $pg_fn (\`transfer()\`) | $(ratio "$wrk_accepted" "$pg_fn") | ≥ 1.0 |"
+  echo "| accepted transfers/s, 32 clients, \`wallet-loadtest\`, against the database alone batched the same way | $(accepted throughput-32) | $pg_batch (\`transfer_batch()\`, $batch_size a call) | $(ratio "$(accepted throughput-32)" "$pg_batch") | ≥ 0.9 |"
+  echo "| accepted transfers/s, 32 clients, \`transfers_batch_max = 1\` (p50 $(pct unbatched p50_ms) ms, p99 $(pct unbatched p99_ms) ms), against the database alone | $(accepted unbatched) | $pg_fn (\`transfer()\`) | $(ratio "$(accepted unbatched)" "$pg_fn") | — |"
   echo "| \`wallet-loadtest\` against \`wrk\`, same server, same run | $(accepted throughput-32) | $wrk_accepted | $(ratio "$(accepted throughput-32)" "$wrk_accepted") | 0.9 – 1.1 |"
-  echo "| one hot wallet, 32 clients | $(accepted hot) | $pg_hot | $(ratio "$(accepted hot)" "$pg_hot") | ≥ 1.5 |"
+  echo "| one hot wallet, 32 clients | $(accepted hot) | $pg_hot | $(ratio "$(accepted hot)" "$pg_hot") | ≥ 2.0 |"
   echo "| cooldown rejections/s, 32 clients | $cooldown_rps | $healthz_rps (/healthz) | $(ratio "$cooldown_rps" "$healthz_rps") | ≥ 0.5 |"
   echo "| p99 / p50 of accepted transfers, 32 clients | $(pct throughput-32 p99_ms) / $(pct throughput-32 p50_ms) ms | | $(ratio "$(pct throughput-32 p99_ms)" "$(pct throughput-32 p50_ms)") | ≤ 3.0 |"
   echo "| replays/s, 32 clients, against accepted transfers/s | $replay_rps | $(accepted throughput-32) | $(ratio "$replay_rps" "$(accepted throughput-32)") | ≥ 2.0 |"
   echo "| replays/s, 32 clients, against the database alone | $replay_rps | $pg_replay (\`transfer()\`) | $(ratio "$replay_rps" "$pg_replay") | ≥ 0.5 |"
-  echo "| server peak RSS under load | $((rss_kib / 1024)) MiB | | | ≤ 64 MiB |"
+  echo "| server peak RSS, through the 32-client runs | $((rss_32_kib / 1024)) MiB | | | ≤ 64 MiB |"
+  echo "| server peak RSS, through the 512-client run and the rest | $((rss_kib / 1024)) MiB | | | — |"
   echo
   echo "## Scaling"
   echo
@@ -357,7 +390,8 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "|---|---|---|"
   echo "| server CPU (user + system, \`/proc/PID/stat\`), sign-ups excluded | $cpu_us µs | — |"
   echo "| the same, against one \`GET /healthz\` ($healthz_cpu_us µs, same server, same run) | $(ratio "$cpu_us" "$healthz_cpu_us")× | ≤ 5× |"
-  echo "| PostgreSQL round trips, on the wire (\`wallet-loadtest pg-wire\`: each \`Sync\` or simple \`Query\`; a separate run through the counter) | $pg_trips | 1 |"
+  echo "| PostgreSQL round trips, on the wire (\`wallet-loadtest pg-wire\`: each \`Sync\` or simple \`Query\`; a separate run through the counter) | $pg_trips | < 1 batched |"
+  echo "| transfers per call to PostgreSQL (\`wallet_transfer_batch_transfers\`, the 32-client run) | $batch_mean | |"
   echo "| statement messages on the wire (a cached statement is a \`Bind\` and an \`Execute\`), the same run | $pg_messages | 2 |"
   echo "| Redis commands (\`INFO commandstats\`, commands run by scripts included: $redis_by_cmd) | $redis_cmds | ≤ 2 |"
   echo "| Redis round trips (the server's \`wallet_redis_round_trips_total\`, feed batches included) | $redis_trips | 1 on the request path |"
@@ -374,6 +408,7 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "pgbench \"\$DB\" -n -M prepared -c {8,32,64} -j 2 -T $duration --max-tries=10 -D n=$wallets -D hot=0 -f loadtest/pgbench/transfer.sql"
   echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration --max-tries=10 -D n=$wallets -D hot=1 -f loadtest/pgbench/transfer.sql"
   echo "pgbench \"\$DB\" -n -M prepared -c {8,32,64} -j 2 -T $duration --max-tries=10 -D n={1000,100000,1000000} -D hot=0 -f loadtest/pgbench/transfer_fn.sql"
+  echo "pgbench \"\$DB\" -n -M prepared -c $executors -j 2 -T $duration --max-tries=10 -D n=$wallets -D hot=0 -D batch=$batch_size -f loadtest/pgbench/transfer_batch_fn.sql"
   echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration --max-tries=10 -D n=$wallets -f loadtest/pgbench/replay_fn.sql  # after replay_setup.sql"
   echo "psql \"\$DB\" -v n=$wallets -v keys=$keys_at_size -f loadtest/pgbench/keys_fill.sql  # after setup.sql; then transfer_fn.sql at 32 clients, and the service"
   echo "redis-benchmark -q -c 32 -n 300000 -r 1000000 SET 'bench:cooldown:__rand_int__' token NX PX 5000"
@@ -386,6 +421,8 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "wallet-loadtest pg-wire --listen 127.0.0.1:WIRE --upstream PGHOST:PGPORT --stats-listen 127.0.0.1:STATS"
   echo "DATABASE_URL=postgres://…@127.0.0.1:WIRE/DB?sslmode=disable WALLET_COOLDOWN_TTL_MS=1 wallet-server serve"
   echo "wallet-loadtest run throughput --concurrency 32 --users 64 --pg-wire-url http://127.0.0.1:STATS/"
+  echo "WALLET_COOLDOWN_TTL_MS=1 WALLET_TRANSFERS_BATCH_MAX=1 wallet-server serve"
+  echo "wallet-loadtest run throughput --concurrency 32 --users 64 --duration-s $duration"
   echo "wallet-loadtest run hot-wallet --concurrency 32 --users 64 --duration-s $duration"
   echo "wallet-loadtest run replay --concurrency 32 --users 32 --duration-s $duration"
   echo "WALLET_COOLDOWN_TTL_MS=600000 wallet-server serve"

@@ -4,7 +4,11 @@
 //! (`idempotency_claim()`), runs the row guard (`row_guard_transfer()`:
 //! lock both wallets in id order, guarded debit, credit, record), stores
 //! the response with the claim and commits. One round trip; the row locks
-//! are held only while the row guard's statements run.
+//! are held only while the row guard's statements run. The call goes down
+//! a connection one of the transfer executors holds (`crate::executors`);
+//! transfers waiting together go in one call of `transfer_batch()`, each
+//! decided as `transfer()` decides it, with every wallet of the batch
+//! locked in one order first.
 //!
 //! Business refusals (insufficient funds, unknown target) are committed with
 //! the claim so that retries replay them. Everything else (authentication,
