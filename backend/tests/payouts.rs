@@ -619,3 +619,108 @@ async fn a_payout_from_your_own_lab_wallet_is_refused_each_time_and_leaves_no_ke
     assert_eq!(keys, 0, "a refused payout left its key claimed");
     assert_eq!(app.snapshot().await, before, "a refused payout changed something");
 }
+
+/// A relay in front of the gateway that counts the connections open
+/// through it at once. The dispatcher's client opens a connection only
+/// when a call finds every open one carrying another call, so the most
+/// connections open at once is never more than the calls that were in
+/// flight at once, and more than one when calls went at once.
+struct ConnectionsCounted {
+    url: String,
+    most_open: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+async fn count_connections_to(gateway: &Gateway) -> ConnectionsCounted {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let upstream = gateway.url.trim_start_matches("http://").to_owned();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the relay");
+    let url = format!("http://{}", listener.local_addr().expect("the relay's address"));
+    let (open, most_open) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let most = most_open.clone();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            most.fetch_max(open.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+            let (open, upstream) = (open.clone(), upstream.clone());
+            tokio::spawn(async move {
+                if let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+                open.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    ConnectionsCounted { url, most_open }
+}
+
+/// A backlog larger than the calls in flight: the dispatcher keeps
+/// `payout_gateway_calls_in_flight_max` calls going, refills each slot as
+/// its answer is recorded, and every payout reaches the gateway once and
+/// settles once, its hold moved to the gateway's clearing wallet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backlog_dispatched_with_calls_in_flight_reaches_the_gateway_once_each_within_the_bound() {
+    const PAYOUTS: i64 = 40;
+    const CALLS_IN_FLIGHT_MAX: u32 = 3;
+    let gateway = gateway(&["--latency-ms", "50"]).await;
+    let relay = count_connections_to(&gateway).await;
+    let payouts = with_payouts(&relay.url);
+    let accepting = spawn_app(move |settings| {
+        payouts(settings);
+        // The backlog builds up before any dispatcher runs.
+        settings.payout_dispatcher_enabled = false;
+    })
+    .await;
+    let mut made = Vec::new();
+    for index in 0..PAYOUTS {
+        let user = accepting.sign_up(&format!("payee-{index}")).await;
+        let amount = 100 + index;
+        made.push((accepting.pay_out(&user, amount, "acct-3").await, user, amount));
+    }
+    assert_eq!(accepting.outbox_rows().await, PAYOUTS);
+
+    let dispatching = spawn_second_instance_with(&accepting, |settings| {
+        settings.payout_dispatcher_enabled = true;
+        settings.payout_gateway_calls_in_flight_max = CALLS_IN_FLIGHT_MAX;
+    })
+    .await;
+    for (payout, user, amount) in &made {
+        assert_eq!(
+            dispatching.wait_for_payout(*payout, &["settled"]).await,
+            "settled"
+        );
+        assert_eq!(dispatching.balance(user.wallet_id).await, 100_000 - amount);
+    }
+    let mut expected: Vec<(Uuid, i64)> = made.iter().map(|(payout, _, _)| (*payout, 1)).collect();
+    expected.sort();
+    assert_eq!(
+        sendings(&gateway).await,
+        expected,
+        "each payout sent exactly once"
+    );
+    let total_attempts: i64 = sqlx::query_scalar("SELECT sum(attempts)::bigint FROM payouts")
+        .fetch_one(&accepting.db)
+        .await
+        .expect("attempts");
+    assert_eq!(total_attempts, PAYOUTS, "no row was taken twice");
+    let paid_out: i64 = made.iter().map(|(_, _, amount)| amount).sum();
+    let at_the_gateway: i64 =
+        sqlx::query_scalar("SELECT balance_minor FROM wallets WHERE clearing_source = 'gateway'")
+            .fetch_one(&accepting.db)
+            .await
+            .expect("the gateway's clearing wallet");
+    assert_eq!(at_the_gateway, paid_out);
+    assert_eq!(accepting.held_minor().await, 0);
+    assert_eq!(accepting.outbox_rows().await, 0);
+
+    let most_open = relay.most_open.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        (2..=CALLS_IN_FLIGHT_MAX as usize).contains(&most_open),
+        "calls went at once, never more than the bound: {most_open} connections open at once"
+    );
+    assert_eq!(
+        money_invariant_violations(&accepting.db).await,
+        Vec::<String>::new()
+    );
+}

@@ -1,23 +1,30 @@
 //! The dispatcher: every instance runs one. It takes due outbox rows under
-//! a lease, calls the gateway for each, and records the answer.
+//! a lease, calls the gateway for each, and records the answers.
 //!
 //! - **The take** (`payout_take()`) locks due rows with `FOR UPDATE SKIP
 //!   LOCKED`, so two instances never take one row at once, and leases each
 //!   for `payout_lease_ms` by moving its due time past the lease: a crashed
 //!   instance's row is due again, and taken over, when its lease runs out.
+//!   A row is taken only into a free call slot (`flight`).
+//! - **The calls in flight.** Up to `payout_gateway_calls_in_flight_max`
+//!   calls go at once; as they come back, their answers are recorded and
+//!   their slots filled with more due rows, so a slow call holds back only
+//!   its own slot. The lease outlasts a row's time in flight: the call's
+//!   time-out and one record (`flight` says how).
 //! - **The call** is made outside any transaction, with the payout's id as
 //!   the `Idempotency-Key` of every attempt: a row taken over after a crash
 //!   between the gateway's sending and our settlement asks again with the
 //!   same key, the gateway replays its answer, and the payout settles once.
-//! - **The record** of the answers: the batch's sent payouts are settled in
-//!   one transaction, since each settlement updates the same two clearing
-//!   wallets and one commit after another on them would pace the batch;
-//!   every other answer is one transaction: release (a definitive refusal
-//!   only), or postpone with exponential backoff and
-//!   full jitter (`payout_retry_base_ms`, `payout_retry_cap_ms`, the
-//!   gateway's `Retry-After` up to that cap), until `payout_attempts_max`,
-//!   after which the payout needs a person. Only the gateway's own refusal
-//!   releases the hold (`gateway` sorts the answers).
+//! - **The record** of the answers that came back together: their sent
+//!   payouts are settled in one transaction, since each settlement updates
+//!   the same two clearing wallets and one commit after another on them
+//!   would pace the dispatcher; every other answer is one transaction:
+//!   release (a definitive refusal only), or postpone with exponential
+//!   backoff and full jitter (`payout_retry_base_ms`,
+//!   `payout_retry_cap_ms`, the gateway's `Retry-After` up to that cap),
+//!   until `payout_attempts_max`, after which the payout needs a person.
+//!   Only the gateway's own refusal releases the hold (`gateway` sorts the
+//!   answers), and an unknown outcome is never compensated.
 //! - **No retry past the key's retention.** The gateway remembers a key
 //!   for `payout_gateway_key_retention_hours`: a retry of an older payout
 //!   (after a dispatcher outage) could reach a gateway that forgot a
@@ -29,12 +36,11 @@
 //! payout, and the gateway call is a client span under it that passes the
 //! trace on in `traceparent`.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use futures::future::join_all;
 use tracing::Instrument;
-use uuid::Uuid;
 
 use super::gateway::{GatewayAnswer, GatewayClient};
 use crate::decision::{Layer, Outcome};
@@ -45,21 +51,13 @@ use crate::settings::PayoutMode;
 use crate::state::AppState;
 use crate::telemetry;
 
+mod flight;
 mod records;
 mod taken;
 
+use records::postpone;
 pub use records::{Recorded, record_answer, release, settle};
-use records::{postpone, settle_all};
 pub use taken::{Taken, attempt_key, take};
-
-/// One gateway call's answer, waiting to be recorded.
-struct Attempt {
-    row: Taken,
-    answer: GatewayAnswer,
-    took: Duration,
-    /// The payout's `payout.dispatch` span: the record is reported in it.
-    span: tracing::Span,
-}
 
 /// Starts the dispatcher when this deployment sends payouts and this
 /// instance is to dispatch them. It runs until aborted (at shutdown).
@@ -69,102 +67,18 @@ pub fn spawn(state: AppState) -> anyhow::Result<Option<tokio::task::JoinHandle<(
         return Ok(None);
     }
     let gateway = GatewayClient::new(&payouts.gateway_url, payouts.retry.request_timeout)?;
-    Ok(Some(tokio::spawn(
-        Dispatcher {
-            state,
-            gateway,
-            last_census: None,
-        }
-        .run(),
-    )))
+    Ok(Some(tokio::spawn(flight::run(Arc::new(Dispatcher {
+        state,
+        gateway,
+    })))))
 }
 
 struct Dispatcher {
     state: AppState,
     gateway: GatewayClient,
-    last_census: Option<Instant>,
 }
 
 impl Dispatcher {
-    async fn run(mut self) {
-        let payouts = self.state.config.payouts.clone();
-        loop {
-            self.census_if_due().await;
-            match take(&self.state.db, payouts.batch_rows_max, payouts.lease).await {
-                Ok(taken) if taken.is_empty() => tokio::time::sleep(payouts.idle).await,
-                Ok(taken) => self.dispatch(taken).await,
-                Err(error) => {
-                    tracing::warn!(error = %error, "could not take due payouts; trying again");
-                    tokio::time::sleep(payouts.idle).await;
-                }
-            }
-        }
-    }
-
-    /// One attempt for each taken row: the gateway calls at once, then the
-    /// records of their answers. The payouts the gateway sent are settled
-    /// together, in one transaction (`payout_settle_all()`); every other
-    /// answer is recorded on its own.
-    async fn dispatch(&self, taken: Vec<Taken>) {
-        let retention = self.state.config.payouts.gateway_key_retention;
-        let (too_late, taken): (Vec<Taken>, Vec<Taken>) = taken
-            .into_iter()
-            .partition(|row| row.retry_past_key_retention(retention, Utc::now()));
-        join_all(too_late.iter().map(|row| self.set_aside(row))).await;
-        let attempts = join_all(taken.into_iter().map(|row| self.attempt(row))).await;
-        let sent: Vec<(Uuid, &str)> = attempts
-            .iter()
-            .filter_map(|attempt| match &attempt.answer {
-                GatewayAnswer::Sent { reference } => Some((attempt.row.payout_id, reference.as_str())),
-                _ => None,
-            })
-            .collect();
-        let settled = settle_all(&self.state.db, &sent)
-            .await
-            .map_err(|error| error.to_string());
-        join_all(attempts.iter().map(|attempt| {
-            let settled = &settled;
-            async move {
-                let recorded = match (&attempt.answer, settled) {
-                    (GatewayAnswer::Sent { .. }, Ok(settled)) => settled
-                        .iter()
-                        .find(|(payout_id, _)| *payout_id == attempt.row.payout_id)
-                        .map(|(_, recorded)| (*recorded, false))
-                        .ok_or_else(|| "payout_settle_all() did not answer for it".to_owned()),
-                    (GatewayAnswer::Sent { .. }, Err(error)) => Err(error.clone()),
-                    (answer, _) => record_answer(&self.state, &attempt.row, answer)
-                        .instrument(attempt.span.clone())
-                        .await
-                        .map_err(|error| error.to_string()),
-                };
-                attempt
-                    .span
-                    .in_scope(|| self.report(&attempt.row, &attempt.answer, attempt.took, recorded));
-            }
-        }))
-        .await;
-    }
-
-    /// The gateway call for one row, under the payout's span, which
-    /// continues the trace of the request that made it.
-    async fn attempt(&self, row: Taken) -> Attempt {
-        let span = self.span(&row);
-        let started = Instant::now();
-        let answer = self.call(&row).instrument(span.clone()).await;
-        span.record("payout.answer", answer.label());
-        self.state
-            .metrics
-            .payout_attempts
-            .with_label_values(&[answer.label()])
-            .inc();
-        Attempt {
-            row,
-            answer,
-            took: started.elapsed(),
-            span,
-        }
-    }
-
     /// The payout's `payout.dispatch` span, which continues the trace of
     /// the request that made it.
     fn span(&self, row: &Taken) -> tracing::Span {
@@ -329,13 +243,14 @@ impl Dispatcher {
         );
     }
 
-    /// The outbox's gauges, at most once per `payout_census_interval_ms`.
-    async fn census_if_due(&mut self) {
+    /// The outbox's gauges, at most once per `payout_census_interval_ms`
+    /// (`last_census`: when they were last counted).
+    async fn census_if_due(&self, last_census: &mut Option<Instant>) {
         let interval = self.state.config.payouts.census_interval;
-        if self.last_census.is_some_and(|last| last.elapsed() < interval) {
+        if last_census.is_some_and(|last| last.elapsed() < interval) {
             return;
         }
-        self.last_census = Some(Instant::now());
+        *last_census = Some(Instant::now());
         let census: Result<(i64, f64, i64), sqlx::Error> =
             sqlx::query_as("SELECT outbox_rows, oldest_due_age_s, needing_attention FROM payout_census()")
                 .fetch_one(&self.state.db)

@@ -135,10 +135,15 @@ macro_rules! flows_settings {
                 /// without a known outcome it needs a person (`wallet-server
                 /// reconcile`).
                 payout_attempts_max: u32 = 8, within 1..=1_000 "attempts";
-                /// Outbox rows one dispatcher takes, and calls the gateway for, at once.
+                /// Gateway calls one dispatcher keeps in flight at once. As calls come
+                /// back, their answers are recorded and their slots filled with more
+                /// due rows; the rows a dispatcher holds never number more.
+                payout_gateway_calls_in_flight_max: u32 = 32, within 1..=1_000 "calls";
+                /// Gateway answers one dispatcher records together at most: the sent
+                /// payouts among them settle in one transaction.
                 payout_dispatch_batch_rows_max: u32 = 16, within 1..=1_000 "rows";
-                /// How long a dispatcher that found nothing due waits before looking
-                /// again.
+                /// How long a dispatcher with nothing due and no call in flight waits
+                /// before looking again.
                 payout_dispatch_idle_ms: u64 = 200, within 10..=60_000 "ms";
                 /// How often a dispatcher counts the outbox for the metrics.
                 payout_census_interval_ms: u64 = 5_000, within 100..=600_000 "ms";
