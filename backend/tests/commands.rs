@@ -548,3 +548,163 @@ async fn refuses_whoever_has_not_signed_in(redis: &ShippedCommandsRedis) {
     };
     assert!(refused.to_string().contains("NOAUTH"), "{refused}");
 }
+
+/// A backlog the consumers apply a batch at a time: commands spread over
+/// every partition, some published twice, wallets paying each other both
+/// ways (their batches lock the same wallets from two partitions at
+/// once), an overdraw storm on one wallet, and an entry that is no command
+/// in the middle of the storm's batch. Each command applies once, in its
+/// wallet's order, and the database says so.
+#[tokio::test]
+async fn a_backlog_applied_in_batches_applies_each_command_once_and_exactly() {
+    let mut first = spawn_app(|_| {}).await;
+    let names = ["alice", "bob", "carol", "dave", "erin", "frank"];
+    let mut wallets = Vec::new();
+    for name in names {
+        wallets.push(first.sign_up(name).await.wallet_id);
+    }
+    let [alice, bob, carol, dave, erin, frank] = wallets[..] else {
+        unreachable!()
+    };
+    let streams = first.command_streams();
+
+    // Crossing pairs, both ways, forty commands each way, every one fits;
+    // the storm: twelve debits of 15,000 from 100,000, so the first six
+    // apply and the other six are refused.
+    let mut commands = Vec::new();
+    for round in 0..40 {
+        commands.push(transfer_command(alice, bob, 1_000 + round));
+        commands.push(transfer_command(bob, alice, 700));
+        commands.push(transfer_command(carol, dave, 300));
+        commands.push(transfer_command(dave, carol, 500 + round));
+        if round < 12 {
+            commands.push(transfer_command(erin, frank, 15_000));
+        }
+    }
+    let mut published = std::collections::HashMap::<String, usize>::new();
+    for (i, command) in commands.iter().enumerate() {
+        first.publish_command(command).await;
+        *published.entry(command.command_id.clone()).or_default() += 1;
+        // Every fifth one published again at once, as after a time-out.
+        if i % 5 == 0 {
+            first.publish_command(command).await;
+            *published.entry(command.command_id.clone()).or_default() += 1;
+        }
+        // An entry that is no command, among the storm's.
+        if i == 20 {
+            first
+                .publish_fields(
+                    streams.stream_for(layered_wallet::domain::WalletId(erin)),
+                    &[
+                        ("command_id", "cmd_garbled_in_a_batch".into()),
+                        ("amount", "12".into()),
+                    ],
+                )
+                .await;
+        }
+    }
+
+    let mut settings = first.settings.clone();
+    with_commands(&mut settings);
+    let mut consumer = spawn_with(settings, first.db_options.clone()).await;
+    consumer.mark_second_instance();
+    let mut other = spawn_second_instance(&consumer).await;
+    for command in &commands {
+        consumer.wait_for_outcome(&command.command_id).await;
+    }
+    consumer.wait_until_nothing_pending().await;
+
+    // Each command once: one stored outcome, one transfer per applied one.
+    let storm: Vec<_> = commands.iter().filter(|c| c.from.0 == erin).collect();
+    for (i, command) in storm.iter().enumerate() {
+        let outcome = first.wait_for_outcome(&command.command_id).await;
+        let expected = if i < 6 { "applied" } else { "insufficient_funds" };
+        assert_eq!(outcome["outcome"], expected, "storm command {i}: {outcome}");
+    }
+    let applied = (commands.len() - 6) as i64;
+    let (outcomes, applied_outcomes, distinct_transfers): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE verdict = 'applied'), count(DISTINCT transfer_id)
+         FROM inbox WHERE source = 'broker' AND event_id LIKE 'cmd\\_%' AND event_id <> 'cmd_garbled_in_a_batch'",
+    )
+    .fetch_one(&first.db)
+    .await
+    .expect("the inbox");
+    assert_eq!(outcomes, commands.len() as i64, "one outcome per command id");
+    assert_eq!(applied_outcomes, applied);
+    assert_eq!(distinct_transfers, applied, "one transfer per applied command");
+    assert_eq!(first.transfer_count().await, applied);
+
+    // Exact balances, each explained by the ledger.
+    let sum = |from: uuid::Uuid, to: uuid::Uuid| -> i64 {
+        commands
+            .iter()
+            .filter(|c| c.from.0 == from && c.to.0 == to)
+            .map(|c| c.amount_minor)
+            .sum()
+    };
+    let storm_paid = 6 * 15_000;
+    let expected = [
+        (alice, sum(bob, alice) - sum(alice, bob)),
+        (bob, sum(alice, bob) - sum(bob, alice)),
+        (carol, sum(dave, carol) - sum(carol, dave)),
+        (dave, sum(carol, dave) - sum(dave, carol)),
+        (erin, -storm_paid),
+        (frank, storm_paid),
+    ];
+    for (wallet, change) in expected {
+        assert_eq!(first.balance(wallet).await, 100_000 + change);
+        let ledger: i64 = sqlx::query_scalar(
+            "SELECT coalesce(sum(amount_minor), 0)::bigint FROM ledger_entries WHERE wallet_id = $1",
+        )
+        .bind(wallet)
+        .fetch_one(&first.db)
+        .await
+        .expect("the ledger");
+        assert_eq!(ledger, change);
+    }
+    first.assert_invariants().await;
+
+    // One result per delivery handled, each the same bytes as the stored
+    // outcome; the entry that was no command was dead-lettered alone.
+    let results = first.stream_entries(streams.results()).await;
+    for (command_id, times) in &published {
+        let stored = first.wait_for_outcome(command_id).await;
+        let mine: Vec<_> = results
+            .iter()
+            .filter(|result| &result["command_id"] == command_id)
+            .collect();
+        assert_eq!(mine.len(), *times, "{command_id}: {mine:?}");
+        for result in mine {
+            let body: serde_json::Value = serde_json::from_str(&result["result"]).expect("a result body");
+            assert_eq!(body, stored, "{command_id}");
+        }
+    }
+    let dead = first.stream_entries(streams.dead_letters()).await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0]["command.command_id"], "cmd_garbled_in_a_batch");
+
+    // No batch deadlocked another: PostgreSQL's count, which each server
+    // connection flushes as it closes.
+    for app in [&mut consumer, &mut other, &mut first] {
+        app.kill().await;
+    }
+    for _ in 0..300 {
+        let open: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name = 'layered-wallet'",
+        )
+        .fetch_one(&first.db)
+        .await
+        .expect("the database's connections");
+        if open == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let deadlocks: i64 =
+        sqlx::query_scalar("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+            .fetch_one(&first.db)
+            .await
+            .expect("the database's statistics");
+    assert_eq!(deadlocks, 0);
+}

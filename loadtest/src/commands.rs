@@ -4,8 +4,9 @@
 //! would arrive, then waits until the inbox holds every outcome. The rate
 //! is the commands over the seconds from the first claim to the last
 //! transfer's commit: the consumers' sustained rate while they had a
-//! backlog. Consumers work a partition one command at a time, in order, so
-//! the partitions are the concurrency to compare with.
+//! backlog. Consumers work a partition one batch at a time, in order (the
+//! commands of a read in one PostgreSQL call), so the partitions are the
+//! concurrency to compare with.
 
 use std::time::{Duration, Instant};
 

@@ -243,16 +243,27 @@ impl PartitionStream {
         entry_id: &str,
         lease: &PartitionLease,
     ) -> Result<LeaseVerdict, String> {
+        self.acknowledge_all(connection, &[entry_id], lease).await
+    }
+
+    /// Acknowledges and deletes every one of `entry_ids` (a batch's, each
+    /// with its outcome stored), and renews `lease`, in one round trip.
+    pub async fn acknowledge_all(
+        &self,
+        connection: &mut StreamConnection,
+        entry_ids: &[&str],
+        lease: &PartitionLease,
+    ) -> Result<LeaseVerdict, String> {
         let mut pipeline = redis::pipe();
         pipeline
             .cmd("XACK")
             .arg(&self.stream)
             .arg(GROUP)
-            .arg(entry_id)
+            .arg(entry_ids)
             .ignore()
             .cmd("XDEL")
             .arg(&self.stream)
-            .arg(entry_id)
+            .arg(entry_ids)
             .ignore();
         lease.add_renewal(&mut pipeline);
         let (renewed,): (i64,) = pipeline

@@ -18,8 +18,10 @@
 //!    only acknowledges it;
 //! 3. the **row guard**: the transfer itself, exactly as for a client's.
 //!
-//! `pipeline` runs one entry through them; the inbox claim and the row
-//! guard are one PostgreSQL call (`transaction`). Around it: the worker of
+//! `pipeline` runs one entry through them, and `batch` the commands a
+//! partition read together, each decided exactly as alone; either way the
+//! inbox claim and the row guard are one PostgreSQL call (`transaction`),
+//! for one command or for the batch. Around them: the worker of
 //! each partition (`partition`), the stream transport (`consumer`), the
 //! census that shares the partitions (`census`), the dead-letter stream
 //! (`dead_letter`), the results stream (`results`), the outcomes'
@@ -41,6 +43,7 @@ use uuid::Uuid;
 use crate::defense::inbox::is_event_id;
 use crate::domain::{WalletId, parse_uuid};
 
+pub mod batch;
 pub mod census;
 pub mod consumer;
 pub mod dead_letter;

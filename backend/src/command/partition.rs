@@ -10,10 +10,16 @@
 //! holds it) is retried in place until it can, so nothing overtakes it,
 //! and an outage does not count against it.
 //!
-//! **One connection a batch.** The commands of a read batch run one after
-//! another on one PostgreSQL connection, taken at the first and given back
-//! at the end or when one is not applied: the pool's checks before and
-//! after a checkout are paid once a batch, not on every command.
+//! **One call a batch.** The commands of a read batch go to PostgreSQL
+//! together, in one call (`batch`), each decided exactly as alone and in
+//! order, then their outcomes are published and they are acknowledged,
+//! one round trip each for the whole batch. What the batch leaves (an
+//! entry that is no command, the first command it could not decide, or
+//! all of them when PostgreSQL refused the call as a whole) goes alone
+//! (`pipeline`), in order, retried in place as above. All of a read
+//! batch's calls run on one PostgreSQL connection, taken at the first and
+//! given back at the end or when a call fails: the pool's checks before
+//! and after a checkout are paid once a batch.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
@@ -22,12 +28,13 @@ use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
 
 use super::Streams;
+use super::batch::{self, Ended, Together};
 use super::census::Census;
 use super::consumer::{Batch, Delivered, PartitionStream};
 use super::dead_letter::DeadLetters;
 use super::pipeline::{self, Handled, Outlets};
 use super::results::ResultStream;
-use crate::defense::partition_lease::PartitionLease;
+use crate::defense::partition_lease::{LeaseVerdict, PartitionLease};
 use crate::redis_store::{StreamClient, StreamConnection};
 use crate::state::AppState;
 
@@ -136,49 +143,132 @@ impl PartitionWorker {
     }
 
     /// Applies a batch's entries in order, each until it is done, while the
-    /// lease holds.
+    /// lease holds: the leading commands together, in one PostgreSQL call
+    /// (`batch`), and what that leaves alone, one by one (`pipeline`).
     async fn work(&self, connection: &mut StreamConnection, batch: Batch) -> Result<(), String> {
-        // One PostgreSQL connection for the batch: its commands run one
-        // after another, so the pool's checks around a checkout (a round
-        // trip each) are paid once a batch rather than twice a command.
+        // One PostgreSQL connection for the batch: its calls run one after
+        // another, so the pool's checks around a checkout (a round trip
+        // each) are paid once a batch rather than on every call.
         let mut database: Option<PoolConnection<Postgres>> = None;
         // The lease as the last acknowledgement renewed it, if one did.
         let mut renewed_with_ack = None;
-        for (entry_id, fields) in &batch.entries {
-            let delivered = batch.deliveries_of(entry_id);
-            // Failures of the command itself, retried here: each counts
-            // like a delivery towards the dead-letter stream.
-            let mut failed = 0;
-            loop {
-                // Renewed before each attempt (with the previous entry's
-                // acknowledgement, when it just came): a consumer slower
-                // than the claim time over the last one no longer owns the
-                // partition, and stops here.
-                let lease = match renewed_with_ack.take() {
-                    Some(lease) => lease,
-                    None => self.lease.renew(connection).await?,
-                };
-                if !lease.is_held() {
-                    return Ok(());
+        // Set when the next entry goes alone: the batch stopped at it, or
+        // PostgreSQL refused the batch as a whole (then the rest go alone).
+        let mut next_alone = false;
+        let mut refused = false;
+        let mut next = 0;
+        while next < batch.entries.len() {
+            // Renewed before each attempt (with the last acknowledgement,
+            // when it just came): a consumer slower than the claim time
+            // over the last one no longer owns the partition, and stops.
+            let lease = match renewed_with_ack.take() {
+                Some(lease) => lease,
+                None => self.lease.renew(connection).await?,
+            };
+            if !lease.is_held() {
+                return Ok(());
+            }
+            let entries = batch.entries[next..].iter().map(|(entry_id, fields)| Delivered {
+                entry_id,
+                fields,
+                deliveries: batch.deliveries_of(entry_id),
+            });
+            let together = Together::leading(entries, &self.outlets);
+            // A single command goes alone: a batch of one saves nothing.
+            if !(next_alone || refused || together.len() < 2) {
+                let (renewed, ended) = self.apply_together(connection, &mut database, &together).await?;
+                renewed_with_ack = renewed;
+                match ended {
+                    Ended::Decided(done) => {
+                        next += done;
+                        next_alone = done < together.len();
+                    }
+                    Ended::Refused(_) => refused = true,
+                    Ended::NotYet(_) => {}
                 }
-                let entry = Delivered {
-                    entry_id,
-                    fields,
-                    deliveries: delivered + failed,
-                };
-                let why = match pipeline::through_the_layers(
-                    &self.state,
-                    &self.outlets,
+                continue;
+            }
+            let (entry_id, fields) = &batch.entries[next];
+            let Some(renewed) = self
+                .apply_alone(
                     connection,
                     &mut database,
-                    entry,
+                    entry_id,
+                    fields,
+                    batch.deliveries_of(entry_id),
+                    lease,
                 )
                 .await?
+            else {
+                return Ok(());
+            };
+            renewed_with_ack = Some(renewed);
+            next += 1;
+            next_alone = false;
+        }
+        Ok(())
+    }
+
+    /// The leading commands together (`batch`): acknowledges those done,
+    /// and answers the lease as that acknowledgement renewed it, with how
+    /// the batch ended. One the database could not take yet waits here
+    /// before it is tried again.
+    async fn apply_together(
+        &self,
+        connection: &mut StreamConnection,
+        database: &mut Option<PoolConnection<Postgres>>,
+        together: &Together<'_>,
+    ) -> Result<(Option<LeaseVerdict>, Ended), String> {
+        let ended =
+            batch::through_the_layers(&self.state, &self.outlets, connection, database, together).await?;
+        let mut renewed = None;
+        match &ended {
+            Ended::Decided(done) if *done > 0 => {
+                let done_ids = together.entry_ids(*done);
+                renewed = Some(
+                    self.stream
+                        .acknowledge_all(connection, &done_ids, &self.lease)
+                        .await?,
+                );
+            }
+            Ended::NotYet(why) => self.wait_before_retrying(together.entry_ids(1)[0], why).await,
+            _ => {}
+        }
+        Ok((renewed, ended))
+    }
+
+    /// Applies one entry alone until it is done, while the lease holds
+    /// (`lease`, renewed just before); answers the lease as its
+    /// acknowledgement renewed it, or `None` once the lease is lost.
+    async fn apply_alone(
+        &self,
+        connection: &mut StreamConnection,
+        database: &mut Option<PoolConnection<Postgres>>,
+        entry_id: &str,
+        fields: &[(String, String)],
+        delivered: u64,
+        mut lease: LeaseVerdict,
+    ) -> Result<Option<LeaseVerdict>, String> {
+        // Failures of the command itself, retried here: each counts like a
+        // delivery towards the dead-letter stream.
+        let mut failed = 0;
+        loop {
+            if !lease.is_held() {
+                return Ok(None);
+            }
+            let entry = Delivered {
+                entry_id,
+                fields,
+                deliveries: delivered + failed,
+            };
+            let why =
+                match pipeline::through_the_layers(&self.state, &self.outlets, connection, database, entry)
+                    .await?
                 {
                     Handled::Done => {
-                        renewed_with_ack =
-                            Some(self.stream.acknowledge(connection, entry_id, &self.lease).await?);
-                        break;
+                        return Ok(Some(
+                            self.stream.acknowledge(connection, entry_id, &self.lease).await?,
+                        ));
                     }
                     Handled::NotYet(why) => why,
                     Handled::Failed(why) => {
@@ -186,10 +276,10 @@ impl PartitionWorker {
                         why
                     }
                 };
-                self.wait_before_retrying(entry_id, &why).await;
-            }
+            self.wait_before_retrying(entry_id, &why).await;
+            // Renewed before each attempt after a wait.
+            lease = self.lease.renew(connection).await?;
         }
-        Ok(())
     }
 
     /// Retried in place, not read again: nothing behind the entry overtakes

@@ -163,7 +163,7 @@ async fn poison_at_once(
 
 /// The batch's PostgreSQL connection, taken from the pool at its first
 /// command.
-async fn batch_connection<'a>(
+pub(super) async fn batch_connection<'a>(
     state: &AppState,
     database: &'a mut Option<PoolConnection<Postgres>>,
 ) -> Result<&'a mut PoolConnection<Postgres>, sqlx::Error> {

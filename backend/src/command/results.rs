@@ -52,8 +52,35 @@ impl ResultStream {
         verdict: CommandVerdict,
         result: &str,
     ) -> Result<(), String> {
-        redis::cmd("XADD")
-            .arg(&self.key)
+        self.addition(command_id, verdict, result)
+            .query_async::<String>(connection)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Publishes a batch's outcomes, each as `publish` would, in order, in
+    /// one round trip.
+    pub async fn publish_all(
+        &self,
+        connection: &mut StreamConnection,
+        outcomes: &[(&str, CommandVerdict, &str)],
+    ) -> Result<(), String> {
+        let mut pipeline = redis::pipe();
+        for (command_id, verdict, result) in outcomes {
+            pipeline.add_command(self.addition(command_id, *verdict, result));
+        }
+        pipeline
+            .query_async::<Vec<String>>(connection)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    /// The `XADD` of one outcome.
+    fn addition(&self, command_id: &str, verdict: CommandVerdict, result: &str) -> redis::Cmd {
+        let mut add = redis::cmd("XADD");
+        add.arg(&self.key)
             .arg("MAXLEN")
             .arg("~")
             .arg(self.entries_max)
@@ -63,10 +90,7 @@ impl ResultStream {
             .arg("outcome")
             .arg(verdict.as_str())
             .arg("result")
-            .arg(result)
-            .query_async::<String>(connection)
-            .await
-            .map(drop)
-            .map_err(|e| e.to_string())
+            .arg(result);
+        add
     }
 }

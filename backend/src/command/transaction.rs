@@ -77,6 +77,12 @@ pub async fn apply(
     .bind(Uuid::now_v7())
     .fetch_one(db)
     .await?;
+    applied(command, row)
+}
+
+/// Reads `broker_command()`'s answer (or one command's in a batch) for
+/// `command`.
+fn applied(command: &Command, row: CommandRow) -> Result<Applied, NotApplied> {
     let owner = row.owner.map(UserId);
     let verdict = match row.verdict.as_deref().map(str::parse::<CommandVerdict>) {
         Some(Ok(verdict)) => Some(verdict),
@@ -118,4 +124,80 @@ pub async fn apply(
             result.is_some()
         ))),
     }
+}
+
+/// One command of a batch, with what `apply` takes besides.
+#[derive(Debug)]
+pub struct Queued<'a> {
+    pub command: &'a Command,
+    pub published_at: DateTime<Utc>,
+    pub dead_letter_reason: Option<&'a str>,
+}
+
+/// One command's answer in a batch: `broker_command()`'s columns, and
+/// `failure`, the SQLSTATE of an error that undid that command alone.
+#[derive(sqlx::FromRow)]
+struct BatchRow {
+    claim: Option<InboxClaim>,
+    verdict: Option<String>,
+    owner: Option<Uuid>,
+    result: Option<String>,
+    failure: Option<String>,
+}
+
+/// Applies `queued`, in order, in one call (`broker_command_batch()`):
+/// each command decided exactly as `apply` decides it. Answers the
+/// outcomes of the leading commands that have one, in order; the batch
+/// stops at the first without one (another consumer holds it, or it
+/// failed), and nothing of it or of those behind it was written: the
+/// caller applies them one by one. An error means nothing was written,
+/// when PostgreSQL reported it; when the connection broke, any outcome.
+pub async fn apply_batch(
+    db: &mut sqlx::PgConnection,
+    config: &Config,
+    queued: &[Queued<'_>],
+) -> Result<Vec<Applied>, sqlx::Error> {
+    let commands = || queued.iter().map(|one| one.command);
+    let rows: Vec<BatchRow> = sqlx::query_as(
+        "SELECT claim, verdict, owner, result, failure
+         FROM broker_command_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+    )
+    .bind(commands().map(|c| c.command_id.clone()).collect::<Vec<_>>())
+    .bind(commands().map(|c| c.fingerprint().to_vec()).collect::<Vec<_>>())
+    .bind(commands().map(|c| c.issuer.clone()).collect::<Vec<_>>())
+    .bind(commands().map(|c| c.from.0).collect::<Vec<_>>())
+    .bind(commands().map(|c| c.to.0).collect::<Vec<_>>())
+    .bind(commands().map(|c| c.amount_minor).collect::<Vec<_>>())
+    .bind(queued.iter().map(|one| one.published_at).collect::<Vec<_>>())
+    .bind(
+        queued
+            .iter()
+            .map(|one| one.dead_letter_reason)
+            .collect::<Vec<_>>(),
+    )
+    .bind(queued.iter().map(|_| Uuid::now_v7()).collect::<Vec<_>>())
+    .bind(i32::from(config.commands.age_hours_max))
+    .bind(i32::try_from(config.commands.future_tolerance.as_secs()).unwrap_or(i32::MAX))
+    .bind(i32::from(config.deposits.inbox_retention_hours))
+    .bind(i32::from(config.deposits.inbox_wait_ms_max))
+    .bind(i32::from(config.database.wallet_lock_wait_ms_max))
+    .fetch_all(db)
+    .await?;
+    // An answer that is no outcome (even one that breaks the protocol) ends
+    // the batch's outcomes: applied alone, that command meets it again,
+    // and is handled as `apply` handles it.
+    Ok(queued
+        .iter()
+        .zip(rows)
+        .map_while(|(one, row)| {
+            let claim = row.claim.filter(|_| row.failure.is_none())?;
+            let row = CommandRow {
+                claim,
+                verdict: row.verdict,
+                owner: row.owner,
+                result: row.result,
+            };
+            applied(one.command, row).ok()
+        })
+        .collect())
 }

@@ -1,0 +1,252 @@
+-- Many broker commands in one call: the entries a consumer read together
+-- from one partition, each decided exactly as broker_command() decides it
+-- (its own inbox claim, refusal and stored outcome), in one transaction,
+-- so that a batch costs one round trip. backend/src/command/batch.rs calls
+-- it. Inputs are parallel arrays, one element per command, in the order
+-- the partition delivered them; each row out is one command's answer, by
+-- its index (1-based), in broker_command()'s columns (claim, verdict,
+-- owner, result), plus `failure`: the SQLSTATE of an error that undid that
+-- command alone.
+--
+-- Locks are taken in one global order across the whole batch, as
+-- transfer_batch() takes them (20261202000005_transfer.sql):
+--   1. the inbox claims, in command-id order (a broker_command() claims
+--      its one command before any wallet);
+--   2. every wallet the batch will touch, locked at once in wallet-id
+--      order (row_guard_transfer() locks its two in that order too);
+--   3. then each command's row guard and stored outcome, in delivery
+--      order; its wallets are already held.
+-- A transaction waiting on a claim holds no wallet, and one holding
+-- wallets waits for no claim, so batches of different partitions, single
+-- commands and client transfers never deadlock. Each command's decision
+-- runs in a block of its own: one command's error rolls back only that
+-- command. A claim that raises, or a wallet lock that waits past
+-- p_wallet_wait_ms, fails the call as a whole, and nothing of it is
+-- written; the caller then applies the commands one by one.
+--
+-- Order: a partition's commands apply in the order they were published,
+-- and one that cannot be decided yet is retried before anything behind it
+-- moves. So the batch stops at the first command without an outcome (its
+-- claim found the command in flight elsewhere, or it failed): that one
+-- answers why, and every command after it answers nothing at all (claim,
+-- verdict and failure NULL), nothing of it written, its claim given back.
+-- The caller applies those one by one.
+--
+-- The same command id twice in one batch (a broker publishing again): the
+-- later one is decided after the earlier, by its own claim, which then
+-- reads the earlier one's stored outcome (replayed, or payload_changed).
+-- The refusals broker_command() decides after its claim and before the
+-- row guard, in its order; NULL when the row guard decides. p_owner is the
+-- source wallet's owner, NULL when no real wallet has the source id.
+CREATE FUNCTION broker_command_refusal(
+    p_published_at timestamptz,
+    p_dead_letter_reason text,
+    p_age_hours_max int,
+    p_future_s int,
+    p_owner uuid,
+    p_to uuid
+)
+RETURNS command_verdict
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN p_dead_letter_reason IS NOT NULL THEN 'dead_lettered'::command_verdict
+        WHEN p_published_at < now() - make_interval(hours => p_age_hours_max) THEN 'too_old'
+        WHEN p_published_at > now() + make_interval(secs => p_future_s) THEN 'published_in_future'
+        WHEN p_owner IS NULL THEN 'unknown_source'
+        WHEN wallet_out_of_reach(p_owner, p_to) THEN 'unknown_target'
+    END
+$$;
+
+-- A claimed command's decision and stored outcome, as broker_command()
+-- makes them after its claim: p_refusal (broker_command_refusal()'s
+-- answer) stands, or else the row guard decides.
+CREATE FUNCTION broker_command_decide(
+    p_command_id text,
+    p_issuer text,
+    p_from uuid,
+    p_to uuid,
+    p_amount bigint,
+    p_dead_letter_reason text,
+    p_transfer_id uuid,
+    p_owner uuid,
+    p_refusal command_verdict,
+    p_wallet_wait_ms int,
+    OUT verdict text,
+    OUT result text
+)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    v_guard record;
+    v_verdict command_verdict := p_refusal;
+    v_transfer_id uuid;
+BEGIN
+    IF v_verdict IS NULL THEN
+        SELECT * INTO v_guard
+          FROM row_guard_transfer(p_transfer_id, p_owner, p_from, p_to, p_amount, NULL, p_wallet_wait_ms);
+        v_verdict := CASE v_guard.outcome
+            WHEN 'accepted' THEN 'applied'
+            WHEN 'insufficient_funds' THEN 'insufficient_funds'
+            WHEN 'unknown_target' THEN 'unknown_target'
+            WHEN 'currency_mismatch' THEN 'currency_mismatch'
+        END;
+        IF v_verdict IS NULL THEN
+            RAISE EXCEPTION 'the row guard answered % for the source wallet''s owner', v_guard.outcome;
+        END IF;
+    END IF;
+    v_transfer_id := CASE WHEN v_verdict = 'applied' THEN p_transfer_id END;
+    verdict := v_verdict::text;
+    result := command_result(p_command_id, p_issuer, v_verdict, v_transfer_id, p_dead_letter_reason);
+    PERFORM inbox_complete('broker', p_command_id, verdict,
+                           (CASE WHEN v_verdict = 'applied' THEN 200 ELSE 422 END)::smallint,
+                           result, NULL, v_transfer_id);
+END
+$$;
+
+CREATE FUNCTION broker_command_batch(
+    p_command_ids text[],
+    p_fingerprints bytea[],
+    p_issuers text[],
+    p_froms uuid[],
+    p_tos uuid[],
+    p_amounts bigint[],
+    p_published_ats timestamptz[],
+    p_dead_letter_reasons text[],
+    p_transfer_ids uuid[],
+    p_age_hours_max int,
+    p_future_s int,
+    p_retention_hours int,
+    p_claim_wait_ms int,
+    p_wallet_wait_ms int
+)
+RETURNS TABLE (idx int, claim inbox_claim_verdict, verdict text, owner uuid, result text, failure text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    v_n int := coalesce(array_length(p_command_ids, 1), 0);
+    v_claims inbox_claim_verdict[];
+    v_verdicts text[];
+    v_owners uuid[];
+    v_results text[];
+    v_failures text[];
+    -- Claimed here, and decided by the row guard rather than before it.
+    v_guarded boolean[];
+    -- The earlier index of the same command id in this batch, if any.
+    v_earlier int[];
+    -- The first command without an outcome: it and every one after it
+    -- are left to the caller.
+    v_stop int := v_n + 1;
+    v_previous int;
+    v_claim record;
+    v_decided record;
+    v_i int;
+BEGIN
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+    v_claims := array_fill(NULL::inbox_claim_verdict, ARRAY[v_n]);
+    v_verdicts := array_fill(NULL::text, ARRAY[v_n]);
+    v_owners := array_fill(NULL::uuid, ARRAY[v_n]);
+    v_results := array_fill(NULL::text, ARRAY[v_n]);
+    v_failures := array_fill(NULL::text, ARRAY[v_n]);
+    v_guarded := array_fill(false, ARRAY[v_n]);
+    v_earlier := array_fill(NULL::int, ARRAY[v_n]);
+
+    -- 1. The claims, in command-id order, and the refusals that need no
+    -- wallet locked.
+    FOR v_i IN
+        SELECT i FROM generate_subscripts(p_command_ids, 1) AS i ORDER BY p_command_ids[i], i
+    LOOP
+        v_owners[v_i] := (
+            SELECT w.user_id FROM wallets w
+             WHERE w.id = p_froms[v_i] AND w.lab_slot IS NULL AND w.clearing_source IS NULL);
+        IF v_previous IS NOT NULL AND p_command_ids[v_previous] = p_command_ids[v_i] THEN
+            v_earlier[v_i] := v_previous;
+            v_previous := v_i;
+            CONTINUE;
+        END IF;
+        v_previous := v_i;
+        -- No block of its own: a claim that raises (rather than answering
+        -- in_flight) fails the call as a whole, and the caller applies the
+        -- batch one by one, where it fails alone.
+        SELECT * INTO v_claim
+          FROM inbox_claim('broker', p_command_ids[v_i], p_fingerprints[v_i], p_retention_hours, p_claim_wait_ms);
+        v_claims[v_i] := v_claim.outcome;
+        IF v_claim.outcome <> 'started' THEN
+            v_verdicts[v_i] := v_claim.verdict;
+            v_results[v_i] := v_claim.response_body;
+        ELSE
+            v_verdicts[v_i] := broker_command_refusal(
+                p_published_ats[v_i], p_dead_letter_reasons[v_i], p_age_hours_max, p_future_s,
+                v_owners[v_i], p_tos[v_i])::text;
+            v_guarded[v_i] := v_verdicts[v_i] IS NULL;
+        END IF;
+        IF v_claims[v_i] = 'in_flight' THEN
+            v_stop := least(v_stop, v_i);
+        END IF;
+    END LOOP;
+
+    -- 2. Every wallet of the commands the row guard decides, at once, in
+    -- id order.
+    PERFORM set_config('lock_timeout', p_wallet_wait_ms || 'ms', true);
+    PERFORM 1 FROM wallets w
+      WHERE w.id IN (SELECT unnest(ARRAY[p_froms[i], p_tos[i]])
+                       FROM generate_subscripts(p_command_ids, 1) AS i WHERE v_guarded[i] AND i < v_stop)
+      ORDER BY w.id
+        FOR NO KEY UPDATE;
+
+    -- 3. Each command's decision and stored outcome, in delivery order.
+    FOR v_i IN 1 .. v_n LOOP
+        IF v_i > v_stop THEN
+            -- Behind a command without an outcome: left to the caller.
+            IF v_claims[v_i] = 'started' THEN
+                DELETE FROM inbox i WHERE i.source = 'broker' AND i.event_id = p_command_ids[v_i];
+            END IF;
+            v_claims[v_i] := NULL;
+            v_verdicts[v_i] := NULL;
+            v_results[v_i] := NULL;
+            v_failures[v_i] := NULL;
+            CONTINUE;
+        END IF;
+        CONTINUE WHEN v_i = v_stop OR (v_claims[v_i] IS DISTINCT FROM 'started' AND v_earlier[v_i] IS NULL);
+        BEGIN
+            IF v_earlier[v_i] IS NOT NULL THEN
+                -- The earlier one's outcome is stored by now, in this
+                -- transaction: this claim reads it.
+                SELECT * INTO v_claim
+                  FROM inbox_claim('broker', p_command_ids[v_i], p_fingerprints[v_i], p_retention_hours,
+                                   p_claim_wait_ms);
+                IF v_claim.outcome NOT IN ('replayed', 'payload_changed') THEN
+                    RAISE EXCEPTION 'a command id repeated in a batch was claimed %', v_claim.outcome;
+                END IF;
+                v_claims[v_i] := v_claim.outcome;
+                v_verdicts[v_i] := v_claim.verdict;
+                v_results[v_i] := v_claim.response_body;
+            ELSE
+                SELECT * INTO v_decided
+                  FROM broker_command_decide(
+                    p_command_ids[v_i], p_issuers[v_i], p_froms[v_i], p_tos[v_i], p_amounts[v_i],
+                    p_dead_letter_reasons[v_i], p_transfer_ids[v_i], v_owners[v_i],
+                    v_verdicts[v_i]::command_verdict, p_wallet_wait_ms);
+                v_verdicts[v_i] := v_decided.verdict;
+                v_results[v_i] := v_decided.result;
+            END IF;
+        EXCEPTION WHEN OTHERS THEN
+            -- This command's guard and outcome were undone; its claim, made
+            -- in step 1, goes too, so that applied alone it runs afresh.
+            IF v_earlier[v_i] IS NULL THEN
+                DELETE FROM inbox i WHERE i.source = 'broker' AND i.event_id = p_command_ids[v_i];
+            END IF;
+            v_claims[v_i] := NULL;
+            v_verdicts[v_i] := NULL;
+            v_results[v_i] := NULL;
+            v_failures[v_i] := SQLSTATE;
+            v_stop := v_i;
+        END;
+    END LOOP;
+
+    RETURN QUERY
+        SELECT i, v_claims[i], v_verdicts[i], v_owners[i], v_results[i], v_failures[i]
+          FROM generate_subscripts(p_command_ids, 1) AS i ORDER BY i;
+END
+$$;
