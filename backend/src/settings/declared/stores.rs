@@ -73,8 +73,10 @@ macro_rules! stores_settings {
                 /// Most transfers one executor sends to PostgreSQL in one call
                 /// (`transfer_batch()`), taken from those waiting when it is free; it
                 /// never waits for more. 1: each transfer in a call of its own
-                /// (`transfer()`).
-                transfers_batch_max: u32 = 16, within 1..=1_000 "transfers";
+                /// (`transfer()`). At most 32: each transfer of a batch writes in two
+                /// subtransactions (its claim, its guard), and past the 64 a transaction
+                /// keeps in shared memory every snapshot in the database slows down.
+                transfers_batch_max: u32 = 16, within 1..=32 "transfers";
                 /// An executor's connection unused this long is checked (one round
                 /// trip) before a transfer is sent down it, so that one that broke
                 /// while idle is replaced and the client gets a clean answer instead
