@@ -1,8 +1,8 @@
--- Many broker commands in one call: the entries a consumer read together
--- from one partition, each decided exactly as broker_command() decides it
--- (its own inbox claim, refusal and stored outcome), in one transaction,
--- so that a batch costs one round trip. backend/src/command/batch.rs calls
--- it. Inputs are parallel arrays, one element per command, in the order
+-- broker_command_batch(), the last function here: many broker commands in
+-- one call, the entries a consumer read together from one partition, each
+-- decided exactly as broker_command() decides it (its own inbox claim,
+-- refusal and stored outcome), in one transaction, so that a batch costs
+-- one round trip. backend/src/command/batch.rs calls it. Inputs are parallel arrays, one element per command, in the order
 -- the partition delivered them; each row out is one command's answer, by
 -- its index (1-based), in broker_command()'s columns (claim, verdict,
 -- owner, result), plus `failure`: the SQLSTATE of an error that undid that
@@ -15,7 +15,8 @@
 --   2. every wallet the batch will touch, locked at once in wallet-id
 --      order (row_guard_transfer() locks its two in that order too);
 --   3. then each command's row guard and stored outcome, in delivery
---      order; its wallets are already held.
+--      order; its wallets are already held;
+--   4. a command the batch leaves to the caller gives back its claim.
 -- A transaction waiting on a claim holds no wallet, and one holding
 -- wallets waits for no claim, so batches of different partitions, single
 -- commands and client transfers never deadlock. Each command's decision
@@ -35,9 +36,31 @@
 -- The same command id twice in one batch (a broker publishing again): the
 -- later one is decided after the earlier, by its own claim, which then
 -- reads the earlier one's stored outcome (replayed, or payload_changed).
+--
+-- Subtransactions: each command opens at most two that write, its claim's
+-- (claim_first()'s block) and its decision's (step 3's block), and a
+-- committed one stays in the transaction's cache of 64 until the call
+-- ends; past that cache every snapshot taken anywhere in the database
+-- slows down. So a call carries at most 32 commands:
+-- `commands_apply_batch_max`.
+
+-- The owner of the real wallet a command's money leaves; NULL when no
+-- real wallet has that id (a lab or clearing wallet is no source).
+CREATE FUNCTION command_source_owner(p_from uuid)
+RETURNS uuid
+LANGUAGE sql STABLE AS $$
+    SELECT w.user_id FROM wallets w
+     WHERE w.id = p_from AND w.lab_slot IS NULL AND w.clearing_source IS NULL
+$$;
+
 -- The refusals broker_command() decides after its claim and before the
--- row guard, in its order; NULL when the row guard decides. p_owner is the
--- source wallet's owner, NULL when no real wallet has the source id.
+-- row guard, in its order; NULL when the row guard decides. p_owner is
+-- command_source_owner()'s answer.
+--   too_old: too old to be told apart from a command whose claim was
+--     swept: had it been applied, its row might be gone.
+--   published_in_future: an entry id ahead of any clock's drift (XADD
+--     with an explicit id): it would stay young past its claim's sweep,
+--     and a copy published again then would be applied a second time.
 CREATE FUNCTION broker_command_refusal(
     p_published_at timestamptz,
     p_dead_letter_reason text,
@@ -157,9 +180,7 @@ BEGIN
     FOR v_i IN
         SELECT i FROM generate_subscripts(p_command_ids, 1) AS i ORDER BY p_command_ids[i], i
     LOOP
-        v_owners[v_i] := (
-            SELECT w.user_id FROM wallets w
-             WHERE w.id = p_froms[v_i] AND w.lab_slot IS NULL AND w.clearing_source IS NULL);
+        v_owners[v_i] := command_source_owner(p_froms[v_i]);
         IF v_previous IS NOT NULL AND p_command_ids[v_previous] = p_command_ids[v_i] THEN
             v_earlier[v_i] := v_previous;
             v_previous := v_i;
@@ -195,20 +216,11 @@ BEGIN
       ORDER BY w.id
         FOR NO KEY UPDATE;
 
-    -- 3. Each command's decision and stored outcome, in delivery order.
+    -- 3. Each command's decision and stored outcome, in delivery order, up
+    -- to the first without an outcome.
     FOR v_i IN 1 .. v_n LOOP
-        IF v_i > v_stop THEN
-            -- Behind a command without an outcome: left to the caller.
-            IF v_claims[v_i] = 'started' THEN
-                DELETE FROM inbox i WHERE i.source = 'broker' AND i.event_id = p_command_ids[v_i];
-            END IF;
-            v_claims[v_i] := NULL;
-            v_verdicts[v_i] := NULL;
-            v_results[v_i] := NULL;
-            v_failures[v_i] := NULL;
-            CONTINUE;
-        END IF;
-        CONTINUE WHEN v_i = v_stop OR (v_claims[v_i] IS DISTINCT FROM 'started' AND v_earlier[v_i] IS NULL);
+        EXIT WHEN v_i >= v_stop;
+        CONTINUE WHEN v_claims[v_i] IS DISTINCT FROM 'started' AND v_earlier[v_i] IS NULL;
         BEGIN
             IF v_earlier[v_i] IS NOT NULL THEN
                 -- The earlier one's outcome is stored by now, in this
@@ -232,17 +244,25 @@ BEGIN
                 v_results[v_i] := v_decided.result;
             END IF;
         EXCEPTION WHEN OTHERS THEN
-            -- This command's guard and outcome were undone; its claim, made
-            -- in step 1, goes too, so that applied alone it runs afresh.
-            IF v_earlier[v_i] IS NULL THEN
-                DELETE FROM inbox i WHERE i.source = 'broker' AND i.event_id = p_command_ids[v_i];
-            END IF;
-            v_claims[v_i] := NULL;
-            v_verdicts[v_i] := NULL;
-            v_results[v_i] := NULL;
+            -- This command's guard and outcome were undone; step 4 gives
+            -- back its claim.
             v_failures[v_i] := SQLSTATE;
             v_stop := v_i;
         END;
+    END LOOP;
+
+    -- 4. What is left to the caller: every command behind the stop, and
+    -- the stop itself when it failed, answers nothing but its failure,
+    -- and a claim made in step 1 goes, so that applied alone it runs
+    -- afresh. A stop in flight elsewhere keeps its answer.
+    FOR v_i IN v_stop .. v_n LOOP
+        CONTINUE WHEN v_i = v_stop AND v_failures[v_i] IS NULL;
+        IF v_claims[v_i] = 'started' THEN
+            DELETE FROM inbox i WHERE i.source = 'broker' AND i.event_id = p_command_ids[v_i];
+        END IF;
+        v_claims[v_i] := NULL;
+        v_verdicts[v_i] := NULL;
+        v_results[v_i] := NULL;
     END LOOP;
 
     RETURN QUERY

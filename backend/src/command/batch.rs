@@ -6,7 +6,9 @@
 //! results stream (in one round trip), each decision reported. The worker
 //! acknowledges them after, in one round trip.
 //!
-//! Only the leading run of entries that read as commands goes together.
+//! Only the leading run of entries that read as commands goes together,
+//! at most `commands_apply_batch_max` of them: the rest of the run goes in
+//! the next call.
 //! An entry that is no command, the first one the batch left without an
 //! outcome (another consumer holds it, or it failed), and every entry of
 //! a batch PostgreSQL refused as a whole go alone (`pipeline`), in order:
@@ -53,15 +55,16 @@ pub enum Ended {
 }
 
 impl<'a> Together<'a> {
-    /// The leading entries of `entries` that read as commands.
-    pub fn leading(entries: impl IntoIterator<Item = Delivered<'a>>, outlets: &Outlets) -> Self {
+    /// The leading entries of `entries` that read as commands, at most
+    /// `most` of them.
+    pub fn leading(entries: impl IntoIterator<Item = Delivered<'a>>, outlets: &Outlets, most: usize) -> Self {
         let mut together = Self {
             entries: Vec::new(),
             commands: Vec::new(),
             published: Vec::new(),
             dead_letter_reasons: Vec::new(),
         };
-        for entry in entries {
+        for entry in entries.into_iter().take(most) {
             let (Ok(command), Some(published)) = (Command::parse(entry.fields), published_at(entry.entry_id))
             else {
                 break;
@@ -161,4 +164,73 @@ pub async fn through_the_layers(
         pipeline::report(state, command, applied, started.elapsed());
     }
     Ok(Ended::Decided(decided.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus::IntCounter;
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::command::Streams;
+    use crate::command::dead_letter::DeadLetters;
+    use crate::command::results::ResultStream;
+    use crate::domain::WalletId;
+    use crate::settings::Settings;
+
+    /// A read batch's fields: `commands` commands, then an entry that is
+    /// no command, then one more command.
+    fn read_batch(commands: usize) -> Vec<(String, Vec<(String, String)>)> {
+        let command = |i: usize| Command {
+            command_id: format!("cmd_{i}"),
+            issuer: "payroll".into(),
+            from: WalletId(Uuid::now_v7()),
+            to: WalletId(Uuid::now_v7()),
+            amount_minor: 100,
+        };
+        let fields = |command: Command| {
+            command
+                .fields()
+                .into_iter()
+                .map(|(name, value)| (name.to_owned(), value))
+                .collect()
+        };
+        let mut entries: Vec<_> = (0..commands)
+            .map(|i| (format!("{}-0", 1_700_000_000_000 + i), fields(command(i))))
+            .collect();
+        entries.push(("1800000000000-0".into(), vec![("amount".into(), "12".into())]));
+        entries.push(("1800000000001-0".into(), fields(command(commands))));
+        entries
+    }
+
+    #[test]
+    fn a_run_of_commands_goes_in_calls_of_at_most_the_bound() {
+        let config = Settings::default().validate().expect("defaults must validate");
+        let streams = Streams::new("lw:", 4);
+        let counter = IntCounter::new("dead_lettered", "unregistered").expect("a counter");
+        let outlets = Outlets {
+            partition: 0,
+            dead_letters: DeadLetters::new(&streams, 0, &config, counter),
+            results: ResultStream::new(&streams, &config),
+        };
+        let entries = read_batch(7);
+        let from = |next: usize| {
+            entries[next..].iter().map(|(entry_id, fields)| Delivered {
+                entry_id,
+                fields,
+                deliveries: 1,
+            })
+        };
+
+        assert_eq!(Together::leading(from(0), &outlets, 3).len(), 3);
+        assert_eq!(Together::leading(from(3), &outlets, 3).len(), 3);
+        // The run ends at the entry that is no command, bound or not.
+        assert_eq!(Together::leading(from(6), &outlets, 3).len(), 1);
+        assert_eq!(Together::leading(from(0), &outlets, 32).len(), 7);
+        assert!(Together::leading(from(7), &outlets, 3).is_empty());
+        assert_eq!(
+            Together::leading(from(0), &outlets, 3).entry_ids(3),
+            ["1700000000000-0", "1700000000001-0", "1700000000002-0"]
+        );
+    }
 }

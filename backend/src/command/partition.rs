@@ -10,10 +10,12 @@
 //! holds it) is retried in place until it can, so nothing overtakes it,
 //! and an outage does not count against it.
 //!
-//! **One call a batch.** The commands of a read batch go to PostgreSQL
-//! together, in one call (`batch`), each decided exactly as alone and in
-//! order, then their outcomes are published and they are acknowledged,
-//! one round trip each for the whole batch. What the batch leaves (an
+//! **Commands together.** The commands of a read batch go to PostgreSQL
+//! together, in calls of at most `commands_apply_batch_max` (`batch`),
+//! each decided exactly as alone and in order, then their outcomes are
+//! published and they are acknowledged, one round trip each per call.
+//! The bound keeps a call within PostgreSQL's cache of subtransactions
+//! (`broker_command_batch()` says why). What a call leaves (an
 //! entry that is no command, the first command it could not decide, or
 //! all of them when PostgreSQL refused the call as a whole) goes alone
 //! (`pipeline`), in order, retried in place as above. All of a read
@@ -173,7 +175,8 @@ impl PartitionWorker {
                 fields,
                 deliveries: batch.deliveries_of(entry_id),
             });
-            let together = Together::leading(entries, &self.outlets);
+            let together =
+                Together::leading(entries, &self.outlets, self.state.config.commands.apply_batch_max);
             // A single command goes alone: a batch of one saves nothing.
             if !(next_alone || refused || together.len() < 2) {
                 let (renewed, ended) = self.apply_together(connection, &mut database, &together).await?;

@@ -87,6 +87,14 @@ macro_rules! flows_settings {
                 commands_deliveries_max: u32 = 5, within 1..=1_000 "deliveries";
                 /// Entries one read takes at most.
                 commands_read_batch_entries_max: usize = 16, within 1..=1_000 "entries";
+                /// Most commands one PostgreSQL call applies together
+                /// (`broker_command_batch()`): a read batch goes in calls of at most
+                /// this many. Each command opens up to two subtransactions that write
+                /// (its inbox claim's and its decision's), and PostgreSQL keeps 64 per
+                /// transaction in its cache; past them every snapshot taken anywhere in
+                /// the database must look subtransactions up in `pg_subtrans`. So at
+                /// most 32. 1: each command in a call of its own (`broker_command()`).
+                commands_apply_batch_max: usize = 16, within 1..=32 "commands";
                 /// How long an idle consumer's read waits for new entries.
                 commands_read_wait_ms: u64 = 1_000, within 10..=60_000 "ms";
                 /// The pause after an entry could not be applied (the database is

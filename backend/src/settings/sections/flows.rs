@@ -130,6 +130,8 @@ pub struct Commands {
     pub claim_idle: Duration,
     pub deliveries_max: u32,
     pub read_batch_entries_max: usize,
+    /// At most 32: two subtransactions a command within PostgreSQL's 64.
+    pub apply_batch_max: usize,
     pub read_wait: Duration,
     pub retry_backoff: Duration,
     pub results_entries_max: u64,
@@ -155,6 +157,7 @@ impl Commands {
             claim_idle: Duration::from_millis(s.commands_claim_idle_ms),
             deliveries_max: s.commands_deliveries_max,
             read_batch_entries_max: s.commands_read_batch_entries_max,
+            apply_batch_max: s.commands_apply_batch_max,
             read_wait: Duration::from_millis(s.commands_read_wait_ms),
             retry_backoff: Duration::from_millis(s.commands_retry_backoff_ms),
             results_entries_max: s.commands_results_entries_max,
