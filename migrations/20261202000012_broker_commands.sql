@@ -48,6 +48,88 @@ LANGUAGE sql IMMUTABLE AS $$
         'reason', p_reason))::text
 $$;
 
+-- The owner of the real wallet a command's money leaves; NULL when no
+-- real wallet has that id (a lab or clearing wallet is no source).
+CREATE FUNCTION command_source_owner(p_from uuid)
+RETURNS uuid
+LANGUAGE sql STABLE AS $$
+    SELECT w.user_id FROM wallets w
+     WHERE w.id = p_from AND w.lab_slot IS NULL AND w.clearing_source IS NULL
+$$;
+
+-- The refusals a claimed command meets before the row guard, in this
+-- order; NULL when the row guard decides. p_owner is
+-- command_source_owner()'s answer.
+--   too_old: too old to be told apart from a command whose claim was
+--     swept: had it been applied, its row might be gone.
+--   published_in_future: an entry id ahead of any clock's drift (XADD
+--     with an explicit id): it would stay young past its claim's sweep,
+--     and a copy published again then would be applied a second time.
+CREATE FUNCTION broker_command_refusal(
+    p_published_at timestamptz,
+    p_dead_letter_reason text,
+    p_age_hours_max int,
+    p_future_s int,
+    p_owner uuid,
+    p_to uuid
+)
+RETURNS command_verdict
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN p_dead_letter_reason IS NOT NULL THEN 'dead_lettered'::command_verdict
+        WHEN p_published_at < now() - make_interval(hours => p_age_hours_max) THEN 'too_old'
+        WHEN p_published_at > now() + make_interval(secs => p_future_s) THEN 'published_in_future'
+        WHEN p_owner IS NULL THEN 'unknown_source'
+        WHEN wallet_out_of_reach(p_owner, p_to) THEN 'unknown_target'
+    END
+$$;
+
+-- A claimed command's decision and stored outcome, alone or in a batch:
+-- p_refusal (broker_command_refusal()'s answer) stands, or else the row
+-- guard decides.
+CREATE FUNCTION broker_command_decide(
+    p_command_id text,
+    p_issuer text,
+    p_from uuid,
+    p_to uuid,
+    p_amount bigint,
+    p_dead_letter_reason text,
+    p_transfer_id uuid,
+    p_owner uuid,
+    p_refusal command_verdict,
+    p_wallet_wait_ms int,
+    OUT verdict text,
+    OUT result text
+)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+    v_guard record;
+    v_verdict command_verdict := p_refusal;
+    v_transfer_id uuid;
+BEGIN
+    IF v_verdict IS NULL THEN
+        SELECT * INTO v_guard
+          FROM row_guard_transfer(p_transfer_id, p_owner, p_from, p_to, p_amount, NULL, p_wallet_wait_ms);
+        v_verdict := CASE v_guard.outcome
+            WHEN 'accepted' THEN 'applied'
+            WHEN 'insufficient_funds' THEN 'insufficient_funds'
+            WHEN 'unknown_target' THEN 'unknown_target'
+            WHEN 'currency_mismatch' THEN 'currency_mismatch'
+        END;
+        IF v_verdict IS NULL THEN
+            RAISE EXCEPTION 'the row guard answered % for the source wallet''s owner', v_guard.outcome;
+        END IF;
+    END IF;
+    v_transfer_id := CASE WHEN v_verdict = 'applied' THEN p_transfer_id END;
+    verdict := v_verdict::text;
+    result := command_result(p_command_id, p_issuer, v_verdict, v_transfer_id, p_dead_letter_reason);
+    PERFORM inbox_complete('broker', p_command_id, verdict,
+                           (CASE WHEN v_verdict = 'applied' THEN 200 ELSE 422 END)::smallint,
+                           result, NULL, v_transfer_id);
+END
+$$;
+
 -- One command in one call: the inbox claim, the row guard's transfer from
 -- the source wallet's owner, the result stored with the claim. With
 -- p_dead_letter_reason set, the command is recorded as dead-lettered
@@ -82,19 +164,15 @@ LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
 DECLARE
     v_claim record;
-    v_guard record;
+    v_decided record;
     v_started timestamptz;
-    v_verdict command_verdict;
-    v_transfer_id uuid;
 BEGIN
     v_started := clock_timestamp();
     SELECT * INTO v_claim
       FROM inbox_claim('broker', p_command_id, p_fingerprint, p_retention_hours, p_claim_wait_ms);
     claim := v_claim.outcome;
     claim_ms := extract(epoch FROM clock_timestamp() - v_started) * 1000;
-    SELECT w.user_id INTO owner
-      FROM wallets w
-     WHERE w.id = p_from AND w.lab_slot IS NULL AND w.clearing_source IS NULL;
+    owner := command_source_owner(p_from);
     IF claim <> 'started' THEN
         verdict := v_claim.verdict;
         result := v_claim.response_body;
@@ -102,41 +180,14 @@ BEGIN
     END IF;
 
     v_started := clock_timestamp();
-    IF p_dead_letter_reason IS NOT NULL THEN
-        v_verdict := 'dead_lettered';
-    ELSIF p_published_at < now() - make_interval(hours => p_age_hours_max) THEN
-        -- Too old to be told apart from a command whose claim was swept:
-        -- had it been applied, its row might be gone.
-        v_verdict := 'too_old';
-    ELSIF p_published_at > now() + make_interval(secs => p_future_s) THEN
-        -- An entry id ahead of any clock's drift (XADD with an explicit
-        -- id): it would stay young past its claim's sweep, and a copy
-        -- published again then would be applied a second time.
-        v_verdict := 'published_in_future';
-    ELSIF owner IS NULL THEN
-        v_verdict := 'unknown_source';
-    ELSIF wallet_out_of_reach(owner, p_to) THEN
-        v_verdict := 'unknown_target';
-    ELSE
-        SELECT * INTO v_guard
-          FROM row_guard_transfer(p_transfer_id, owner, p_from, p_to, p_amount, NULL, p_wallet_wait_ms);
-        v_verdict := CASE v_guard.outcome
-            WHEN 'accepted' THEN 'applied'
-            WHEN 'insufficient_funds' THEN 'insufficient_funds'
-            WHEN 'unknown_target' THEN 'unknown_target'
-            WHEN 'currency_mismatch' THEN 'currency_mismatch'
-        END;
-        IF v_verdict IS NULL THEN
-            RAISE EXCEPTION 'the row guard answered % for the source wallet''s owner', v_guard.outcome;
-        END IF;
-    END IF;
+    SELECT * INTO v_decided
+      FROM broker_command_decide(
+        p_command_id, p_issuer, p_from, p_to, p_amount, p_dead_letter_reason, p_transfer_id, owner,
+        broker_command_refusal(p_published_at, p_dead_letter_reason, p_age_hours_max, p_future_s, owner, p_to),
+        p_wallet_wait_ms);
     guard_ms := extract(epoch FROM clock_timestamp() - v_started) * 1000;
-    v_transfer_id := CASE WHEN v_verdict = 'applied' THEN p_transfer_id END;
-    verdict := v_verdict::text;
-    result := command_result(p_command_id, p_issuer, v_verdict, v_transfer_id, p_dead_letter_reason);
-    PERFORM inbox_complete('broker', p_command_id, verdict,
-                           (CASE WHEN v_verdict = 'applied' THEN 200 ELSE 422 END)::smallint,
-                           result, NULL, v_transfer_id);
+    verdict := v_decided.verdict;
+    result := v_decided.result;
 END
 $$;
 
