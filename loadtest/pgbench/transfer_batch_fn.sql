@@ -5,16 +5,17 @@
 -- random one (crossing transfers included); :hot = 1 makes every transfer
 -- pay wallet 1.
 \set seed random(1, 2147483647)
+\set span :n - :hot
 SELECT count(*) FILTER (WHERE (answer).failure IS NOT NULL) AS failures FROM (
   WITH t AS (
     SELECT i,
-           1 + (abs(hashint4(:seed + i)) % (:n - :hot)) + :hot AS a,
-           CASE WHEN :hot = 1 THEN 1 ELSE 1 + (abs(hashint4(:seed + 7919 * i)) % :n) END AS b
-      FROM generate_series(1, :batch) AS i
+           1 + (abs(hashint4(CAST(:seed AS int) + i)) % CAST(:span AS int)) + CAST(:hot AS int) AS a,
+           CASE WHEN CAST(:hot AS int) = 1 THEN 1 ELSE 1 + (abs(hashint4(CAST(:seed AS int) + 7919 * i)) % CAST(:n AS int)) END AS b
+      FROM generate_series(1, CAST(:batch AS int)) AS i
   ), named AS (
     SELECT i, ('00000000-0000-0000-0000-' || lpad(to_hex(a), 12, '0'))::uuid AS u,
            ('00000000-0000-0000-0001-' || lpad(to_hex(a), 12, '0'))::uuid AS f,
-           ('00000000-0000-0000-0001-' || lpad(to_hex(CASE WHEN b = a THEN 1 + a % :n ELSE b END), 12, '0'))::uuid AS t,
+           ('00000000-0000-0000-0001-' || lpad(to_hex(CASE WHEN b = a THEN 1 + a % CAST(:n AS int) ELSE b END), 12, '0'))::uuid AS t,
            sha256(convert_to('pgbench-token-' || a, 'UTF8')) AS h,
            gen_random_uuid() AS k
       FROM t
@@ -27,7 +28,7 @@ SELECT count(*) FILTER (WHERE (answer).failure IS NOT NULL) AS failures FROM (
       (SELECT array_agg(gen_random_uuid() ORDER BY i) FROM named),
       (SELECT array_agg(f ORDER BY i) FROM named),
       (SELECT array_agg(t ORDER BY i) FROM named),
-      (SELECT array_fill(1::bigint, ARRAY[:batch])),
-      (SELECT array_fill('4bf92f3577b34da6a3ce929d0e0e4736'::text, ARRAY[:batch])),
+      (SELECT array_fill(1::bigint, ARRAY[CAST(:batch AS int)])),
+      (SELECT array_fill('4bf92f3577b34da6a3ce929d0e0e4736'::text, ARRAY[CAST(:batch AS int)])),
       24, 2000, 3000)
 ) AS answers;

@@ -50,16 +50,17 @@ macro_rules! stores_settings {
                 /// Longest wait for a server to accept a connection and answer that
                 /// check, before the next server in `database_url` is tried.
                 db_host_connect_wait_ms_max: u64 = 1_000, within 10..=60_000 "ms";
-                /// Transfers that may run at once on this instance; each holds a
-                /// database connection while it runs, so more than
-                /// `db_pool_connections_max` would only queue for one.
-                transfers_in_flight_max: u32 = 16, within 1..=10_000 "transfers";
+                /// Transfers that may run at once on this instance: waiting for a
+                /// transfer executor or inside its call. The executors carry at most
+                /// `transfers_connections` × `transfers_batch_max` (64) at once, so
+                /// more would only queue; fewer leaves the batches short.
+                transfers_in_flight_max: u32 = 64, within 1..=10_000 "transfers";
                 /// Transfers that may wait for one of those places; one that finds
                 /// this queue full is refused at once with 503
                 /// `/problems/overloaded` and `Retry-After`, having changed nothing.
                 /// About `transfers_in_flight_max`: enough that a place freed is
                 /// taken at once, while under overload a refusal costs no wait.
-                transfers_admission_queue_max: u32 = 16, within 0..=10_000 "transfers";
+                transfers_admission_queue_max: u32 = 64, within 0..=10_000 "transfers";
                 /// How long a queued transfer waits for a place before it is
                 /// refused the same way. Short, and under `db_acquire_wait_ms_max`:
                 /// load past what the database can take is refused at once, instead
