@@ -226,7 +226,7 @@ fn assemble_state(
     };
     let (transfers, transfer_executors) = crate::executors::Queue::start(
         db.clone(),
-        crate::transfer::transaction::TransferCall::of(&config),
+        crate::transfer::call::TransferCall::of(&config),
         config.database.transfer_executors,
         metrics.transfer_batch_transfers.clone(),
     );

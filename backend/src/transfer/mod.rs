@@ -4,6 +4,7 @@
 //! (`recipient`). The race lab's weakened variants are in `weakened/`, not
 //! here.
 
+pub mod call;
 pub mod history;
 pub mod pipeline;
 pub mod recipient;
