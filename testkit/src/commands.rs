@@ -232,8 +232,10 @@ impl TestApp {
     pub async fn wait_until_nothing_pending(&self) {
         for _ in 0..300 {
             // An entry just published is neither pending nor handled until
-            // a consumer reads it: wait for both.
-            if self.commands_pending().await == 0 && self.commands_undelivered().await == 0 {
+            // a consumer reads it: wait for both, in this order. Asked the
+            // other way round, an entry read between the two questions
+            // would be neither pending (yet) nor undelivered (any more).
+            if self.commands_undelivered().await == 0 && self.commands_pending().await == 0 {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
