@@ -43,6 +43,21 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT hashtext(p_user::text || ':' || p_key::text)
 $$;
 
+-- What a claim that found its row already there answers, from the row
+-- found: a different fingerprint is another request under the same key;
+-- the same one is a replay once answered, and in flight until then. (No
+-- row found at all reads as a reused key: nothing may be replayed.)
+-- claim_first() and transfer_batch()'s claims both decide by it.
+CREATE FUNCTION claim_verdict_of_stored(p_stored_fingerprint bytea, p_fingerprint bytea, p_answered boolean)
+RETURNS claim_verdict
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN p_stored_fingerprint IS DISTINCT FROM p_fingerprint THEN 'key_reused'::claim_verdict
+        WHEN p_answered THEN 'replayed'::claim_verdict
+        ELSE 'in_flight'::claim_verdict
+    END
+$$;
+
 -- The insert-first claim, one algorithm for both tables that answer a
 -- request once: idempotency_keys (a client's key, below) and inbox (a
 -- message from outside, 20261202000011_inbox_and_deposits.sql). Each keeps
@@ -109,13 +124,9 @@ BEGIN
         EXECUTE format('SELECT t.* FROM %s t WHERE %s', v_table, v_its_row) INTO stored USING p_claim;
     END IF;
 
-    IF stored.fingerprint IS DISTINCT FROM p_claim.fingerprint THEN
-        outcome := 'key_reused';
+    outcome := claim_verdict_of_stored(stored.fingerprint, p_claim.fingerprint, stored.response_status IS NOT NULL);
+    IF outcome = 'key_reused' THEN
         stored := NULL;
-    ELSIF stored.response_status IS NULL THEN
-        outcome := 'in_flight';
-    ELSE
-        outcome := 'replayed';
     END IF;
 END
 $$;

@@ -148,28 +148,40 @@ BEGIN
 END
 $$;
 
--- Many transfers in one call: each decided exactly as transfer() decides
--- it, in one transaction, so that a batch costs one round trip. Inputs are
--- parallel arrays, one element per transfer; each row out is one
--- transfer's answer, by its index (1-based) in the arrays, in transfer()'s
--- columns, plus `failure`: the SQLSTATE of an error that undid that
--- transfer alone (nothing of it was written, its key is free again).
+-- Many transfers in one call: each decided as transfer() decides it, in
+-- one transaction, so that a batch costs one round trip and one commit.
+-- Inputs are parallel arrays, one element per transfer; each row out is
+-- one transfer's answer, by its index (1-based) in the arrays, in
+-- transfer()'s columns.
 --
 -- Locks are taken in one global order across the whole batch, the order
 -- every single transfer() also follows, so batches and single transfers
 -- never deadlock:
---   1. the idempotency keys, claimed in (user, key) order (a transfer()
---      claims its one key before any wallet);
+--   1. the idempotency keys, claimed in (user, key) order by one insert
+--      (a transfer() claims its one key before any wallet);
 --   2. every wallet the batch will touch, locked at once in wallet-id
 --      order (row_guard_transfer() locks its two in that order too);
 --   3. then each transfer's row guard and stored answer, in input order;
 --      its wallets are already held.
 -- A transaction waiting on a key holds no wallet, and one holding wallets
--- waits for no key, so no cycle can form. Each transfer's claim and guard
--- run in a block of their own: one transfer's error rolls back only that
--- transfer. The same key twice in one batch is the caller's error: the
--- second finds the first in flight.
--- One transfer's answer in a batch: transfer()'s columns, and `failure`.
+-- waits for no key, so no cycle can form.
+--
+-- Nothing here catches an error. A block that catches one is a
+-- subtransaction, and a subtransaction that writes takes a transaction id
+-- of its own: two per transfer, and a hot wallet's lock held while they
+-- are taken. Instead, any error (a claim or a wallet waited on past its
+-- wait, a balance out of range) undoes the whole call, and its caller
+-- runs each transfer again alone, through transfer(), where each gets
+-- its own answer: one transfer's failure never decides another's outcome,
+-- it only costs the others a second call.
+--
+-- The claims are claim_first()'s, done for the batch in three statements:
+-- expired claims of these keys are deleted; the live ones are inserted,
+-- a key answered or held by another transaction being skipped (after
+-- waiting for that transaction, at most p_claim_wait_ms); each key skipped
+-- is then read and decided by claim_verdict_of_stored(). The same key
+-- twice in one batch is the caller's error: the second finds the first in
+-- flight. claim_ms is the time of the batch's claims, for each transfer.
 CREATE TYPE transfer_answer AS (
     refused access_refusal,
     claim claim_verdict,
@@ -181,8 +193,7 @@ CREATE TYPE transfer_answer AS (
     response_status smallint,
     response_body text,
     response_refusal guard_verdict,
-    response_trace_id text,
-    failure text
+    response_trace_id text
 );
 
 CREATE FUNCTION transfer_batch(
@@ -201,12 +212,15 @@ CREATE FUNCTION transfer_batch(
 )
 RETURNS TABLE (idx int, answer transfer_answer)
 LANGUAGE plpgsql AS $$
+#variable_conflict use_column
 DECLARE
     v_n int := coalesce(array_length(p_users, 1), 0);
     v_answers transfer_answer[];
     v_going boolean[];
-    v_refused access_refusal;
-    v_claim record;
+    v_claiming boolean[];
+    v_claimed int[];
+    v_claim_ms double precision;
+    v_stored idempotency_keys;
     v_guard record;
     v_started timestamptz;
     v_i int;
@@ -215,36 +229,63 @@ BEGIN
         RETURN;
     END IF;
     v_answers := array_fill(NULL::transfer_answer, ARRAY[v_n]);
-    v_going := array_fill(true, ARRAY[v_n]);
+    v_going := array_fill(false, ARRAY[v_n]);
+    v_claiming := array_fill(false, ARRAY[v_n]);
 
-    -- 1. Access, then the keys, in (user, key) order; keyless transfers
-    -- only need access.
-    FOR v_i IN
-        SELECT i FROM generate_subscripts(p_users, 1) AS i ORDER BY p_users[i], p_keys[i] NULLS LAST, i
-    LOOP
-        BEGIN
-            v_refused := access_refused(p_users[v_i], p_token_hashes[v_i], p_froms[v_i], p_tos[v_i]);
-            IF v_refused IS NOT NULL THEN
-                v_answers[v_i].refused := v_refused;
-                v_going[v_i] := false;
-            ELSIF p_keys[v_i] IS NOT NULL THEN
-                v_started := clock_timestamp();
-                SELECT * INTO v_claim
-                  FROM idempotency_claim(p_users[v_i], p_keys[v_i], p_fingerprints[v_i], p_retention_hours,
-                                         p_claim_wait_ms);
-                v_answers[v_i].claim := v_claim.outcome;
-                v_answers[v_i].claim_ms := extract(epoch FROM clock_timestamp() - v_started) * 1000;
-                v_answers[v_i].response_status := v_claim.response_status;
-                v_answers[v_i].response_body := v_claim.response_body;
-                v_answers[v_i].response_refusal := v_claim.response_refusal;
-                v_answers[v_i].response_trace_id := v_claim.response_trace_id;
-                v_going[v_i] := v_claim.outcome = 'started';
-            END IF;
-        EXCEPTION WHEN OTHERS THEN
-            v_answers[v_i] := ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, SQLSTATE);
-            v_going[v_i] := false;
-        END;
+    -- Access, each transfer's own; read-only.
+    FOR v_i IN 1 .. v_n LOOP
+        v_answers[v_i].refused := access_refused(p_users[v_i], p_token_hashes[v_i], p_froms[v_i], p_tos[v_i]);
+        v_going[v_i] := v_answers[v_i].refused IS NULL;
+        v_claiming[v_i] := v_going[v_i] AND p_keys[v_i] IS NOT NULL;
     END LOOP;
+
+    -- 1. Layer 2: the keys. Only a claim inserted here goes on.
+    IF true = ANY (v_claiming) THEN
+        v_started := clock_timestamp();
+        PERFORM set_config('lock_timeout', p_claim_wait_ms || 'ms', true);
+        DELETE FROM idempotency_keys k
+         USING generate_subscripts(p_users, 1) AS i
+         WHERE v_claiming[i] AND k.user_id = p_users[i] AND k.key = p_keys[i] AND k.expires_at <= now();
+        WITH wanted AS (
+            SELECT i, p_users[i] AS user_id, p_keys[i] AS key, p_fingerprints[i] AS fingerprint,
+                   row_number() OVER (PARTITION BY p_users[i], p_keys[i] ORDER BY i) = 1 AS first_copy
+              FROM generate_subscripts(p_users, 1) AS i
+             WHERE v_claiming[i]
+        ), claimed AS (
+            INSERT INTO idempotency_keys (user_id, key, fingerprint, created_at, expires_at)
+            SELECT user_id, key, fingerprint, now(), now() + make_interval(hours => p_retention_hours)
+              FROM wanted
+             WHERE first_copy
+             ORDER BY user_id, key
+                ON CONFLICT DO NOTHING
+            RETURNING user_id, key
+        )
+        SELECT coalesce(array_agg(w.i), '{}') INTO v_claimed
+          FROM wanted w
+          JOIN claimed c ON w.first_copy AND c.user_id = w.user_id AND c.key = w.key;
+        v_claim_ms := extract(epoch FROM clock_timestamp() - v_started) * 1000;
+
+        -- A key skipped was answered, or is held, or was reused: its row
+        -- says which (this statement's snapshot sees what was waited for).
+        FOR v_i IN 1 .. v_n LOOP
+            CONTINUE WHEN NOT v_claiming[v_i];
+            v_answers[v_i].claim_ms := v_claim_ms;
+            v_going[v_i] := v_i = ANY (v_claimed);
+            IF v_going[v_i] THEN
+                v_answers[v_i].claim := 'started';
+                CONTINUE;
+            END IF;
+            SELECT * INTO v_stored FROM idempotency_keys k WHERE k.user_id = p_users[v_i] AND k.key = p_keys[v_i];
+            v_answers[v_i].claim := claim_verdict_of_stored(
+                v_stored.fingerprint, p_fingerprints[v_i], v_stored.response_status IS NOT NULL);
+            IF v_answers[v_i].claim <> 'key_reused' THEN
+                v_answers[v_i].response_status := v_stored.response_status;
+                v_answers[v_i].response_body := v_stored.response_body;
+                v_answers[v_i].response_refusal := v_stored.response_refusal;
+                v_answers[v_i].response_trace_id := v_stored.response_trace_id;
+            END IF;
+        END LOOP;
+    END IF;
 
     -- 2. Every wallet of the transfers still going, at once, in id order.
     PERFORM set_config('lock_timeout', p_wallet_wait_ms || 'ms', true);
@@ -254,42 +295,35 @@ BEGIN
       ORDER BY w.id
         FOR NO KEY UPDATE;
 
-    -- 3. Each row guard and stored answer, in input order; its wallets
-    -- are held already.
+    -- 3. Layer 3: each row guard and stored answer, in input order; its
+    -- wallets are held already.
     FOR v_i IN 1 .. v_n LOOP
         CONTINUE WHEN NOT v_going[v_i];
-        BEGIN
-            v_started := clock_timestamp();
-            SELECT * INTO v_guard
-              FROM row_guard_transfer(p_transfer_ids[v_i], p_users[v_i], p_froms[v_i], p_tos[v_i],
-                                      p_amounts[v_i], p_keys[v_i], p_wallet_wait_ms);
-            IF v_guard.outcome = 'not_owner' THEN
-                RAISE EXCEPTION 'row guard refused an owner';
-            END IF;
-            v_answers[v_i].guard := v_guard.outcome;
-            v_answers[v_i].guard_ms := extract(epoch FROM clock_timestamp() - v_started) * 1000;
-            v_answers[v_i].balance_minor_after := v_guard.balance_minor_after;
-            v_answers[v_i].created_at := v_guard.created_at;
-            v_answers[v_i].response_trace_id := p_trace_ids[v_i];
-            IF v_guard.outcome = 'accepted' THEN
-                v_answers[v_i].response_status := 201;
-                v_answers[v_i].response_body := transfer_receipt(
-                    p_transfer_ids[v_i], p_froms[v_i], p_tos[v_i], p_amounts[v_i], v_guard.created_at,
-                    v_guard.balance_minor_after);
-            ELSE
-                v_answers[v_i].response_status := 422;
-                v_answers[v_i].response_refusal := v_guard.outcome;
-            END IF;
-            IF p_keys[v_i] IS NOT NULL THEN
-                PERFORM idempotency_complete(p_users[v_i], p_keys[v_i], v_guard.outcome,
-                                             v_answers[v_i].response_body, p_trace_ids[v_i], p_transfer_ids[v_i]);
-            END IF;
-        EXCEPTION WHEN OTHERS THEN
-            -- This transfer's guard and answer were undone; its claim, made
-            -- in step 1, goes too, so that a retry runs it afresh.
-            DELETE FROM idempotency_keys k WHERE k.user_id = p_users[v_i] AND k.key = p_keys[v_i];
-            v_answers[v_i] := ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, SQLSTATE);
-        END;
+        v_started := clock_timestamp();
+        SELECT * INTO v_guard
+          FROM row_guard_transfer(p_transfer_ids[v_i], p_users[v_i], p_froms[v_i], p_tos[v_i],
+                                  p_amounts[v_i], p_keys[v_i], p_wallet_wait_ms);
+        IF v_guard.outcome = 'not_owner' THEN
+            RAISE EXCEPTION 'row guard refused an owner';
+        END IF;
+        v_answers[v_i].guard := v_guard.outcome;
+        v_answers[v_i].guard_ms := extract(epoch FROM clock_timestamp() - v_started) * 1000;
+        v_answers[v_i].balance_minor_after := v_guard.balance_minor_after;
+        v_answers[v_i].created_at := v_guard.created_at;
+        v_answers[v_i].response_trace_id := p_trace_ids[v_i];
+        IF v_guard.outcome = 'accepted' THEN
+            v_answers[v_i].response_status := 201;
+            v_answers[v_i].response_body := transfer_receipt(
+                p_transfer_ids[v_i], p_froms[v_i], p_tos[v_i], p_amounts[v_i], v_guard.created_at,
+                v_guard.balance_minor_after);
+        ELSE
+            v_answers[v_i].response_status := 422;
+            v_answers[v_i].response_refusal := v_guard.outcome;
+        END IF;
+        IF p_keys[v_i] IS NOT NULL THEN
+            PERFORM idempotency_complete(p_users[v_i], p_keys[v_i], v_guard.outcome,
+                                         v_answers[v_i].response_body, p_trace_ids[v_i], p_transfer_ids[v_i]);
+        END IF;
     END LOOP;
 
     RETURN QUERY SELECT i, v_answers[i] FROM generate_subscripts(v_answers, 1) AS i ORDER BY i;

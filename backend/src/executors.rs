@@ -21,10 +21,11 @@
 //! - no connection could be had: nothing was sent (`may_have_committed`
 //!   false);
 //! - the batch's call was refused as a whole by PostgreSQL (a lock waited
-//!   out, a statement time-out): the transaction rolled back, so each
-//!   order is run again alone, and gets its own answer;
-//! - one order was undone inside the batch (`None` from `many`): it is run
-//!   again alone;
+//!   out, a statement time-out, any one order's error): the transaction
+//!   rolled back, so each order is run again alone, and gets its own
+//!   answer;
+//! - one order was left out of the batch (`None` from `many`): it is run
+//!   alone after it;
 //! - the connection broke after the call was sent: the batch may have
 //!   committed, and every order in it is told so.
 
@@ -49,8 +50,8 @@ pub trait BatchedCall: Send + Sync + 'static {
     ) -> impl Future<Output = Result<PgRow, sqlx::Error>> + Send + 'c;
 
     /// Many orders in one call and one transaction: each order's row, in
-    /// the orders' order, or `None` for an order undone alone inside the
-    /// call (nothing of it was written), which is then run again alone.
+    /// the orders' order, or `None` for an order the call left out (nothing
+    /// of it was written), which is then run alone.
     fn many<'c>(
         &'c self,
         connection: &'c mut PgConnection,

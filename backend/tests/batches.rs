@@ -35,12 +35,12 @@ impl Order {
 /// One transfer's answer: its key, status and body, or an error.
 type Answered = (Uuid, Option<i16>, Option<String>, Option<String>);
 
-/// One row of `transfer_batch()`: the index, status, body and failure.
-type BatchRow = (i32, Option<i16>, Option<String>, Option<String>);
+/// One row of `transfer_batch()`: the index, status and body.
+type BatchRow = (i32, Option<i16>, Option<String>);
 
 async fn send_batch(db: &sqlx::PgPool, orders: &[Order]) -> Vec<Answered> {
     let rows: Result<Vec<BatchRow>, _> = sqlx::query_as(
-        "SELECT idx, (answer).response_status, (answer).response_body, (answer).failure
+        "SELECT idx, (answer).response_status, (answer).response_body
            FROM transfer_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, 24, 2000, 3000)",
     )
     .bind(orders.iter().map(|order| order.user).collect::<Vec<_>>())
@@ -71,9 +71,9 @@ async fn send_batch(db: &sqlx::PgPool, orders: &[Order]) -> Vec<Answered> {
     };
     assert_eq!(rows.len(), orders.len(), "one answer per transfer");
     rows.into_iter()
-        .map(|(index, status, body, failure)| {
+        .map(|(index, status, body)| {
             let order = &orders[usize::try_from(index - 1).expect("1-based")];
-            (order.key, status, body, failure)
+            (order.key, status, body, None)
         })
         .collect()
 }

@@ -77,18 +77,18 @@ impl BatchedCall for TransferCall {
         let mut rows = decided_together(self, connection, &sent).await?.into_iter();
         Ok(first_of_its_key
             .into_iter()
-            .map(|first| if first { rows.next().flatten() } else { None })
+            .map(|first| if first { rows.next() } else { None })
             .collect())
     }
 }
 
-/// `transfer_batch()` for `orders`: each one's row, or `None` for one
-/// undone alone inside the call (its `failure` set), to be run again.
+/// `transfer_batch()` for `orders`: each one's row, in their order. An
+/// error undid the whole call; the executor then runs each order alone.
 async fn decided_together(
     call: &TransferCall,
     connection: &mut PgConnection,
     orders: &[&TransferOrder],
-) -> Result<Vec<Option<PgRow>>, sqlx::Error> {
+) -> Result<Vec<PgRow>, sqlx::Error> {
     let column = |of: fn(&TransferOrder) -> Uuid| orders.iter().map(|order| of(order)).collect::<Vec<_>>();
     let rows = sqlx::query(
         "SELECT idx, (answer).* FROM transfer_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
@@ -143,8 +143,7 @@ async fn decided_together(
                     "transfer_batch() answered {idx} in place {index}"
                 )));
             }
-            let failure: Option<String> = row.try_get("failure")?;
-            Ok(failure.is_none().then_some(row))
+            Ok(row)
         })
         .collect()
 }
