@@ -36,7 +36,7 @@ macro_rules! accounts_settings {
                     empty "a random key per process, for a demo only";
                 /// How long a bearer token stays valid.
                 api_token_ttl_hours: u64 = 24, within 1..=8_760 "hours";
-                /// Threads that hash and verify passwords (argon2id: CPU and 19 MiB
+                /// Threads that hash and verify passwords (argon2id: CPU and 9 MiB
                 /// each, by design); they bound what sign-ins can take.
                 password_hash_threads: usize = 2, within 1..=64 "threads";
                 /// Sign-ins waiting for a password thread before further ones get 503.
