@@ -6,7 +6,7 @@
 -- pay wallet 1.
 \set seed random(1, 2147483647)
 \set span :n - :hot
-SELECT count(*) FILTER (WHERE (answer).failure IS NOT NULL) AS failures FROM (
+SELECT count(*) AS answers FROM (
   WITH t AS (
     SELECT i,
            1 + (abs(hashint4(CAST(:seed AS int) + i)) % CAST(:span AS int)) + CAST(:hot AS int) AS a,
