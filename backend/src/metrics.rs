@@ -180,7 +180,7 @@ impl Metrics {
         .expect("static metric definition");
         let redis_round_trips = IntCounter::new(
             "redis_round_trips_total",
-            "Commands and pipelines sent to Redis on the shared connection, each one round trip",
+            "Commands and pipelines sent to Redis on the shared connections, each one round trip",
         )
         .expect("static metric definition");
         let pool_connections = IntGaugeVec::new(

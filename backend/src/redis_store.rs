@@ -6,17 +6,25 @@
 //! Every key the service writes names one user, so each command and each
 //! pipeline touches one hash slot: nothing needs cross-slot support.
 //!
-//! **One multiplexed connection per process.** Concurrent requests'
-//! commands are pipelined on it, so a request's command costs exactly its
-//! own round trip. A pool would buy nothing (each of its connections is
-//! itself multiplexed) and would cost a health check, `UNWATCH` + `PING`,
-//! on every checkout: a second round trip on every transfer. The connection
-//! is made on first use, so the server starts without Redis, and remade
-//! after a failure; a command that meets a broken connection fails (the
-//! cooldown's policy decides what that means) and the next one reconnects.
-//! Commands in flight at once are bounded by `redis_commands_in_flight_max`.
+//! **One multiplexed connection per thread that uses it.** Concurrent
+//! requests' commands are pipelined on it, so a request's command costs
+//! exactly its own round trip. A pool would buy nothing (each of its
+//! connections is itself multiplexed) and would cost a health check,
+//! `UNWATCH` + `PING`, on every checkout: a second round trip on every
+//! transfer. Why per thread: a connection's reader and writer run as a task
+//! on the runtime of the thread that first used it. Shared by the whole
+//! process, that task ran on one thread while the requests ran on the
+//! HTTP workers' threads, and every command woke the other thread twice,
+//! once to send and once to hand the reply back. A worker's own connection
+//! is driven by the worker's own loop, which is awake anyway, and the
+//! commands of the requests it serves together go out in one write. Each
+//! connection is made on first use, so the server starts without Redis, and
+//! remade after a failure; a command that meets a broken connection fails
+//! (the cooldown's policy decides what that means) and the next one
+//! reconnects. Commands in flight at once on one connection are bounded by
+//! `redis_commands_in_flight_max`.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use prometheus::IntCounter;
@@ -43,7 +51,7 @@ end
 return 0
 ";
 
-/// The process's Redis: cheap to clone, every clone shares the connection.
+/// The process's Redis: cheap to clone, every clone shares the connections.
 #[derive(Clone)]
 pub struct RedisStore {
     shared: Shared,
@@ -52,8 +60,41 @@ pub struct RedisStore {
 
 #[derive(Clone)]
 enum Shared {
-    Single(ConnectionManager),
+    Single(Arc<PerThread>),
     Cluster(Arc<LazyCluster>),
+}
+
+/// How to make one server's connection, for each thread that asks.
+pub struct PerThread {
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+}
+
+thread_local! {
+    /// This thread's connection to each live store, by the store's address.
+    /// An entry whose store is gone is dropped when the next one is added.
+    static CONNECTIONS: std::cell::RefCell<Vec<(Weak<PerThread>, ConnectionManager)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl PerThread {
+    /// This thread's connection, made (without connecting) on first use.
+    fn connection(self: &Arc<Self>) -> Result<ConnectionManager, String> {
+        CONNECTIONS.with(|connections| {
+            let mut connections = connections.borrow_mut();
+            if let Some((_, manager)) = connections
+                .iter()
+                .find(|(store, _)| std::ptr::eq(store.as_ptr(), Arc::as_ptr(self)))
+            {
+                return Ok(manager.clone());
+            }
+            connections.retain(|(store, _)| store.strong_count() > 0);
+            let manager = ConnectionManager::new_lazy_with_config(self.client.clone(), self.config.clone())
+                .map_err(|error| error.to_string())?;
+            connections.push((Arc::downgrade(self), manager.clone()));
+            Ok(manager)
+        })
+    }
 }
 
 /// A cluster connection made on first use.
@@ -97,9 +138,13 @@ impl RedisStore {
                 // the next request tries again.
                 .set_number_of_retries(1)
                 .set_max_delay(command_timeout);
-            let manager = ConnectionManager::new_lazy_with_config(client, manager_config)
+            // Checked here, so that a bad configuration stops the start.
+            ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone())
                 .map_err(|error| anyhow::anyhow!("invalid Redis configuration: {error}"))?;
-            Ok(Self::new(Shared::Single(manager)))
+            Ok(Self::new(Shared::Single(Arc::new(PerThread {
+                client,
+                config: manager_config,
+            }))))
         } else {
             let urls = cluster_urls(config);
             let client = redis::cluster::ClusterClientBuilder::new(urls)
@@ -133,11 +178,12 @@ impl RedisStore {
         matches!(self.shared, Shared::Cluster(_))
     }
 
-    /// A handle on the shared connection; a cluster's is made on first use
-    /// (and tried again by the next caller if that fails).
+    /// A handle on this thread's connection, or the cluster's; a cluster's
+    /// is made on first use (and tried again by the next caller if that
+    /// fails).
     pub async fn get(&self) -> Result<RedisConnection, String> {
         let connection = match &self.shared {
-            Shared::Single(manager) => SharedConnection::Single(manager.clone()),
+            Shared::Single(per_thread) => SharedConnection::Single(per_thread.connection()?),
             Shared::Cluster(cluster) => cluster
                 .connection
                 .get_or_try_init(|| cluster.client.get_async_connection())

@@ -13,7 +13,7 @@
 //!
 //! **Bounds:** the window is `cooldown_ttl_ms`; each Redis call is bounded by
 //! `redis_command_timeout_ms` (connecting and waiting for a slot on the
-//! shared connection included).
+//! thread's connection included).
 //!
 //! **Lifecycle:** the key is not released on success or on a business
 //! refusal; it is a cooldown window, not a mutex. It is released after a

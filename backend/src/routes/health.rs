@@ -180,8 +180,8 @@ async fn probe_stores(state: &AppState) -> Readiness {
 }
 
 /// `GET /metrics`: Prometheus text, with the PostgreSQL pool gauges and
-/// the sweeper's backlog refreshed now. (Redis has one shared connection,
-/// not a pool.)
+/// the sweeper's backlog refreshed now. (Redis has a connection per thread
+/// that uses it, not a pool.)
 pub async fn metrics(state: web::Data<AppState>) -> actix_web::HttpResponse {
     // One descent of the `expires_at` index, bounded like any checkout; a
     // scrape while PostgreSQL is away keeps the last reading.

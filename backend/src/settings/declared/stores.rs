@@ -99,8 +99,9 @@ macro_rules! stores_settings {
                 /// The Redis server of the cooldown, the account limits and the
                 /// decision feed.
                 redis_url: SecretString = SecretString::from("redis://127.0.0.1:6379");
-                /// Commands in flight at once on the shared Redis connection; further
-                /// ones wait (within `redis_command_timeout_ms`).
+                /// Commands in flight at once on one Redis connection (each thread that
+                /// uses Redis has its own); further ones wait (within
+                /// `redis_command_timeout_ms`).
                 redis_commands_in_flight_max: usize = 1_024, within 1..=100_000 "commands";
                 /// Upper bound on one Redis command, connecting included. A slow Redis is
                 /// treated like an unreachable one.
