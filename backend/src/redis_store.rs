@@ -82,10 +82,11 @@ impl PerThread {
     fn connection(self: &Arc<Self>) -> Result<ConnectionManager, String> {
         CONNECTIONS.with(|connections| {
             let mut connections = connections.borrow_mut();
-            if let Some((_, manager)) = connections
-                .iter()
-                .find(|(store, _)| std::ptr::eq(store.as_ptr(), Arc::as_ptr(self)))
-            {
+            // A dead entry may share a live store's address (the memory was
+            // reused), so only a live one is this store's.
+            if let Some((_, manager)) = connections.iter().find(|(store, _)| {
+                store.strong_count() > 0 && std::ptr::eq(store.as_ptr(), Arc::as_ptr(self))
+            }) {
                 return Ok(manager.clone());
             }
             connections.retain(|(store, _)| store.strong_count() > 0);
