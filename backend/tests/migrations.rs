@@ -163,7 +163,7 @@ fn every_balance_change_bumps_the_version() {
         }
     }
     assert!(
-        checked >= 12,
+        checked >= 11,
         "only {checked} balance changes found: is the pattern still right?"
     );
 }
