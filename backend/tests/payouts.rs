@@ -683,6 +683,8 @@ async fn a_backlog_dispatched_with_calls_in_flight_reaches_the_gateway_once_each
     let dispatching = spawn_second_instance_with(&accepting, |settings| {
         settings.payout_dispatcher_enabled = true;
         settings.payout_gateway_calls_in_flight_max = CALLS_IN_FLIGHT_MAX;
+        // Slots are refilled two at a time while a call is still out.
+        settings.payout_take_rows_min = 2;
     })
     .await;
     for (payout, user, amount) in &made {

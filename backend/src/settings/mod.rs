@@ -120,7 +120,8 @@ mod tests {
     }
 
     #[test]
-    fn payouts_need_a_gateway_url_a_lease_longer_than_a_call_and_the_switch_for_unsafe_modes() {
+    fn payouts_need_a_gateway_url_a_lease_longer_than_a_call_a_take_within_the_slots_and_the_switch_for_unsafe_modes()
+     {
         let payouts = |url: &str| Settings {
             payout_gateway_url: url.into(),
             ..Settings::default()
@@ -145,6 +146,15 @@ mod tests {
             .validate()
             .expect_err("a lease no longer than a call");
         assert!(error.to_string().contains("payout_lease_ms"), "{error}");
+        let take_above_the_slots = Settings {
+            payout_take_rows_min: 33,
+            payout_gateway_calls_in_flight_max: 32,
+            ..payouts("http://bank")
+        };
+        let error = take_above_the_slots
+            .validate()
+            .expect_err("a take larger than the slots");
+        assert!(error.to_string().contains("payout_take_rows_min"), "{error}");
         let unsafe_mode = Settings {
             payout_mode: PayoutMode::NewKeyPerAttempt,
             ..payouts("http://bank")

@@ -1,7 +1,8 @@
 //! The calls in flight: the dispatcher keeps up to
 //! `payout_gateway_calls_in_flight_max` gateway calls going at once, takes
-//! more due rows as calls come back rather than waiting for the slowest
-//! call of a batch, and records the answers that came back together, up
+//! more due rows as calls come back (at least `payout_take_rows_min` at a
+//! time while it is busy) rather than waiting for the slowest call of a
+//! batch, and records the answers that came back together, up
 //! to `payout_dispatch_batch_rows_max` at a time, while the next calls go.
 //!
 //! **The lease outlasts a row's time in flight.** A row is taken only
@@ -63,17 +64,19 @@ pub(super) async fn run(dispatcher: Arc<Dispatcher>) {
 impl Dispatcher {
     /// Fills the free slots with due rows, and hands each answer to the
     /// record as it comes back. It waits `payout_dispatch_idle_ms` only
-    /// when nothing is due and nothing is in flight; while rows are due, a
-    /// slot is filled again as soon as its call came back.
+    /// when nothing is due and nothing is in flight; while rows are due,
+    /// slots are filled again as soon as `payout_take_rows_min` of them are
+    /// free (or every call came back).
     async fn call_as_slots_free(self: &Arc<Self>, came_back: mpsc::Sender<Attempt>) {
         let payouts = &self.state.config.payouts;
         let slots = usize::try_from(payouts.calls_in_flight_max).unwrap_or(usize::MAX);
+        let take_min = usize::try_from(payouts.take_rows_min).unwrap_or(usize::MAX);
         let mut calls: JoinSet<Attempt> = JoinSet::new();
         let mut last_census = None;
         loop {
             self.census_if_due(&mut last_census).await;
             let free = slots.saturating_sub(calls.len());
-            let take = if free > 0 {
+            let take = if free > 0 && (free >= take_min || calls.is_empty()) {
                 self.take_into(&mut calls, free).await
             } else {
                 Take::Full

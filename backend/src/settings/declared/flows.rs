@@ -146,10 +146,16 @@ macro_rules! flows_settings {
                 /// Gateway calls one dispatcher keeps in flight at once. As calls come
                 /// back, their answers are recorded and their slots filled with more
                 /// due rows; the rows a dispatcher holds never number more.
-                payout_gateway_calls_in_flight_max: u32 = 32, within 1..=1_000 "calls";
+                payout_gateway_calls_in_flight_max: u32 = 64, within 1..=1_000 "calls";
                 /// Gateway answers one dispatcher records together at most: the sent
                 /// payouts among them settle in one transaction.
-                payout_dispatch_batch_rows_max: u32 = 16, within 1..=1_000 "rows";
+                payout_dispatch_batch_rows_max: u32 = 32, within 1..=1_000 "rows";
+                /// The fewest free call slots a dispatcher fills at once while calls
+                /// are in flight: each take is a transaction, and one per answer
+                /// that came back would cost the busy outbox a commit per payout.
+                /// With nothing in flight, or this many slots free, it takes what
+                /// is due; at most `payout_gateway_calls_in_flight_max`.
+                payout_take_rows_min: u32 = 16, within 1..=1_000 "rows";
                 /// How long a dispatcher with nothing due and no call in flight waits
                 /// before looking again.
                 payout_dispatch_idle_ms: u64 = 200, within 10..=60_000 "ms";

@@ -178,6 +178,7 @@ pub struct Payouts {
     pub retry: wallet_client::RetryPolicy,
     pub calls_in_flight_max: u32,
     pub batch_rows_max: u32,
+    pub take_rows_min: u32,
     pub idle: Duration,
     pub census_interval: Duration,
     pub reconcile_quiet: Duration,
@@ -206,6 +207,11 @@ impl Payouts {
             s.payout_lease_ms > s.payout_call_timeout_ms,
             "payout_lease_ms must be longer than payout_call_timeout_ms, or another instance would take a row \
              over while its call may still be sending",
+        );
+        check.require(
+            s.payout_take_rows_min <= s.payout_gateway_calls_in_flight_max,
+            "payout_take_rows_min must be at most payout_gateway_calls_in_flight_max, or a busy dispatcher would \
+             wait for every call to come back before taking more",
         );
         check.require(
             s.payout_retry_cap_ms >= s.payout_retry_base_ms,
@@ -238,6 +244,7 @@ impl Payouts {
             },
             calls_in_flight_max: s.payout_gateway_calls_in_flight_max,
             batch_rows_max: s.payout_dispatch_batch_rows_max,
+            take_rows_min: s.payout_take_rows_min,
             idle: Duration::from_millis(s.payout_dispatch_idle_ms),
             census_interval: Duration::from_millis(s.payout_census_interval_ms),
             reconcile_quiet: Duration::from_millis(s.payout_reconcile_quiet_ms),
