@@ -249,7 +249,7 @@ pg_command=$(pg_entry_point "$partitions" command_fn.sql)
 pg_payout=$(pg_entry_point 32 payout_fn.sql)
 # The dispatcher's work on the backlog payout_fn.sql left in the outbox, a
 # batch (the server's default payout_dispatch_batch_rows_max) at a time.
-dispatch_batch=16
+dispatch_batch=32
 outbox_rows=$(psql "$db_url" -Atqc "SELECT count(*) FROM payout_outbox")
 dispatch_batches=$(((outbox_rows + dispatch_batch - 1) / dispatch_batch))
 pg_dispatch_tps=$(pgbench_tps 1 dispatch_fn.sql -t "$dispatch_batches" -D batch=$dispatch_batch)
@@ -275,9 +275,23 @@ say "service: a backlog of commands"
 "$loadtest" commands --target "$target" --database-url "$db_url" --redis-url "$REDIS_URL" \
     --redis-prefix "$redis_prefix" --partitions $partitions --users 64 --commands $((duration * 300)) \
     --json > "$work/commands.json"
-say "service: payouts, then the gateway alone"
-"$loadtest" payouts --target "$target" --database-url "$db_url" --gateway-url "http://127.0.0.1:$gateway_port" \
-    --concurrency 32 --users 64 --duration-s "$duration" --json > "$work/payouts.json"
+stop_server
+# Sending can never outrun accepting for long: for a backlog that feeds the
+# dispatcher throughout, payouts are accepted with no instance dispatching
+# (for three measurements' time), then one instance that dispatches sends
+# them, timed from the first to leave the outbox to the last.
+say "service: payouts accepted with no instance dispatching"
+payout_server=(WALLET_COOLDOWN_TTL_MS=1 WALLET_PAYOUT_GATEWAY_URL="http://127.0.0.1:$gateway_port")
+KEEP_WALLETS=1 start_server "${payout_server[@]}" WALLET_PAYOUT_DISPATCHER_ENABLED=false
+"$loadtest" payouts --phase accept --target "$target" --database-url "$db_url" \
+    --gateway-url "http://127.0.0.1:$gateway_port" --concurrency 32 --users 64 --duration-s $((duration * 3)) \
+    --json > "$work/payouts-accepted.json"
+stop_server
+say "service: one instance sends the backlog, then the gateway alone"
+KEEP_WALLETS=1 start_server "${payout_server[@]}"
+"$loadtest" payouts --phase send --target "$target" --database-url "$db_url" \
+    --gateway-url "http://127.0.0.1:$gateway_port" --concurrency 32 --duration-s "$duration" \
+    --json > "$work/payouts-sent.json"
 stop_server
 kill "$gateway_pid" 2>/dev/null || true
 trap - EXIT
@@ -387,9 +401,9 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "|---|---|---|---|---|"
   echo "| deposits credited/s (first deliveries, signed), 32 clients (p50 $(f deposits "round(d['credited']['p50_ms'], 1)") ms, p99 $(f deposits "round(d['credited']['p99_ms'], 1)") ms) | $(f deposits "round(d['credited']['per_s'])") | $pg_deposit (\`deposit()\`, 32 clients) | $(ratio "$(f deposits "d['credited']['per_s']")" "$pg_deposit") | $(f deposits "d['credited']['other_answers'] or 'none'") |"
   echo "| commands applied/s, a backlog of $(f commands "d['published']") over $partitions partitions, from the first claim to the last commit ($(f commands "round(d['consume_seconds'], 1)") s) | $(f commands "round(d['applied_per_s'])") | $pg_command (\`broker_command()\`, $partitions clients) | $(ratio "$(f commands "d['applied_per_s']")" "$pg_command") | $(f commands "[v for v in d['verdicts'] if v[0] != 'applied'] or 'none'"), $(f commands "d['left']") without an outcome |"
-  echo "| payouts accepted/s, 32 clients (p50 $(f payouts "round(d['accepted']['p50_ms'], 1)") ms, p99 $(f payouts "round(d['accepted']['p99_ms'], 1)") ms) | $(f payouts "round(d['accepted']['per_s'])") | $pg_payout (\`payout()\`, 32 clients) | $(ratio "$(f payouts "d['accepted']['per_s']")" "$pg_payout") | $(f payouts "d['accepted']['other_answers'] or 'none'") |"
-  echo "| payouts the outbox sent per second on the backlog of $(f payouts "d['backlog']") left when the acceptance ended | $(f payouts "round(d['drained_per_s'])") | $pg_dispatch (\`payout_take()\` and \`payout_settle()\`, $dispatch_batch a batch, 1 client, no gateway) | $(ratio "$(f payouts "d['drained_per_s']")" "$pg_dispatch") | |"
-  echo "| payouts the outbox sent per second, sustained over $(f payouts "round(d['dispatch_seconds'], 1)") s | $(f payouts "round(d['dispatched_per_s'])") | $(f payouts "round(d['gateway_per_s'])") (the gateway simulator alone) | $(ratio "$(f payouts "d['dispatched_per_s']")" "$(f payouts "d['gateway_per_s']")") | $(f payouts "d['left_in_outbox']") left in the outbox |"
+  echo "| payouts accepted/s with no instance dispatching, 32 clients (p50 $(f payouts-accepted "round(d['accepted']['p50_ms'], 1)") ms, p99 $(f payouts-accepted "round(d['accepted']['p99_ms'], 1)") ms) | $(f payouts-accepted "round(d['accepted']['per_s'])") | $pg_payout (\`payout()\`, 32 clients) | $(ratio "$(f payouts-accepted "d['accepted']['per_s']")" "$pg_payout") | $(f payouts-accepted "d['accepted']['other_answers'] or 'none'") |"
+  echo "| payouts the outbox sent per second, sustained: a backlog of $(f payouts-sent "d['sent']['backlog']") from the first sent to the last ($(f payouts-sent "round(d['sent']['seconds'], 1)") s) | $(f payouts-sent "round(d['sent']['per_s'])") | $pg_dispatch (\`payout_take()\` and \`payout_settle_all()\`, $dispatch_batch a batch, 1 client, no gateway) | $(ratio "$(f payouts-sent "d['sent']['per_s']")" "$pg_dispatch") | $(f payouts-sent "d['sent']['left_in_outbox']") left in the outbox |"
+  echo "| the same, against the gateway simulator alone (32 clients) | $(f payouts-sent "round(d['sent']['per_s'])") | $(f payouts-sent "round(d['gateway_per_s'])") | $(ratio "$(f payouts-sent "d['sent']['per_s']")" "$(f payouts-sent "d['gateway_per_s']")") | |"
   echo
   echo "## What one accepted transfer costs outside PostgreSQL"
   echo
@@ -445,7 +459,10 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "WALLET_COOLDOWN_TTL_MS=1 WALLET_PAYOUT_GATEWAY_URL=http://127.0.0.1:PORT WALLET_PROVIDER_WEBHOOK_SECRETS=SECRET WALLET_COMMANDS_ENABLED=true WALLET_COMMANDS_PARTITIONS=$partitions wallet-server serve"
   echo "LOADTEST_PROVIDER_SECRET=SECRET wallet-loadtest deposits --concurrency 32 --users 64 --duration-s $duration"
   echo "wallet-loadtest commands --redis-prefix PREFIX --partitions $partitions --users 64 --commands $((duration * 300))"
-  echo "wallet-loadtest payouts --gateway-url http://127.0.0.1:PORT --concurrency 32 --users 64 --duration-s $duration"
+  echo "WALLET_COOLDOWN_TTL_MS=1 WALLET_PAYOUT_GATEWAY_URL=http://127.0.0.1:PORT WALLET_PAYOUT_DISPATCHER_ENABLED=false wallet-server serve"
+  echo "wallet-loadtest payouts --phase accept --gateway-url http://127.0.0.1:PORT --concurrency 32 --users 64 --duration-s $((duration * 3))"
+  echo "WALLET_COOLDOWN_TTL_MS=1 WALLET_PAYOUT_GATEWAY_URL=http://127.0.0.1:PORT wallet-server serve"
+  echo "wallet-loadtest payouts --phase send --gateway-url http://127.0.0.1:PORT --concurrency 32 --duration-s $duration"
   echo '```'
 } > "$out.new"
 if [ -f docs/benchmarks-analysis.md ]; then

@@ -1,10 +1,11 @@
 -- The database alone doing the dispatcher's work on a backlog: take up to
--- :batch due outbox rows under a lease (payout_take()), then settle each
--- as the gateway's "sent" would (payout_settle()), as one round trip.
--- The service takes a batch, calls the gateway for each row at once and
--- settles each on its own; this leaves the gateway out. After
--- payout_fn.sql has filled the outbox, with as many transactions as
--- batches it holds.
-SELECT count(s.recorded) AS settled
-  FROM payout_take(:batch, 30000) AS t,
-       LATERAL payout_settle(t.payout_id, gen_random_uuid(), 'bench-' || t.payout_id) AS s;
+-- :batch due outbox rows under a lease (payout_take()), then settle them
+-- together as the gateway's "sent" would (payout_settle_all()), each its
+-- own transaction, as the service does. This leaves the gateway out. After
+-- payout_fn.sql has filled the outbox, with as many runs as batches it
+-- holds.
+SELECT coalesce(array_agg(payout_id), '{}') AS taken FROM payout_take(:batch, 30000) \gset
+SELECT count(*) AS settled
+  FROM payout_settle_all(:taken::uuid[],
+                         ARRAY(SELECT gen_random_uuid() FROM unnest(:taken::uuid[])),
+                         ARRAY(SELECT 'bench-' || id FROM unnest(:taken::uuid[]) AS id));

@@ -72,7 +72,7 @@ async fn main() -> anyhow::Result<()> {
             } else {
                 payouts::print(&report);
             }
-            report.left_in_outbox == 0
+            report.complete()
         }
         Command::Deposits(args) => {
             let report = deposits::run(&args).await?;

@@ -1,13 +1,20 @@
 //! `wallet-loadtest payouts`: how fast payouts are accepted, how fast the
-//! dispatchers send them, and how fast the gateway alone takes payouts,
-//! in one run.
+//! dispatchers send a backlog, and how fast the gateway alone takes
+//! payouts.
 //!
 //! 1. **Accepted**: closed-loop workers `POST /api/v1/payouts` with a new
 //!    key each, spread over the users, for the duration: 202s per second
 //!    and their latency.
-//! 2. **Dispatched**: from the first acceptance until the outbox has sent
-//!    every one of them (settled or refused): payouts per second, the
-//!    dispatchers' sustained rate while they had a backlog.
+//! 2. **Sent**: the backlog, from the first of it sent to the last:
+//!    payouts per second, the dispatchers' sustained rate while a backlog
+//!    fed them. The backlog is what was still in the outbox when the
+//!    acceptance ended; with `--phase send`, when the newest payout was
+//!    made.
+//!    For a backlog that feeds them throughout, accept with the instances'
+//!    dispatchers off (`--phase accept`, `WALLET_PAYOUT_DISPATCHER_ENABLED
+//!    =false`), then start them and measure `--phase send`. Sending can
+//!    never outrun accepting for long, so a rate measured from the first
+//!    acceptance would be the acceptance's rate.
 //! 3. **The gateway alone**: the same number of workers `POST` straight to
 //!    the gateway with a new key each, for the duration: its own ceiling.
 
@@ -21,6 +28,17 @@ use uuid::Uuid;
 
 use crate::closed_loop::{self, Load, Tally};
 
+/// Which of the run's phases to measure.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Accept, then send what the dispatchers had left, then the gateway.
+    Both,
+    /// Accept only, and leave what was accepted in the outbox.
+    Accept,
+    /// Send the backlog already in the outbox, then the gateway.
+    Send,
+}
+
 #[derive(clap::Args, Clone)]
 pub struct PayoutArgs {
     /// Base URL of an instance; repeat to spread requests across several.
@@ -32,10 +50,12 @@ pub struct PayoutArgs {
     /// The gateway the instances send to (`payout_gateway_url`).
     #[arg(long)]
     pub gateway_url: String,
+    #[arg(long, value_enum, default_value_t = Phase::Both)]
+    pub phase: Phase,
     /// The accounts paying out, the workers, the duration.
     #[command(flatten)]
     pub load: Load,
-    /// How long to wait for the outbox to send everything accepted.
+    /// How long to wait for the outbox to send its backlog.
     #[arg(long, default_value_t = 300)]
     pub drain_s_max: u64,
     #[arg(long)]
@@ -44,32 +64,76 @@ pub struct PayoutArgs {
 
 #[derive(Debug, Serialize)]
 pub struct PayoutReport {
-    /// The 202s, and the other answers by status.
-    pub accepted: Tally,
-    pub dispatched_per_s: f64,
-    /// From the first acceptance to the last payout leaving the outbox.
-    pub dispatch_seconds: f64,
-    /// Payouts that left the outbox after the acceptance ended, per second
-    /// until the last: the dispatchers' rate on a backlog, with the machine
-    /// to themselves.
-    pub drained_per_s: f64,
-    /// How many the dispatchers had left to send when the acceptance ended.
+    /// The 202s, and the other answers by status (not with `--phase send`).
+    pub accepted: Option<Tally>,
+    /// How the backlog was sent (not with `--phase accept`).
+    pub sent: Option<Sent>,
+    /// The gateway's own ceiling (not with `--phase accept`).
+    pub gateway_per_s: Option<f64>,
+}
+
+impl PayoutReport {
+    /// Whether the run did what it was asked: something accepted when it
+    /// was to accept, and the whole backlog sent when it was to send.
+    pub fn complete(&self) -> bool {
+        self.accepted
+            .as_ref()
+            .is_none_or(|accepted| accepted.succeeded > 0)
+            && self.sent.as_ref().is_none_or(|sent| sent.left_in_outbox == 0)
+    }
+}
+
+/// How the backlog left the outbox.
+#[derive(Debug, Serialize, sqlx::FromRow)]
+pub struct Sent {
+    /// Payouts waiting in the outbox when the phase started.
     pub backlog: i64,
-    /// Payouts still in the outbox when the wait ended.
+    /// From the first of them leaving the outbox to the last.
+    pub seconds: f64,
+    /// The backlog's payouts that left, per second over `seconds`.
+    pub per_s: f64,
+    /// The backlog's payouts still in the outbox when the wait ended.
     pub left_in_outbox: i64,
-    pub gateway_per_s: f64,
 }
 
 pub async fn run(args: &PayoutArgs) -> anyhow::Result<PayoutReport> {
     let db = PgPool::connect(&args.database_url).await?;
-    let people = Arc::new(closed_loop::sign_up(&args.targets, args.load.users).await?);
     let http = wallet_client::http_client_builder()
         .pool_max_idle_per_host(args.load.concurrency)
         .build()?;
-    let duration = args.load.duration();
+    let accepted = match args.phase {
+        Phase::Both | Phase::Accept => Some(accept(args, &http).await?),
+        Phase::Send => None,
+    };
+    if args.phase == Phase::Accept {
+        return Ok(PayoutReport {
+            accepted,
+            sent: None,
+            gateway_per_s: None,
+        });
+    }
+    let since = backlog_since(&db, accepted.is_some()).await?;
+    let sent = send(&db, since, args.drain_s_max).await?;
+    let gateway_per_s = gateway_ceiling(
+        &http,
+        &args.gateway_url,
+        args.load.concurrency,
+        args.load.duration(),
+    )
+    .await;
+    Ok(PayoutReport {
+        accepted,
+        sent: Some(sent),
+        gateway_per_s: Some(gateway_per_s),
+    })
+}
+
+/// Closed-loop workers ask for payouts of new users for the duration.
+async fn accept(args: &PayoutArgs, http: &reqwest::Client) -> anyhow::Result<Tally> {
+    let people = Arc::new(closed_loop::sign_up(&args.targets, args.load.users).await?);
     let targets = Arc::new(args.targets.clone());
-    let tally = closed_loop::run(args.load.concurrency, duration, 202, {
-        let (http, people) = (http.clone(), people.clone());
+    closed_loop::run(args.load.concurrency, args.load.duration(), 202, {
+        let http = http.clone();
         move |n: usize| {
             let (http, people, targets) = (http.clone(), people.clone(), targets.clone());
             async move {
@@ -86,59 +150,50 @@ pub async fn run(args: &PayoutArgs) -> anyhow::Result<PayoutReport> {
             }
         }
     })
-    .await?;
-    let users: Vec<Uuid> = people.iter().map(|person| person.user_id).collect();
-    let accepting_ended: DateTime<Utc> = sqlx::query_scalar("SELECT now()").fetch_one(&db).await?;
-    let drained = drain(&db, &users, accepting_ended, args.drain_s_max).await?;
-    let gateway_per_s = gateway_ceiling(&http, &args.gateway_url, args.load.concurrency, duration).await;
-    Ok(PayoutReport {
-        dispatched_per_s: tally.succeeded as f64 / drained.seconds.max(f64::EPSILON),
-        accepted: tally,
-        dispatch_seconds: drained.seconds,
-        drained_per_s: drained.backlog as f64 / drained.backlog_seconds.max(f64::EPSILON),
-        backlog: drained.backlog,
-        left_in_outbox: drained.left,
-        gateway_per_s,
-    })
+    .await
 }
 
-/// How the outbox drained.
-#[derive(sqlx::FromRow)]
-struct Drained {
-    /// From the first payout's creation to the last one's leaving.
-    seconds: f64,
-    /// Payouts still there when the acceptance ended.
-    backlog: i64,
-    /// From the acceptance's end to the last one's leaving.
-    backlog_seconds: f64,
-    /// Payouts still there when the wait ended.
-    left: i64,
+/// The moment the backlog is counted from: the end of the acceptance, or
+/// (`--phase send`) the newest payout's creation, which is when the
+/// acceptance ended if no instance dispatched during it.
+async fn backlog_since(db: &PgPool, accepted_here: bool) -> anyhow::Result<DateTime<Utc>> {
+    let since: Option<DateTime<Utc>> = if accepted_here {
+        sqlx::query_scalar("SELECT now()").fetch_one(db).await?
+    } else {
+        sqlx::query_scalar("SELECT max(created_at) FROM payouts WHERE currency <> 'LAB'")
+            .fetch_one(db)
+            .await?
+    };
+    since.ok_or_else(|| anyhow::anyhow!("no payout to send: accept some first (--phase accept)"))
 }
 
-/// Waits until the users' payouts have all left the outbox, at most
-/// `drain_s_max` seconds.
-async fn drain(
-    db: &PgPool,
-    users: &[Uuid],
-    accepting_ended: DateTime<Utc>,
-    drain_s_max: u64,
-) -> anyhow::Result<Drained> {
+/// Waits until the backlog (every payout of real money that was still in
+/// the outbox at `since`) has left it, at most `drain_s_max` seconds. A
+/// payout's `updated_at` is its last change: when it left, once it has.
+async fn send(db: &PgPool, since: DateTime<Utc>, drain_s_max: u64) -> anyhow::Result<Sent> {
     let deadline = Instant::now() + Duration::from_secs(drain_s_max);
     loop {
-        let drained: Drained = sqlx::query_as(
-            "SELECT coalesce(extract(epoch FROM max(updated_at) - min(created_at)), 0)::double precision
+        let sent: Sent = sqlx::query_as(
+            "SELECT count(*) AS backlog,
+                    coalesce(extract(epoch FROM max(updated_at) FILTER (WHERE NOT waiting)
+                                              - min(updated_at) FILTER (WHERE NOT waiting)), 0)::double precision
                         AS seconds,
-                    count(*) FILTER (WHERE state IN ('pending', 'sent') OR updated_at > $2) AS backlog,
-                    coalesce(extract(epoch FROM max(updated_at) - $2), 0)::double precision AS backlog_seconds,
-                    count(*) FILTER (WHERE state IN ('pending', 'sent')) AS left
-               FROM payouts WHERE user_id = ANY($1)",
+                    0::double precision AS per_s,
+                    count(*) FILTER (WHERE waiting) AS left_in_outbox
+               FROM (SELECT updated_at, state IN ('pending', 'sent') AS waiting
+                       FROM payouts
+                      WHERE currency <> 'LAB' AND (state IN ('pending', 'sent') OR updated_at > $1)) AS backlog",
         )
-        .bind(users)
-        .bind(accepting_ended)
+        .bind(since)
         .fetch_one(db)
         .await?;
-        if drained.left == 0 || Instant::now() > deadline {
-            return Ok(drained);
+        if sent.left_in_outbox == 0 || Instant::now() > deadline {
+            // n leavings span n - 1 intervals.
+            let intervals = (sent.backlog - sent.left_in_outbox - 1).max(0) as f64;
+            return Ok(Sent {
+                per_s: intervals / sent.seconds.max(f64::EPSILON),
+                ..sent
+            });
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -180,22 +235,19 @@ async fn gateway_ceiling(
 }
 
 pub fn print(report: &PayoutReport) {
-    println!(
-        "payouts accepted: {} ({:.0}/s, p50 {:.1} ms, p99 {:.1} ms; other answers {:?})",
-        report.accepted.succeeded,
-        report.accepted.per_s,
-        report.accepted.p50_ms,
-        report.accepted.p99_ms,
-        report.accepted.other_answers
-    );
-    println!(
-        "dispatched: {:.0}/s over {:.1} s, the {} left when the acceptance ended at {:.0}/s ({} left in the \
-         outbox); the gateway alone: {:.0}/s",
-        report.dispatched_per_s,
-        report.dispatch_seconds,
-        report.backlog,
-        report.drained_per_s,
-        report.left_in_outbox,
-        report.gateway_per_s
-    );
+    if let Some(accepted) = &report.accepted {
+        println!(
+            "payouts accepted: {} ({:.0}/s, p50 {:.1} ms, p99 {:.1} ms; other answers {:?})",
+            accepted.succeeded, accepted.per_s, accepted.p50_ms, accepted.p99_ms, accepted.other_answers
+        );
+    }
+    if let Some(sent) = &report.sent {
+        println!(
+            "sent: a backlog of {} at {:.0}/s over {:.1} s ({} left in the outbox)",
+            sent.backlog, sent.per_s, sent.seconds, sent.left_in_outbox
+        );
+    }
+    if let Some(gateway_per_s) = report.gateway_per_s {
+        println!("the gateway alone: {gateway_per_s:.0}/s");
+    }
 }

@@ -5,7 +5,7 @@
 use wallet_loadtest::closed_loop::Load;
 use wallet_loadtest::commands::{self, CommandArgs};
 use wallet_loadtest::deposits::{self, DepositArgs};
-use wallet_loadtest::payouts::{self, PayoutArgs};
+use wallet_loadtest::payouts::{self, PayoutArgs, Phase};
 use wallet_testkit::gateway::{Gateway, wallet_sim_binary};
 use wallet_testkit::*;
 
@@ -89,10 +89,76 @@ async fn the_command_run_waits_for_every_outcome() {
 async fn the_payout_run_drains_the_outbox_once_per_payout() {
     let gateway = Gateway::start(&wallet_sim_binary(), &[]).await;
     let app = spawn_app(with_payouts(&gateway.url)).await;
-    let report = payouts::run(&PayoutArgs {
+    let report = payouts::run(&payout_args(&app, &gateway, Phase::Both))
+        .await
+        .expect("the run");
+    let accepted = report.accepted.as_ref().expect("accepted").succeeded as i64;
+    let sent = report.sent.as_ref().expect("sent");
+    assert!(accepted > 0, "{report:?}");
+    assert!(report.complete(), "{report:?}");
+    assert_eq!(sent.left_in_outbox, 0, "{report:?}");
+    assert!(
+        sent.backlog <= accepted,
+        "the backlog counts only what waited when the acceptance ended: {report:?}"
+    );
+    assert!(report.gateway_per_s.is_some_and(|per_s| per_s > 0.0));
+    assert_eq!(
+        app.payouts_by_state().await,
+        vec![("settled".to_owned(), accepted)]
+    );
+    assert_eq!(app.outbox_rows().await, 0);
+    assert_each_payout_sent_once(&app, &gateway).await;
+    assert_eq!(money_invariant_violations(&app.db).await, Vec::<String>::new());
+}
+
+/// A backlog accepted while no instance dispatches waits in the outbox; an
+/// instance that dispatches then sends all of it, once each, and the run
+/// measures its sending from the first payout to leave to the last.
+#[tokio::test]
+async fn a_backlog_accepted_without_dispatchers_is_sent_whole_by_one_started_later() {
+    let gateway = Gateway::start(&wallet_sim_binary(), &[]).await;
+    let payouts_to = with_payouts(&gateway.url);
+    let accepting = spawn_app(move |settings| {
+        payouts_to(settings);
+        settings.payout_dispatcher_enabled = false;
+    })
+    .await;
+    let report = payouts::run(&payout_args(&accepting, &gateway, Phase::Accept))
+        .await
+        .expect("the acceptance");
+    let accepted = report.accepted.as_ref().expect("accepted").succeeded as i64;
+    assert!(accepted > 0, "{report:?}");
+    assert!(
+        report.sent.is_none() && report.gateway_per_s.is_none(),
+        "{report:?}"
+    );
+    assert_eq!(accepting.outbox_rows().await, accepted, "nothing was sent yet");
+
+    let sending =
+        spawn_second_instance_with(&accepting, |settings| settings.payout_dispatcher_enabled = true).await;
+    let report = payouts::run(&payout_args(&sending, &gateway, Phase::Send))
+        .await
+        .expect("the sending");
+    let sent = report.sent.as_ref().expect("sent");
+    assert!(report.accepted.is_none(), "{report:?}");
+    assert_eq!((sent.backlog, sent.left_in_outbox), (accepted, 0), "{report:?}");
+    assert_eq!(
+        sending.payouts_by_state().await,
+        vec![("settled".to_owned(), accepted)]
+    );
+    assert_each_payout_sent_once(&sending, &gateway).await;
+    assert_eq!(
+        money_invariant_violations(&sending.db).await,
+        Vec::<String>::new()
+    );
+}
+
+fn payout_args(app: &TestApp, gateway: &Gateway, phase: Phase) -> PayoutArgs {
+    PayoutArgs {
         targets: vec![app.address.clone()],
         database_url: database_url_of(&app.db_options),
         gateway_url: gateway.url.clone(),
+        phase,
         load: Load {
             users: 3,
             concurrency: 4,
@@ -100,22 +166,11 @@ async fn the_payout_run_drains_the_outbox_once_per_payout() {
         },
         drain_s_max: 120,
         json: false,
-    })
-    .await
-    .expect("the run");
-    let accepted = report.accepted.succeeded as i64;
-    assert!(accepted > 0, "{report:?}");
-    assert_eq!(report.left_in_outbox, 0, "{report:?}");
-    assert!(
-        report.backlog <= accepted,
-        "the backlog counts only this run's payouts: {report:?}"
-    );
-    assert!(report.gateway_per_s > 0.0);
-    assert_eq!(
-        app.payouts_by_state().await,
-        vec![("settled".to_owned(), accepted)]
-    );
-    assert_eq!(app.outbox_rows().await, 0);
+    }
+}
+
+/// The gateway's own ledger holds exactly one sending for each payout.
+async fn assert_each_payout_sent_once(app: &TestApp, gateway: &Gateway) {
     let payout_ids: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM payouts")
         .fetch_all(&app.db)
         .await
@@ -131,5 +186,4 @@ async fn the_payout_run_drains_the_outbox_once_per_payout() {
         assert_eq!(sent.len(), 1, "payout {payout} reached the gateway");
         assert_eq!(sent[0].1, 1, "payout {payout} was sent once");
     }
-    assert_eq!(money_invariant_violations(&app.db).await, Vec::<String>::new());
 }
