@@ -82,11 +82,12 @@ impl PerThread {
     fn connection(self: &Arc<Self>) -> Result<ConnectionManager, String> {
         CONNECTIONS.with(|connections| {
             let mut connections = connections.borrow_mut();
-            // A dead entry may share a live store's address (the memory was
-            // reused), so only a live one is this store's.
-            if let Some((_, manager)) = connections.iter().find(|(store, _)| {
-                store.strong_count() > 0 && std::ptr::eq(store.as_ptr(), Arc::as_ptr(self))
-            }) {
+            // An entry's `Weak` keeps its store's allocation, dropped or
+            // not, so no other store can have that address.
+            if let Some((_, manager)) = connections
+                .iter()
+                .find(|(store, _)| std::ptr::eq(store.as_ptr(), Arc::as_ptr(self)))
+            {
                 return Ok(manager.clone());
             }
             connections.retain(|(store, _)| store.strong_count() > 0);
