@@ -120,8 +120,7 @@ mod tests {
     }
 
     #[test]
-    fn payouts_need_a_gateway_url_a_lease_longer_than_a_call_a_take_within_the_slots_and_the_switch_for_unsafe_modes()
-     {
+    fn payouts_need_a_gateway_url_bounds_that_fit_together_and_the_switch_for_unsafe_modes() {
         let payouts = |url: &str| Settings {
             payout_gateway_url: url.into(),
             ..Settings::default()
