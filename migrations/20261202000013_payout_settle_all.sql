@@ -28,7 +28,8 @@ CREATE FUNCTION payout_settle_all(
 RETURNS TABLE (settled_payout_id uuid, recorded payout_record, owner uuid)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_found int;
+    v_asked bigint;
+    v_found bigint;
     v_wallets uuid[];
     v_deltas bigint[];
     v_move int;
@@ -38,11 +39,11 @@ BEGIN
         RAISE EXCEPTION 'payout_settle_all: % payouts, % transfer ids, % references',
             cardinality(p_payout_ids), cardinality(p_settle_transfer_ids), cardinality(p_gateway_references);
     END IF;
+    SELECT count(DISTINCT id) INTO v_asked FROM unnest(p_payout_ids) AS b (id);
     PERFORM 1 FROM payouts p WHERE p.id = ANY (p_payout_ids) ORDER BY p.id FOR UPDATE;
     GET DIAGNOSTICS v_found = ROW_COUNT;
-    IF v_found <> (SELECT count(DISTINCT id) FROM unnest(p_payout_ids) AS b (id)) THEN
-        RAISE EXCEPTION 'payout_settle_all: % of the payouts do not exist',
-            (SELECT count(DISTINCT id) FROM unnest(p_payout_ids) AS b (id)) - v_found;
+    IF v_found <> v_asked THEN
+        RAISE EXCEPTION 'payout_settle_all: % of the payouts do not exist', v_asked - v_found;
     END IF;
 
     -- The answers, decided on the rows as they were before this call.
