@@ -17,6 +17,17 @@
 //! arrive: one order alone goes at once, alone. What a batch shares is the
 //! round trip and the commit; each order keeps its own answer.
 //!
+//! Why on the HTTP workers' threads: each worker starts executors of its
+//! own (`start_on_this_thread`, a share of `connections`), and a request
+//! hands its order to the executors of the thread it runs on. The order is
+//! read, sent to PostgreSQL and answered on one thread, whose event loop
+//! is awake anyway for the requests around it. Executors on another
+//! runtime cost two wake-ups of a sleeping thread for every call (the
+//! order handed over, the answer handed back), and those wake-ups were
+//! the largest share of a transfer's CPU. A caller on a thread without
+//! executors (none in the server; an embedding might have one) runs its
+//! order alone on a connection from the pool.
+//!
 //! What each order is told when something fails:
 //! - no connection could be had: nothing was sent (`may_have_committed`
 //!   false);
@@ -29,8 +40,12 @@
 //! - the connection broke after the call was sent: the batch may have
 //!   committed, and every order in it is told so.
 
+use std::any::Any;
+use std::cell::RefCell;
 use std::future::Future;
+use std::rc::Rc;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
@@ -62,14 +77,29 @@ pub trait BatchedCall: Send + Sync + 'static {
 /// The executors' bounds.
 #[derive(Debug, Clone, Copy)]
 pub struct Bounds {
-    /// Executors, each holding one connection of the pool.
+    /// Executors of the whole instance, each holding one connection of the
+    /// pool, shared out among `threads`.
     pub connections: u32,
+    /// The threads that start executors of their own: the HTTP workers.
+    pub threads: u32,
     /// Most orders sent in one call.
     pub batch_max: usize,
     /// A held connection unused this long is checked before use.
     pub idle_check_after: Duration,
-    /// Most orders waiting for an executor.
+    /// Most orders waiting for one thread's executors.
     pub queue_max: usize,
+}
+
+impl Bounds {
+    /// The executors the `nth` thread to start runs: an equal share, the
+    /// first threads one more each until `connections` are shared out. A
+    /// worker that replaces one that died counts as the thread it replaces.
+    fn executors_of_thread(&self, nth: u32) -> u32 {
+        let threads = self.threads.max(1);
+        let share = self.connections / threads;
+        let left_over = self.connections % threads;
+        (share + u32::from(nth % threads < left_over)).max(1)
+    }
 }
 
 /// Why an order got no row.
@@ -86,66 +116,108 @@ struct Job<Order> {
     reply: oneshot::Sender<Result<PgRow, Failure>>,
 }
 
-/// Where orders wait for an executor. Cloned into every request.
-pub struct Queue<Order> {
-    jobs: mpsc::Sender<Job<Order>>,
+/// One path's executors: what each thread starts its own from, and the way
+/// an order reaches those of the thread it is on. Cloned into every
+/// request.
+pub struct Executors<Call: BatchedCall> {
+    plan: Arc<Plan<Call>>,
 }
 
-impl<Order> Clone for Queue<Order> {
+impl<Call: BatchedCall> Clone for Executors<Call> {
     fn clone(&self) -> Self {
         Self {
-            jobs: self.jobs.clone(),
+            plan: self.plan.clone(),
         }
     }
 }
 
-impl<Order: Send + Sync + 'static> Queue<Order> {
-    /// Starts `bounds.connections` executors on `db` for `call`, each
-    /// call's number of orders observed in `sizes`. They stop when the
-    /// last `Queue` is dropped, or when their handles are aborted.
-    pub fn start<Call>(
-        db: PgPool,
-        call: Call,
-        bounds: Bounds,
-        sizes: prometheus::Histogram,
-    ) -> (Self, Vec<tokio::task::JoinHandle<()>>)
-    where
-        Call: BatchedCall<Order = Order>,
-    {
-        let (jobs, waiting) = mpsc::channel(bounds.queue_max.max(1));
-        let shared = Arc::new(Shared {
-            db,
-            call,
-            waiting: Mutex::new(waiting),
-            batch_max: bounds.batch_max.max(1),
-            idle_check_after: bounds.idle_check_after,
-            sizes,
-        });
-        let executors = (0..bounds.connections.max(1))
-            .map(|_| {
-                tokio::spawn(
-                    Executor {
-                        shared: shared.clone(),
-                        held: None,
-                    }
-                    .run(),
-                )
-            })
-            .collect();
-        (Self { jobs }, executors)
+struct Plan<Call: BatchedCall> {
+    /// Tells this path's executors from another's on the same thread.
+    id: u64,
+    db: PgPool,
+    call: Call,
+    bounds: Bounds,
+    sizes: prometheus::Histogram,
+    /// Threads that started executors so far.
+    threads_started: AtomicU32,
+}
+
+/// Numbers each `Executors` made in this process.
+static NEXT_PLAN_ID: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// Where orders for the executors started on this thread wait, one
+    /// queue per path (`Plan::id`), each a `Sender<Job<Order>>`.
+    static QUEUES_OF_THIS_THREAD: RefCell<Vec<(u64, Box<dyn Any>)>> = const { RefCell::new(Vec::new()) };
+}
+
+impl<Call: BatchedCall> Executors<Call> {
+    /// The executors of `call` on `db`, each call's number of orders
+    /// observed in `sizes`. None runs until a thread starts its own.
+    pub fn new(db: PgPool, call: Call, bounds: Bounds, sizes: prometheus::Histogram) -> Self {
+        Self {
+            plan: Arc::new(Plan {
+                id: NEXT_PLAN_ID.fetch_add(1, Ordering::Relaxed),
+                db,
+                call,
+                bounds,
+                sizes,
+                threads_started: AtomicU32::new(0),
+            }),
+        }
     }
 
-    /// Runs one order and waits for its row.
-    pub async fn run(&self, order: Order) -> Result<PgRow, Failure> {
+    /// Starts this thread's executors, once however often it is asked
+    /// (an HTTP worker builds its application once per listener). Must run
+    /// on a thread whose runtime takes local tasks, as an HTTP worker's
+    /// does; they stop with it.
+    pub fn start_on_this_thread(&self) {
+        if self.queue_of_this_thread().is_some() {
+            return;
+        }
+        let nth = self.plan.threads_started.fetch_add(1, Ordering::Relaxed);
+        let (jobs, waiting) = mpsc::channel::<Job<Call::Order>>(self.plan.bounds.queue_max.max(1));
+        let shared = Rc::new(Shared {
+            plan: self.plan.clone(),
+            waiting: Mutex::new(waiting),
+        });
+        for _ in 0..self.plan.bounds.executors_of_thread(nth) {
+            tokio::task::spawn_local(
+                Executor {
+                    shared: shared.clone(),
+                    held: None,
+                }
+                .run(),
+            );
+        }
+        QUEUES_OF_THIS_THREAD.with_borrow_mut(|queues| queues.push((self.plan.id, Box::new(jobs))));
+    }
+
+    fn queue_of_this_thread(&self) -> Option<mpsc::Sender<Job<Call::Order>>> {
+        QUEUES_OF_THIS_THREAD.with_borrow(|queues| {
+            queues
+                .iter()
+                .find(|(id, _)| *id == self.plan.id)
+                .and_then(|(_, jobs)| jobs.downcast_ref::<mpsc::Sender<Job<Call::Order>>>())
+                .cloned()
+        })
+    }
+
+    /// Runs one order and waits for its row: on this thread's executors,
+    /// or alone on a connection from the pool on a thread without them.
+    pub async fn run(&self, order: Call::Order) -> Result<PgRow, Failure> {
+        let Some(jobs) = self.queue_of_this_thread() else {
+            return self.alone_on_a_pooled_connection(order).await;
+        };
         let (reply, answer) = oneshot::channel();
-        if self.jobs.send(Job { order, reply }).await.is_err() {
+        if jobs.send(Job { order, reply }).await.is_err() {
             return Err(Failure {
                 error: sqlx::Error::PoolClosed,
                 may_have_committed: false,
             });
         }
-        // An executor that stops without answering (a panic, an abort at
-        // shutdown) may have sent the order already.
+        // An executor that stops without answering (a panic, its worker
+        // stopping) may have sent the order already.
         answer.await.unwrap_or_else(|_| {
             Err(Failure {
                 error: sqlx::Error::WorkerCrashed,
@@ -153,17 +225,29 @@ impl<Order: Send + Sync + 'static> Queue<Order> {
             })
         })
     }
+
+    async fn alone_on_a_pooled_connection(&self, order: Call::Order) -> Result<PgRow, Failure> {
+        let mut connection = self.plan.db.acquire().await.map_err(|error| Failure {
+            error,
+            may_have_committed: false,
+        })?;
+        self.plan
+            .call
+            .one(&mut connection, &order)
+            .await
+            .map_err(|error| Failure {
+                error,
+                may_have_committed: true,
+            })
+    }
 }
 
+/// What one thread's executors share.
 struct Shared<Call: BatchedCall> {
-    db: PgPool,
-    call: Call,
+    plan: Arc<Plan<Call>>,
     /// Taken by one executor at a time, which waits for the next order and
     /// then takes every one already waiting.
     waiting: Mutex<mpsc::Receiver<Job<Call::Order>>>,
-    batch_max: usize,
-    idle_check_after: Duration,
-    sizes: prometheus::Histogram,
 }
 
 /// A connection kept between calls, and when it was last used.
@@ -173,7 +257,7 @@ struct Held {
 }
 
 struct Executor<Call: BatchedCall> {
-    shared: Arc<Shared<Call>>,
+    shared: Rc<Shared<Call>>,
     held: Option<Held>,
 }
 
@@ -182,7 +266,7 @@ impl<Call: BatchedCall> Executor<Call> {
         while let Some(batch) = self.next_batch().await {
             let (orders, replies): (Vec<_>, Vec<_>) =
                 batch.into_iter().map(|job| (job.order, job.reply)).unzip();
-            self.shared.sizes.observe(orders.len() as f64);
+            self.shared.plan.sizes.observe(orders.len() as f64);
             if orders.len() == 1 {
                 let (order, reply) = orders.into_iter().zip(replies).next().expect("one order");
                 self.alone(order, reply).await;
@@ -198,7 +282,7 @@ impl<Call: BatchedCall> Executor<Call> {
         let mut waiting = self.shared.waiting.lock().await;
         let first = waiting.recv().await?;
         let mut batch = vec![first];
-        while batch.len() < self.shared.batch_max {
+        while batch.len() < self.shared.plan.bounds.batch_max.max(1) {
             match waiting.try_recv() {
                 Ok(job) => batch.push(job),
                 Err(_) => break,
@@ -210,7 +294,7 @@ impl<Call: BatchedCall> Executor<Call> {
     async fn alone(&mut self, order: Call::Order, reply: oneshot::Sender<Result<PgRow, Failure>>) {
         let Executor { shared, held } = self;
         let answer = match connection(held, shared).await {
-            Ok(connection) => shared.call.one(connection, &order).await,
+            Ok(connection) => shared.plan.call.one(connection, &order).await,
             Err(error) => {
                 let _ = reply.send(Err(Failure {
                     error,
@@ -233,7 +317,7 @@ impl<Call: BatchedCall> Executor<Call> {
     ) {
         let Executor { shared, held } = self;
         let answer = match connection(held, shared).await {
-            Ok(connection) => shared.call.many(connection, &orders).await,
+            Ok(connection) => shared.plan.call.many(connection, &orders).await,
             Err(error) => {
                 for reply in replies {
                     let _ = reply.send(Err(Failure {
@@ -301,7 +385,9 @@ async fn connection<'a, Call: BatchedCall>(
     shared: &Shared<Call>,
 ) -> Result<&'a mut PgConnection, sqlx::Error> {
     if let Some(kept) = held {
-        if kept.last_used.elapsed() >= shared.idle_check_after && kept.connection.ping().await.is_err() {
+        if kept.last_used.elapsed() >= shared.plan.bounds.idle_check_after
+            && kept.connection.ping().await.is_err()
+        {
             tracing::info!("a held database connection broke while idle; replacing it");
             forget(held);
         }
@@ -309,7 +395,7 @@ async fn connection<'a, Call: BatchedCall>(
     let kept = match held {
         Some(kept) => kept,
         None => held.insert(Held {
-            connection: shared.db.acquire().await?,
+            connection: shared.plan.db.acquire().await?,
             last_used: Instant::now(),
         }),
     };

@@ -35,8 +35,6 @@ pub struct Application {
     consumers: Vec<tokio::task::JoinHandle<()>>,
     /// The payout dispatcher, when this instance sends payouts.
     dispatcher: Option<tokio::task::JoinHandle<()>>,
-    /// The transfer executors, each holding a connection.
-    transfer_executors: Vec<tokio::task::JoinHandle<()>>,
     stopper: crate::shutdown::Stopper,
 }
 
@@ -54,8 +52,7 @@ impl Application {
         let public_address = reachable_from_here(listener.local_addr()?);
         let port = public_address.port();
         let admin_port = admin_listener.local_addr()?.port();
-        let (state, commands_client, transfer_executors) =
-            assemble_state(config, db.clone(), public_address)?;
+        let (state, commands_client) = assemble_state(config, db.clone(), public_address)?;
         let sweeper = crate::sweep::spawn_sweeper(
             db,
             state.config.idempotency.sweep_interval,
@@ -87,7 +84,6 @@ impl Application {
             sweeper,
             consumers,
             dispatcher,
-            transfer_executors,
         })
     }
 
@@ -116,7 +112,7 @@ impl Application {
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let result = self.server.await;
         self.sweeper.abort();
-        for task in self.consumers.iter().chain(&self.transfer_executors) {
+        for task in &self.consumers {
             task.abort();
         }
         if let Some(dispatcher) = &self.dispatcher {
@@ -208,7 +204,7 @@ fn assemble_state(
     config: Config,
     db: PgPool,
     public_address: std::net::SocketAddr,
-) -> anyhow::Result<(AppState, Option<StreamClient>, Vec<tokio::task::JoinHandle<()>>)> {
+) -> anyhow::Result<(AppState, Option<StreamClient>)> {
     let metrics = Metrics::new();
     metrics.cooldown_window.set(config.cooldown.ttl.as_secs_f64());
     let (redis, redis_client, commands_client) = connect_redis(&config, &metrics)?;
@@ -224,7 +220,7 @@ fn assemble_state(
     } else {
         config.http.instance_id.as_str().into()
     };
-    let (transfers, transfer_executors) = crate::executors::Queue::start(
+    let transfers = crate::executors::Executors::new(
         db.clone(),
         crate::transfer::call::TransferCall::of(&config),
         config.database.transfer_executors,
@@ -270,7 +266,7 @@ fn assemble_state(
         draining: crate::shutdown::Draining::default(),
         config: Arc::new(config),
     };
-    Ok((state, commands_client, transfer_executors))
+    Ok((state, commands_client))
 }
 
 /// The HTTP server on both listeners: one set of workers, the middleware
@@ -290,6 +286,9 @@ fn http_server(
     // `readiness_cache_ms` of each other share one verdict.
     let last_verdict = web::Data::new(crate::routes::health::LastVerdict::default());
     let server = HttpServer::new(move || {
+        // Runs on each worker's thread as it starts: the transfer executors
+        // run beside the requests they serve (`crate::executors`).
+        data.transfers.start_on_this_thread();
         App::new()
             .app_data(data.clone())
             .app_data(draining.clone())

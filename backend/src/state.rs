@@ -44,9 +44,9 @@ pub struct AppState {
     pub lab_passes: Arc<crate::auth::lab_pass::LabPasses>,
     /// The places for transfers in flight (`transfers_in_flight_max`).
     pub transfer_admission: Arc<crate::admission::Admission>,
-    /// Where admitted transfers wait for an executor that owns a
-    /// connection (`crate::executors`).
-    pub transfers: crate::executors::Queue<crate::domain::TransferOrder>,
+    /// The executors that own the transfer path's connections; admitted
+    /// transfers wait for those of their HTTP worker (`crate::executors`).
+    pub transfers: crate::executors::Executors<crate::transfer::call::TransferCall>,
     /// Set once the instance starts stopping: live streams end, and each
     /// answer closes its connection.
     pub draining: crate::shutdown::Draining,

@@ -747,7 +747,9 @@ async fn a_transfer_and_its_replay_each_cost_one_postgresql_statement() {
             without_cooldown(settings);
             settings.transfers_idle_check_after_ms = idle_check_after_ms;
             // One executor, so the statement prepared by the first
-            // transfer is the one the next transfers use.
+            // transfer is the one the next transfers use. Each HTTP worker
+            // runs executors of its own: one worker.
+            settings.http_workers = 1;
             settings.transfers_connections = 1;
         })
         .await;

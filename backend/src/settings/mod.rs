@@ -255,7 +255,7 @@ mod tests {
     fn every_number_has_a_ceiling() {
         let settings = Settings {
             api_token_ttl_hours: u64::MAX,
-            http_workers: 100_000,
+            decisions_page_entries_max: 100_000,
             decision_feed_retention_hours: u64::MAX,
             ..Settings::default()
         };

@@ -68,8 +68,10 @@ macro_rules! stores_settings {
                 transfers_admission_wait_ms_max: u64 = 50, within 0..=60_000 "ms";
                 /// Connections the transfer executors hold, one each, taken from the
                 /// pool and kept: a transfer is one round trip on one of them, with
-                /// no check before or after it. The rest of the pool serves every
-                /// other path, so this must stay under `db_pool_connections_max`.
+                /// no check before or after it. Shared out among the HTTP workers,
+                /// each running its executors on its own thread, so at least
+                /// `http_workers`. The rest of the pool serves every other path, so
+                /// this must stay under `db_pool_connections_max`.
                 transfers_connections: u32 = 4, within 1..=1_000 "connections";
                 /// Most transfers one executor sends to PostgreSQL in one call
                 /// (`transfer_batch()`), taken from those waiting when it is free; it

@@ -52,6 +52,11 @@ impl Database {
             "transfers_connections must be under db_pool_connections_max: the transfer executors keep theirs, \
              and every other path needs the rest",
         );
+        check.require(
+            s.transfers_connections as usize >= s.http_workers,
+            "transfers_connections must be at least http_workers: each HTTP worker runs transfer executors of \
+             its own, each holding one of these connections",
+        );
         for (setting, url) in [
             ("database_url", &s.database_url),
             ("database_migration_url", &s.database_migration_url),
@@ -82,6 +87,7 @@ impl Database {
             transfers_admission_wait: Duration::from_millis(s.transfers_admission_wait_ms_max),
             transfer_executors: crate::executors::Bounds {
                 connections: s.transfers_connections,
+                threads: u32::try_from(s.http_workers).unwrap_or(u32::MAX),
                 batch_max: s.transfers_batch_max as usize,
                 idle_check_after: Duration::from_millis(s.transfers_idle_check_after_ms),
                 // Only transfers holding one of admission's places run, so no
