@@ -134,6 +134,10 @@ impl<Call: BatchedCall> Clone for Executors<Call> {
 struct Plan<Call: BatchedCall> {
     /// Tells this path's executors from another's on the same thread.
     id: u64,
+    /// The runtime the executors were made on, where a connection goes
+    /// back to the pool when its executor outlives its own thread's
+    /// runtime (`Executor`'s `Drop`).
+    home: tokio::runtime::Handle,
     db: PgPool,
     call: Call,
     bounds: Bounds,
@@ -153,11 +157,13 @@ thread_local! {
 
 impl<Call: BatchedCall> Executors<Call> {
     /// The executors of `call` on `db`, each call's number of orders
-    /// observed in `sizes`. None runs until a thread starts its own.
+    /// observed in `sizes`. None runs until a thread starts its own. Made
+    /// on a runtime.
     pub fn new(db: PgPool, call: Call, bounds: Bounds, sizes: prometheus::Histogram) -> Self {
         Self {
             plan: Arc::new(Plan {
                 id: NEXT_PLAN_ID.fetch_add(1, Ordering::Relaxed),
+                home: tokio::runtime::Handle::current(),
                 db,
                 call,
                 bounds,
@@ -259,6 +265,20 @@ struct Held {
 struct Executor<Call: BatchedCall> {
     shared: Rc<Shared<Call>>,
     held: Option<Held>,
+}
+
+/// An HTTP worker that stops drops its runtime first and its local tasks,
+/// these executors among them, after it; sqlx gives a dropped connection
+/// back from a task it spawns, which needs a runtime. With none left on
+/// this thread, the connection goes back on the one the executors were
+/// made on.
+impl<Call: BatchedCall> Drop for Executor<Call> {
+    fn drop(&mut self) {
+        let _on_a_runtime = tokio::runtime::Handle::try_current()
+            .is_err()
+            .then(|| self.shared.plan.home.enter());
+        self.held = None;
+    }
 }
 
 impl<Call: BatchedCall> Executor<Call> {

@@ -151,6 +151,13 @@ impl Instance {
             terminated.elapsed(),
             self.process.log()
         );
+        // Each worker's transfer executors still hold their connections as
+        // it stops, and give them back without a panic.
+        let log = self.process.log();
+        assert!(
+            !log.contains("panicked"),
+            "a thread panicked while the instance stopped; its log:\n{log}"
+        );
         terminated.elapsed()
     }
 
