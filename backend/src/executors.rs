@@ -17,16 +17,13 @@
 //! arrive: one order alone goes at once, alone. What a batch shares is the
 //! round trip and the commit; each order keeps its own answer.
 //!
-//! Why on the HTTP workers' threads: each worker starts executors of its
-//! own (`start_on_this_thread`, a share of `connections`), and a request
-//! hands its order to the executors of the thread it runs on. The order is
-//! read, sent to PostgreSQL and answered on one thread, whose event loop
-//! is awake anyway for the requests around it. Executors on another
-//! runtime cost two wake-ups of a sleeping thread for every call (the
-//! order handed over, the answer handed back), and those wake-ups were
-//! the largest share of a transfer's CPU. A caller on a thread without
-//! executors (none in the server; an embedding might have one) runs its
-//! order alone on a connection from the pool.
+//! Why on the HTTP workers' threads: each worker starts its own share of
+//! `connections` (`start_on_this_thread`), and a request hands its order
+//! to those of its own thread, whose event loop is awake anyway. On
+//! another runtime, every call woke a sleeping thread twice (the order
+//! handed over, the answers handed back): the largest share of a
+//! transfer's CPU. A thread without executors (none in the server) runs
+//! its order alone on a connection from the pool.
 //!
 //! What each order is told when something fails:
 //! - no connection could be had: nothing was sent (`may_have_committed`
@@ -77,8 +74,7 @@ pub trait BatchedCall: Send + Sync + 'static {
 /// The executors' bounds.
 #[derive(Debug, Clone, Copy)]
 pub struct Bounds {
-    /// Executors of the whole instance, each holding one connection of the
-    /// pool, shared out among `threads`.
+    /// Executors of the instance, one connection each, among `threads`.
     pub connections: u32,
     /// The threads that start executors of their own: the HTTP workers.
     pub threads: u32,
@@ -91,9 +87,8 @@ pub struct Bounds {
 }
 
 impl Bounds {
-    /// The executors the `nth` thread to start runs: an equal share, the
-    /// first threads one more each until `connections` are shared out. A
-    /// worker that replaces one that died counts as the thread it replaces.
+    /// The `nth` thread's executors: an equal share of `connections`, and
+    /// one more for each of the first threads until all are shared out.
     fn executors_of_thread(&self, nth: u32) -> u32 {
         let threads = self.threads.max(1);
         let share = self.connections / threads;
@@ -106,8 +101,7 @@ impl Bounds {
 #[derive(Debug)]
 pub struct Failure {
     pub error: sqlx::Error,
-    /// The call carrying the order was sent, and its answer was lost: the
-    /// order may have been carried out.
+    /// The order's call was sent and its answer lost: it may have been made.
     pub may_have_committed: bool,
 }
 
@@ -116,9 +110,8 @@ struct Job<Order> {
     reply: oneshot::Sender<Result<PgRow, Failure>>,
 }
 
-/// One path's executors: what each thread starts its own from, and the way
-/// an order reaches those of the thread it is on. Cloned into every
-/// request.
+/// One path's executors: what each thread starts its own from, and the
+/// way to those of the thread an order is on.
 pub struct Executors<Call: BatchedCall> {
     plan: Arc<Plan<Call>>,
 }
@@ -146,12 +139,10 @@ struct Plan<Call: BatchedCall> {
     threads_started: AtomicU32,
 }
 
-/// Numbers each `Executors` made in this process.
 static NEXT_PLAN_ID: AtomicU64 = AtomicU64::new(0);
 
 thread_local! {
-    /// Where orders for the executors started on this thread wait, one
-    /// queue per path (`Plan::id`), each a `Sender<Job<Order>>`.
+    /// This thread's executors' queues, by path (`Plan::id`).
     static QUEUES_OF_THIS_THREAD: RefCell<Vec<(u64, Box<dyn Any>)>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -267,11 +258,9 @@ struct Executor<Call: BatchedCall> {
     held: Option<Held>,
 }
 
-/// An HTTP worker that stops drops its runtime first and its local tasks,
-/// these executors among them, after it; sqlx gives a dropped connection
-/// back from a task it spawns, which needs a runtime. With none left on
-/// this thread, the connection goes back on the one the executors were
-/// made on.
+/// A stopping HTTP worker drops its runtime before its local tasks, and
+/// sqlx gives a dropped connection back from a task it spawns: with no
+/// runtime left here, that happens on the one the executors were made on.
 impl<Call: BatchedCall> Drop for Executor<Call> {
     fn drop(&mut self) {
         let _on_a_runtime = tokio::runtime::Handle::try_current()
