@@ -90,7 +90,9 @@ pub async fn through_the_layers(
         None => transaction::execute(call).await,
         // DEMO ONLY: a deployment started in a demonstration mode
         // (`idempotency_mode`, `row_guard_mode`) runs a weakened variant.
-        Some(variants) => transfer_transaction::execute(call, variants).await,
+        // Boxed, so that its many kilobytes of future are not carried by
+        // every transfer's.
+        Some(variants) => Box::pin(transfer_transaction::execute(call, variants)).await,
     };
     let settled = settled.map(|settled| settled.degraded_if(cooldown.without_store));
     let decided = Decided::of(EntryPoint::Transfer, settled, user);
