@@ -204,8 +204,7 @@ impl<Call: BatchedCall> Executors<Call> {
     /// or alone on a connection from the pool on a thread without them.
     pub async fn run(&self, order: Call::Order) -> Result<PgRow, Failure> {
         let Some(jobs) = self.queue_of_this_thread() else {
-            // Boxed: the pool's and the query's futures take kilobytes,
-            // which every transfer's future would otherwise carry and copy.
+            // Boxed: kilobytes of future every transfer would carry and copy.
             return Box::pin(self.alone_on_a_pooled_connection(order)).await;
         };
         let (reply, answer) = oneshot::channel();
