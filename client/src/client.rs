@@ -419,19 +419,17 @@ impl Client {
         };
         let seen = match answered {
             Ok(answer) => {
-                let body: Option<serde_json::Value> = serde_json::from_slice(&answer.body).ok();
-                let field = |name: &str| {
-                    body.as_ref()
-                        .and_then(|body| body.get(name))
-                        .and_then(|value| value.as_str())
-                };
+                let glance = serde_json::from_slice::<Glance>(&answer.body).unwrap_or_default();
                 AttemptSeen {
                     status: Some(answer.status),
-                    problem: field("type").map(|kind| kind.trim_start_matches("/problems/").to_owned()),
+                    problem: glance
+                        .kind
+                        .map(|kind| kind.trim_start_matches("/problems/").to_owned()),
                     replayed: answer.replayed,
-                    transfer_id: (answer.status == 201)
-                        .then(|| field("id").and_then(|id| id.parse().ok()))
-                        .flatten(),
+                    transfer_id: glance
+                        .id
+                        .filter(|_| answer.status == 201)
+                        .and_then(|id| id.parse().ok()),
                     retry_after: answer.retry_after,
                     decision: answer.decision.clone(),
                     body: answer.body.clone(),
@@ -451,6 +449,18 @@ impl Client {
         };
         observer(&seen);
     }
+}
+
+/// The two fields of an answer an observer is told: read in one pass,
+/// the rest skipped, since every attempt of a busy client is observed.
+#[derive(Default, serde::Deserialize)]
+struct Glance<'a> {
+    /// A problem's type, `/problems/<slug>`.
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<std::borrow::Cow<'a, str>>,
+    /// A receipt's id.
+    #[serde(borrow, default)]
+    id: Option<std::borrow::Cow<'a, str>>,
 }
 
 /// How long a decision stream may stay open: the server's longest stream
@@ -603,5 +613,53 @@ fn refusal(answer: Answer) -> Error {
             status: answer.status,
             body: String::from_utf8_lossy(&answer.body).into_owned(),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// What an observer is told of one answer with `status` and `body`.
+    fn seen(status: u16, body: &str) -> AttemptSeen {
+        let told: Arc<Mutex<Vec<AttemptSeen>>> = Arc::default();
+        let keep = told.clone();
+        let client = Client::new("http://127.0.0.1:1", RetryPolicy::default())
+            .expect("a client")
+            .observed_by(Arc::new(move |attempt: &AttemptSeen| {
+                keep.lock().expect("the attempts").push(attempt.clone())
+            }));
+        let answer = Answer {
+            status,
+            retry_after: None,
+            replayed: false,
+            decision: None,
+            body: body.as_bytes().to_vec(),
+        };
+        client.observe(&Ok(answer), Duration::ZERO);
+        told.lock().expect("the attempts").pop().expect("one attempt")
+    }
+
+    #[test]
+    fn an_observer_is_told_a_refusals_type_and_a_receipts_id() {
+        let refused = seen(
+            429,
+            r#"{"type":"/problems/cooldown-active","title":"t","status":429,"detail":"d","layer":"cooldown"}"#,
+        );
+        assert_eq!(refused.problem.as_deref(), Some("cooldown-active"));
+        assert_eq!(refused.transfer_id, None);
+
+        let id = Uuid::now_v7();
+        let receipt = format!(r#"{{"id":"{id}","amount_minor":100,"nested":{{"id":1}}}}"#);
+        let made = seen(201, &receipt);
+        assert_eq!((made.problem, made.transfer_id), (None, Some(id)));
+        assert_eq!(made.body, receipt.into_bytes());
+
+        // An id that is no UUID, or an answer that is no JSON, tells nothing.
+        assert_eq!(seen(201, r#"{"id":"not-a-uuid"}"#).transfer_id, None);
+        let garbled = seen(502, "<html>bad gateway</html>");
+        assert_eq!((garbled.status, garbled.problem), (Some(502), None));
     }
 }
