@@ -169,11 +169,9 @@ stop_server
 
 # The database alone, batched: pgbench calling transfer_batch() with the
 # batches the service formed at 32 clients (their mean, rounded), from as
-# many clients as the service has executors (the default of
-# transfers_connections, as docs/settings.md gives it).
+# many clients as the service has executors.
 batch_size=$(python3 -c "print(max(1, round($batch_mean)))")
-executors=$(sed -n 's/^| `transfers_connections` | [^|]* | [^|]* | `\([0-9]*\)` .*/\1/p' docs/settings.md)
-[ -n "$executors" ] || { echo "transfers_connections' default not found in docs/settings.md" >&2; exit 1; }
+executors=4
 say "pgbench: transfer_batch(), $batch_size a batch, $executors clients"
 psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
 pg_batch_tps=$(pgbench_tps "$executors" transfer_batch_fn.sql -T "$duration" -D n=$wallets -D hot=0 -D batch="$batch_size")
@@ -339,7 +337,7 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "Measured by \`loadtest/bench.sh\` on $(date -u +%Y-%m-%d): $(nproc) cores ($cpu), $(free -g | awk '/Mem:/ {print $2}') GiB,"
   echo "PostgreSQL $(psql "$db_url" -Atqc 'SHOW server_version' | cut -d' ' -f1), Redis $(redis-server --version | sed 's/.*v=\([0-9.]*\).*/\1/')."
   echo "Load generator, server, PostgreSQL and Redis share the machine. ${duration} s per measurement; release build;"
-  echo "server defaults (2 workers, 16 PostgreSQL connections, of which the $executors transfer executors, shared out among the workers' threads, hold one each and send up to 16 waiting transfers in one call)."
+  echo "server defaults (2 workers, 16 PostgreSQL connections, of which the 4 transfer executors, two on each worker's thread, hold one each and send up to 16 waiting transfers in one call)."
   echo "Every connection to PostgreSQL, pgbench's and the service's, is over loopback without TLS (\`sslmode=disable\`). Absolute figures drift from run to run; the ratios are the point."
   echo
   echo "## Ceilings"
