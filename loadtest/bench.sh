@@ -57,11 +57,17 @@ db_url="$(database_url "$db_name")?sslmode=disable"
 DATABASE_URL=$db_url "$server" migrate 2>/dev/null
 
 say() { printf 'bench: %s\n' "$*" >&2; }
+# Every measurement starts from a checkpoint, so that one the work before it
+# left due (a pgbench run's WAL, the last run's tables) does not spread its
+# writes over it: in one run, PostgreSQL's timed checkpoint took the minute
+# that held /healthz and the first service runs.
+checkpoint() { psql "$db_url" -qc CHECKPOINT >/dev/null; }
 json() { python3 -c "import json,sys; d=json.load(open('$1')); print($2)"; }
 # pgbench's transactions per second running one of loadtest/pgbench's
 # scripts: clients, script, then the run's length (-T or -t) and variables.
 pgbench_tps() {
   local clients=$1 script=$2; shift 2
+  checkpoint
   pgbench "$db_url" -n -M prepared -c "$clients" -j $((clients < 2 ? clients : 2)) --max-tries=10 "$@" \
       -f "loadtest/pgbench/$script" 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p'
 }
@@ -92,6 +98,7 @@ redis_ops=$(redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -q -c 32 -n 300000 -r 
 # --- The service --------------------------------------------------------------
 start_server() { # extra environment for the instance; KEEP_WALLETS=1 keeps the table as it is
   [ -n "${KEEP_WALLETS:-}" ] || psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
+  checkpoint
   redis_prefix="bench:$(date +%s%N):"
   env DATABASE_URL="$db_url" REDIS_URL="$REDIS_URL" PORT=$port RUST_LOG=warn WALLET_ADMIN_HTTP_ADDR=127.0.0.1:$admin_port \
       WALLET_ACCOUNT_LIMITS_ENABLED=false \
