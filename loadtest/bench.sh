@@ -65,11 +65,15 @@ checkpoint() { psql "$db_url" -qc CHECKPOINT >/dev/null; }
 json() { python3 -c "import json,sys; d=json.load(open('$1')); print($2)"; }
 # pgbench's transactions per second running one of loadtest/pgbench's
 # scripts: clients, script, then the run's length (-T or -t) and variables.
+# A run that failed stops the benchmark with pgbench's own words.
 pgbench_tps() {
-  local clients=$1 script=$2; shift 2
+  local clients=$1 script=$2 report; shift 2
   checkpoint
-  pgbench "$db_url" -n -M prepared -c "$clients" -j $((clients < 2 ? clients : 2)) --max-tries=10 "$@" \
-      -f "loadtest/pgbench/$script" 2>/dev/null | sed -n 's/^tps = \([0-9.]*\).*/\1/p'
+  if ! report=$(pgbench "$db_url" -n -M prepared -c "$clients" -j $((clients < 2 ? clients : 2)) --max-tries=10 "$@" \
+      -f "loadtest/pgbench/$script" 2> "$work/pgbench.log"); then
+    echo "pgbench failed running $script:" >&2; tail -n 5 "$work/pgbench.log" >&2; exit 1
+  fi
+  sed -n 's/^tps = \([0-9.]*\).*/\1/p' <<< "$report"
 }
 
 # --- Ceilings ---------------------------------------------------------------
