@@ -34,12 +34,15 @@ CREATE INDEX api_tokens_expires_at_idx ON api_tokens (expires_at);
 -- Token liveness, in one definition: the token's hash is stored (not
 -- revoked), for this user, and not expired. The authentication of reads
 -- (auth::token_is_live), the statement-by-statement transfer path and
--- transfer() all ask this function.
+-- transfer() all ask this function. PL/pgSQL, as every function on the
+-- transfer's path whose body PostgreSQL cannot inline: it keeps its plan
+-- for the session (migrations/README.md says why).
 CREATE FUNCTION token_is_live(p_token_hash bytea, p_user uuid)
 RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN EXISTS (
         SELECT 1 FROM api_tokens t
-        WHERE t.token_hash = p_token_hash AND t.user_id = p_user AND t.expires_at > now()
-    )
+        WHERE t.token_hash = p_token_hash AND t.user_id = p_user AND t.expires_at > now());
+END
 $$;

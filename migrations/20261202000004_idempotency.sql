@@ -181,12 +181,14 @@ CREATE FUNCTION idempotency_complete(
     p_accepted_status smallint DEFAULT 201
 )
 RETURNS void
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+BEGIN
     UPDATE idempotency_keys
        SET response_status = CASE WHEN p_outcome = 'accepted' THEN p_accepted_status ELSE 422 END,
            response_body = CASE WHEN p_outcome = 'accepted' THEN p_receipt END,
            response_refusal = CASE WHEN p_outcome <> 'accepted' THEN p_outcome END,
            response_trace_id = p_trace_id,
            transfer_id = CASE WHEN p_outcome = 'accepted' THEN p_transfer_id END
-     WHERE user_id = p_user AND key = p_key
+     WHERE user_id = p_user AND key = p_key;
+END
 $$;

@@ -18,10 +18,12 @@ CREATE TYPE access_refusal AS ENUM ('token_not_live', 'not_owner', 'unknown_targ
 -- exist.
 CREATE FUNCTION wallet_out_of_reach(p_user uuid, p_wallet uuid)
 RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN EXISTS (
         SELECT 1 FROM wallets w
-         WHERE w.id = p_wallet AND (w.lab_slot = 3 OR (w.lab_slot IS NOT NULL AND w.user_id <> p_user)))
+         WHERE w.id = p_wallet AND (w.lab_slot = 3 OR (w.lab_slot IS NOT NULL AND w.user_id <> p_user)));
+END
 $$;
 
 -- The access check before the layers: the token is live, the caller owns
@@ -33,14 +35,20 @@ $$;
 -- lab.
 CREATE FUNCTION access_refused(p_user uuid, p_token_hash bytea, p_from uuid, p_to uuid DEFAULT NULL)
 RETURNS access_refusal
-LANGUAGE sql STABLE AS $$
-    SELECT CASE
-        WHEN NOT token_is_live(p_token_hash, p_user) THEN 'token_not_live'::access_refusal
-        WHEN NOT EXISTS (SELECT 1 FROM wallets w WHERE w.id = p_from AND w.user_id = p_user)
-          OR wallet_out_of_reach(p_user, p_from)
-            THEN 'not_owner'::access_refusal
-        WHEN wallet_out_of_reach(p_user, p_to) THEN 'unknown_target'::access_refusal
-    END
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF NOT token_is_live(p_token_hash, p_user) THEN
+        RETURN 'token_not_live';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM wallets w WHERE w.id = p_from AND w.user_id = p_user)
+       OR wallet_out_of_reach(p_user, p_from) THEN
+        RETURN 'not_owner';
+    END IF;
+    IF wallet_out_of_reach(p_user, p_to) THEN
+        RETURN 'unknown_target';
+    END IF;
+    RETURN NULL;
+END
 $$;
 
 -- The body of a 201, in one format whichever path made the transfer
