@@ -79,6 +79,12 @@ pgbench_tps() {
 # --- Ceilings ---------------------------------------------------------------
 say "pgbench: the transfer as plain statements"
 wallets=1000
+# The service's transfers move money among as many users' wallets as
+# pgbench's among its wallets. With fewer (it was 64), two batches in
+# flight nearly always shared a wallet and waited out each other's commit,
+# a wait pgbench's ceiling on 1,000 wallets never met: the service then ran
+# at 1,200–1,850 transfers/s where 1,000 users gave 1,580–2,080.
+users=$wallets
 psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
 declare -A pg_tps
 for clients in 8 32 64; do
@@ -138,7 +144,7 @@ for clients in 8 32 128 512; do
   # sampled after the sign-ups and with PostgreSQL's statistics settled.
   [ "$clients" = 32 ] && costs=(--server-pid "$server_pid" --redis-url "$REDIS_URL"
     --metrics-url "http://127.0.0.1:$admin_port/metrics" --settle-ms 11000)
-  run "throughput-$clients" throughput --concurrency "$clients" --users $((clients * 2)) "${costs[@]}"
+  run "throughput-$clients" throughput --concurrency "$clients" --users $((clients * 2 > users ? clients * 2 : users)) "${costs[@]}"
   # The batches the 32-client run formed: transfers per call to PostgreSQL.
   # And the server's peak memory so far, before the larger runs.
   if [ "$clients" = 32 ]; then
@@ -146,8 +152,8 @@ for clients in 8 32 128 512; do
     rss_32_kib=$(sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$server_pid/status")
   fi
 done
-say "wrk: keyed transfers from 200 users, same server"
-loadtest/wrk/sign_up.py "$target" 200 > "$work/wrk-users.txt"
+say "wrk: keyed transfers from $users users, same server"
+loadtest/wrk/sign_up.py "$target" "$users" > "$work/wrk-users.txt"
 wrk -t2 -c32 -d"${duration}s" -s loadtest/wrk/transfers.lua "$target" -- "$work/wrk-users.txt" |
   sed -n 's/^WRK_RESULT //p' > "$work/wrk.json"
 rss_kib=$(sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$server_pid/status")
@@ -162,7 +168,7 @@ say "pgbench, then the service: one hot wallet"
 psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
 pg_hot=$(pgbench_tps 32 transfer.sql -T "$duration" -D n=$wallets -D hot=1)
 start_server WALLET_COOLDOWN_TTL_MS=1
-run hot hot-wallet --concurrency 32 --users 64
+run hot hot-wallet --concurrency 32 --users "$users"
 stop_server
 say "pgbench, then the service: replays"
 psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
@@ -175,7 +181,7 @@ stop_server
 # The same service sending each transfer in a call of its own.
 start_server WALLET_COOLDOWN_TTL_MS=1 WALLET_TRANSFERS_BATCH_MAX=1
 say "service: throughput at 32 clients, transfers_batch_max = 1"
-run unbatched throughput --concurrency 32 --users 64
+run unbatched throughput --concurrency 32 --users "$users"
 stop_server
 
 # The database alone, batched: pgbench calling transfer_batch() with the
@@ -203,7 +209,7 @@ trap 'stop_server; kill "$wire_pid" 2>/dev/null || true' EXIT
 wait_for_port "$wire_stats_port" "the PostgreSQL wire counter"
 start_server WALLET_COOLDOWN_TTL_MS=1 DATABASE_URL="$proxied_url"
 say "service: PostgreSQL round trips per transfer, on the wire"
-run wire throughput --concurrency 32 --users 64 --pg-wire-url "http://127.0.0.1:$wire_stats_port/"
+run wire throughput --concurrency 32 --users "$users" --pg-wire-url "http://127.0.0.1:$wire_stats_port/"
 stop_server
 kill "$wire_pid" 2>/dev/null || true
 trap 'stop_server' EXIT
@@ -217,7 +223,7 @@ for many in 100000 1000000; do
   psql "$db_url" -q -v n=$many -f loadtest/pgbench/setup.sql >/dev/null
   pg_fn_by_wallets[$many]=$(pg_fn_at 32 "$many")
   KEEP_WALLETS=1 start_server WALLET_COOLDOWN_TTL_MS=1
-  run "wallets-$many" throughput --concurrency 32 --users 64
+  run "wallets-$many" throughput --concurrency 32 --users "$users"
   stop_server
 done
 
@@ -231,7 +237,7 @@ psql "$db_url" -q -v n=$wallets -v keys="$keys_at_size" -f loadtest/pgbench/keys
 keys_table=$(psql "$db_url" -Atqc "SELECT pg_size_pretty(pg_total_relation_size('idempotency_keys'))")
 pg_fn_at_keys=$(pg_fn_at 32 "$wallets")
 KEEP_WALLETS=1 start_server WALLET_COOLDOWN_TTL_MS=1
-run keys-at-size throughput --concurrency 32 --users 64
+run keys-at-size throughput --concurrency 32 --users "$users"
 stop_server
 
 # Cooldown rejections: a long window and two users, so all but each user's
@@ -376,7 +382,7 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
     echo "| accepted transfers/s, $clients clients (p50 $(pct "throughput-$clients" p50_ms) ms, p99 $(pct "throughput-$clients" p99_ms) ms) | $(accepted "throughput-$clients") | ${pg_tps[$clients]} (statements) | $(ratio "$(accepted "throughput-$clients")" "${pg_tps[$clients]}") | $target |"
   done
   echo "| accepted transfers/s, 32 clients, \`wallet-loadtest\`, against the database alone | $(accepted throughput-32) | $pg_fn (\`transfer()\`) | $(ratio "$(accepted throughput-32)" "$pg_fn") | ≥ 1.0 |"
-  echo "| accepted transfers/s, 32 clients, \`wrk\` (200 users; p50 $wrk_p50 ms, p99 $wrk_p99 ms; answers $wrk_answers), against the database alone | $wrk_accepted | $pg_fn (\`transfer()\`) | $(ratio "$wrk_accepted" "$pg_fn") | ≥ 1.0 |"
+  echo "| accepted transfers/s, 32 clients, \`wrk\` ($users users; p50 $wrk_p50 ms, p99 $wrk_p99 ms; answers $wrk_answers), against the database alone | $wrk_accepted | $pg_fn (\`transfer()\`) | $(ratio "$wrk_accepted" "$pg_fn") | ≥ 1.0 |"
   echo "| accepted transfers/s, 32 clients, \`wallet-loadtest\`, against the database alone batched the same way | $(accepted throughput-32) | $pg_batch (\`transfer_batch()\`, $batch_size a call) | $(ratio "$(accepted throughput-32)" "$pg_batch") | ≥ 0.9 |"
   echo "| accepted transfers/s, 32 clients, \`transfers_batch_max = 1\` (p50 $(pct unbatched p50_ms) ms, p99 $(pct unbatched p99_ms) ms), against the database alone | $(accepted unbatched) | $pg_fn (\`transfer()\`) | $(ratio "$(accepted unbatched)" "$pg_fn") | — |"
   echo "| \`wallet-loadtest\` against \`wrk\`, same server, same run | $(accepted throughput-32) | $wrk_accepted | $(ratio "$(accepted throughput-32)" "$wrk_accepted") | 0.9 – 1.1 |"
@@ -460,16 +466,16 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "redis-benchmark -q -c 32 -n 300000 -r 1000000 SET 'bench:cooldown:__rand_int__' token NX PX 5000"
   echo "WALLET_COOLDOWN_TTL_MS=1 wallet-server serve"
   echo "wallet-loadtest run healthz --concurrency 32 --duration-s $duration --server-pid PID"
-  echo "wallet-loadtest run throughput --concurrency {8,32,128,512} --users {16,64,256,1024} --duration-s $duration"
+  echo "wallet-loadtest run throughput --concurrency {8,32,128,512} --users {$users,$users,$users,1024} --duration-s $duration"
   echo "  # at 32: --server-pid PID --redis-url URL --metrics-url ADMIN/metrics --settle-ms 11000"
-  echo "loadtest/wrk/sign_up.py URL 200 > users.txt"
+  echo "loadtest/wrk/sign_up.py URL $users > users.txt"
   echo "wrk -t2 -c32 -d${duration}s -s loadtest/wrk/transfers.lua URL -- users.txt"
   echo "wallet-loadtest pg-wire --listen 127.0.0.1:WIRE --upstream PGHOST:PGPORT --stats-listen 127.0.0.1:STATS"
   echo "DATABASE_URL=postgres://…@127.0.0.1:WIRE/DB?sslmode=disable WALLET_COOLDOWN_TTL_MS=1 wallet-server serve"
-  echo "wallet-loadtest run throughput --concurrency 32 --users 64 --pg-wire-url http://127.0.0.1:STATS/"
+  echo "wallet-loadtest run throughput --concurrency 32 --users $users --pg-wire-url http://127.0.0.1:STATS/"
   echo "WALLET_COOLDOWN_TTL_MS=1 WALLET_TRANSFERS_BATCH_MAX=1 wallet-server serve"
-  echo "wallet-loadtest run throughput --concurrency 32 --users 64 --duration-s $duration"
-  echo "wallet-loadtest run hot-wallet --concurrency 32 --users 64 --duration-s $duration"
+  echo "wallet-loadtest run throughput --concurrency 32 --users $users --duration-s $duration"
+  echo "wallet-loadtest run hot-wallet --concurrency 32 --users $users --duration-s $duration"
   echo "wallet-loadtest run replay --concurrency 32 --users 32 --duration-s $duration"
   echo "WALLET_COOLDOWN_TTL_MS=600000 wallet-server serve"
   echo "wallet-loadtest run healthz --concurrency 32 --duration-s $duration  # the cooldown's ceiling, same server"
