@@ -129,9 +129,10 @@ BEGIN
     -- 2. Every wallet of the commands the row guard decides, at once, in
     -- id order.
     PERFORM set_config('lock_timeout', p_wallet_wait_ms || 'ms', true);
+    -- One array of ids, looked up by key, as transfer_batch() does.
     PERFORM 1 FROM wallets w
-      WHERE w.id IN (SELECT unnest(ARRAY[p_froms[i], p_tos[i]])
-                       FROM generate_subscripts(p_command_ids, 1) AS i WHERE v_guarded[i] AND i < v_stop)
+      WHERE w.id = ANY (ARRAY(SELECT unnest(ARRAY[p_froms[i], p_tos[i]])
+                                FROM generate_subscripts(p_command_ids, 1) AS i WHERE v_guarded[i] AND i < v_stop))
       ORDER BY w.id
         FOR NO KEY UPDATE;
 
