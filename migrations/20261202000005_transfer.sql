@@ -251,9 +251,17 @@ BEGIN
     IF true = ANY (v_claiming) THEN
         v_started := clock_timestamp();
         PERFORM set_config('lock_timeout', p_claim_wait_ms || 'ms', true);
-        DELETE FROM idempotency_keys k
-         USING generate_subscripts(p_users, 1) AS i
-         WHERE v_claiming[i] AND k.user_id = p_users[i] AND k.key = p_keys[i] AND k.expires_at <= now();
+        -- An expired key is deleted so that it can be claimed again. One
+        -- key at a time, each by its primary key, in the keys' order: an
+        -- executor keeps its connection and this statement's plan for its
+        -- whole life, and as one statement joined with the keys, the plan
+        -- made while the table was nearly empty read the whole table on
+        -- every call ever after.
+        FOR v_i IN SELECT i FROM generate_subscripts(p_users, 1) AS i WHERE v_claiming[i]
+                    ORDER BY p_users[i], p_keys[i] LOOP
+            DELETE FROM idempotency_keys k
+             WHERE k.user_id = p_users[v_i] AND k.key = p_keys[v_i] AND k.expires_at <= now();
+        END LOOP;
         WITH wanted AS (
             SELECT i, p_users[i] AS user_id, p_keys[i] AS key, p_fingerprints[i] AS fingerprint,
                    row_number() OVER (PARTITION BY p_users[i], p_keys[i] ORDER BY i) = 1 AS first_copy
