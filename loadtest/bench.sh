@@ -83,7 +83,7 @@ wallets=1000
 # pgbench's among its wallets. With fewer (it was 64), two batches in
 # flight nearly always shared a wallet and waited out each other's commit,
 # a wait pgbench's ceiling on 1,000 wallets never met: the service then ran
-# at 1,200–1,850 transfers/s where 1,000 users gave 1,580–2,080.
+# at 1,530–1,860 transfers/s where 1,000 users gave 1,580–2,080.
 users=$wallets
 psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
 declare -A pg_tps

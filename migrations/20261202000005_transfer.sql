@@ -306,8 +306,8 @@ BEGIN
     -- 2. Every wallet of the transfers still going, at once, in id order.
     -- The ids go in as one array, so that each wallet is looked up by its
     -- key: joined with the subquery instead, the plan walked the wallets'
-    -- key index from its start (or hashed the whole table) on every call,
-    -- a cost that grew with the table.
+    -- key index from its start on every call, a cost that grew with the
+    -- table.
     PERFORM set_config('lock_timeout', p_wallet_wait_ms || 'ms', true);
     PERFORM 1 FROM wallets w
       WHERE w.id = ANY (ARRAY(SELECT unnest(ARRAY[p_froms[i], p_tos[i]])
