@@ -238,14 +238,7 @@ async fn every_refusal_in_the_matrix_is_a_problem_and_changes_nothing() {
     let done = app.transfer(&alice, bob.wallet_id, 5, Some(&key)).await;
     assert_eq!(done.status(), 201);
     let revoked = app.sign_up("revoked").await;
-    let revoke = app
-        .client
-        .delete(app.url("/api/v1/tokens/current"))
-        .bearer_auth(&revoked.token)
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(revoke.status(), 204);
+    app.revoke_token(&revoked).await;
 
     let transfers = app.url("/api/v1/transfers");
     let body = |from: Uuid, to: Uuid, amount: i64| json!({ "from_wallet_id": from, "to_wallet_id": to, "amount_minor": amount });

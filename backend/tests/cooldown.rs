@@ -224,31 +224,87 @@ async fn with_redis_down_fail_closed_answers_503_and_changes_nothing() {
     assert_eq!(body["redis"], "unreachable");
 }
 
-/// A transfer's path makes one Redis round trip, accepted or refused: the
-/// cooldown script takes the window (and reads the window's remaining time
-/// only when it refuses). Counted by the server's own
+/// A transfer's path makes one Redis round trip: the cooldown script takes
+/// the window, or, on an instance that does not hold it, refuses with the
+/// window's remaining time. The instance that took the window refuses a
+/// further attempt without asking Redis. Counted by each server's own
 /// `wallet_redis_round_trips_total`, with the feed off so that its
 /// background batches do not count.
 #[tokio::test]
-async fn a_transfer_makes_one_redis_round_trip_accepted_or_refused() {
-    let app = spawn_app(|settings| {
+async fn a_transfer_makes_at_most_one_redis_round_trip() {
+    let no_feed = |settings: &mut layered_wallet::settings::Settings| {
         settings.decision_feed_enabled = false;
         settings.cooldown_ttl_ms = 60_000;
-    })
-    .await;
-    let (alice, bob) = app.alice_and_bob().await;
-    let round_trips = || async {
-        let metrics = app.metrics().await;
-        metrics
-            .lines()
-            .find_map(|line| line.strip_prefix("wallet_redis_round_trips_total "))
-            .and_then(|value| value.trim().parse::<u64>().ok())
-            .expect("the round-trip counter")
     };
-    for (what, status) in [("accepted", 201), ("refused", 429)] {
-        let before = round_trips().await;
+    let holder = spawn_app(no_feed).await;
+    let other = spawn_second_instance_with(&holder, no_feed).await;
+    let (alice, bob) = holder.alice_and_bob().await;
+    for (what, app, status, trips) in [
+        ("accepted", &holder, 201, 1),
+        ("refused where the window was taken", &holder, 429, 0),
+        ("refused by another instance", &other, 429, 1),
+    ] {
+        let before = redis_round_trips(app).await;
         let response = app.transfer(&alice, bob.wallet_id, 100, Some(&new_key())).await;
         assert_eq!(response.status(), status, "{what}");
-        assert_eq!(round_trips().await - before, 1, "{what}");
+        let refused = response.status() == 429;
+        assert_eq!(response.headers().contains_key("retry-after"), refused, "{what}");
+        assert_eq!(redis_round_trips(app).await - before, trips, "{what}");
     }
+    assert_eq!(holder.transfer_count().await, 1);
+}
+
+/// What the instance holding a window knows that Redis may not: a window
+/// Redis lost (a failover) is still refused there for the rest of its TTL,
+/// while another instance, asking Redis, lets the next attempt reach
+/// PostgreSQL; and a token revoked through the holding instance is
+/// answered as revoked, not with the window's 429.
+#[tokio::test]
+async fn the_holding_instance_refuses_a_window_redis_lost_and_forgets_a_revoked_users() {
+    let holder = spawn_app(|settings| settings.cooldown_ttl_ms = 60_000).await;
+    let other = spawn_second_instance_with(&holder, |settings| settings.cooldown_ttl_ms = 60_000).await;
+    let (alice, bob) = holder.alice_and_bob().await;
+    let first = holder.transfer(&alice, bob.wallet_id, 100, None).await;
+    assert_eq!(first.status(), 201);
+
+    let client = redis::Client::open(redis_url()).expect("redis url");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("redis");
+    for key in holder.cooldown_keys().await {
+        let _: () = redis::cmd("DEL")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .expect("DEL");
+    }
+    let (status, body) = problem(holder.transfer(&alice, bob.wallet_id, 100, None).await).await;
+    assert_eq!(
+        (status, body["layer"].as_str()),
+        (429, Some("cooldown")),
+        "{body}"
+    );
+    let through = other.transfer(&alice, bob.wallet_id, 100, None).await;
+    assert_eq!(
+        through.status(),
+        201,
+        "Redis lost the window: another instance asks it"
+    );
+    assert_eq!(holder.transfer_count().await, 2);
+
+    // The holder takes Bob's window, then Bob's token is revoked through it.
+    let paid = holder.transfer(&bob, alice.wallet_id, 100, None).await;
+    assert_eq!(paid.status(), 201);
+    holder.revoke_token(&bob).await;
+    let (status, body) = problem(holder.transfer(&bob, alice.wallet_id, 100, None).await).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(holder.transfer_count().await, 3);
+}
+
+/// The server's own count of its Redis round trips.
+async fn redis_round_trips(app: &TestApp) -> u64 {
+    app.metrics()
+        .await
+        .lines()
+        .find_map(|line| line.strip_prefix("wallet_redis_round_trips_total "))
+        .and_then(|value| value.trim().parse::<u64>().ok())
+        .expect("the round-trip counter")
 }

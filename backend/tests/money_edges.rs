@@ -283,14 +283,7 @@ async fn a_revoked_token_cannot_lock_its_owner_out() {
         wallet_id: alice.wallet_id,
         token: signed_in["token"].as_str().expect("token").to_owned(),
     };
-    let revoked = app
-        .client
-        .delete(app.url("/api/v1/tokens/current"))
-        .bearer_auth(&alice.token)
-        .send()
-        .await
-        .expect("revoke");
-    assert_eq!(revoked.status(), 204);
+    app.revoke_token(&alice).await;
 
     let queries = proxy.query_messages();
     let (status, _) = problem(app.transfer(&alice, bob.wallet_id, 100, None).await).await;

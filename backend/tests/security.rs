@@ -606,14 +606,7 @@ async fn a_stream_ends_soon_after_its_token_is_revoked() {
     let alice = app.sign_up("alice").await;
     let mut stream = open_stream(&app, &alice).await;
     assert_eq!(stream.status(), 200);
-    let revoked = app
-        .client
-        .delete(app.url("/api/v1/tokens/current"))
-        .bearer_auth(&alice.token)
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(revoked.status(), 204);
+    app.revoke_token(&alice).await;
     let (seen, _) = read_stream_until(&mut stream, 5, |seen| seen.contains("event: end")).await;
     assert!(seen.contains(r#"data: {"reason":"token"}"#), "{seen}");
     let (_, ended) = read_stream_until(&mut stream, 5, |_| false).await;

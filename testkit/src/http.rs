@@ -79,6 +79,19 @@ impl TestApp {
         (self.sign_up("alice").await, self.sign_up("bob").await)
     }
 
+    /// Revokes `user`'s token (`DELETE /api/v1/tokens/current`), asserting
+    /// the 204.
+    pub async fn revoke_token(&self, user: &TestUser) {
+        let revoked = self
+            .client
+            .delete(self.url("/api/v1/tokens/current"))
+            .bearer_auth(&user.token)
+            .send()
+            .await
+            .expect("the revocation was sent");
+        assert_eq!(revoked.status(), 204, "the token was not revoked");
+    }
+
     /// Sends `POST /api/v1/transfers` from `user`'s wallet.
     pub async fn transfer(
         &self,

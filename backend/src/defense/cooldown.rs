@@ -29,12 +29,27 @@
 //! owner's window, still in one round trip and with no PostgreSQL query.
 //! The check inside the transfer's transaction stays the authority.
 //!
+//! **Windows this instance holds.** An instance remembers the windows its
+//! own requests took (`held`), and refuses a further attempt at one at
+//! once, without a Redis round trip: a burst of copies sent to the
+//! instance that took the window costs it no more than a small request.
+//! The memory is exact while Redis keeps the window, since only the holder
+//! gives a window back or marks it refused, and it does so here too; it
+//! lasts the TTL counted from before the `SET` was sent, never past Redis's
+//! expiry. What it cannot know: a window Redis lost (a failover) is still
+//! refused here for the rest of its TTL, as the window promised; and a
+//! token revoked through another instance is refused here with this 429
+//! rather than the 401 until the window ends (revoked through this
+//! instance, the user's windows are forgotten and Redis decides). Either
+//! way nothing reaches PostgreSQL. Other instances ask Redis. At most
+//! `cooldown_windows_remembered_max` windows are remembered.
+//!
 //! **When Redis fails:** `fail_open` (default) logs a warning, counts the
 //! pass and lets the request through; `fail_closed` answers 503. An
 //! infrastructure error is never reported as 429.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus::IntCounter;
 use redis::Script;
@@ -48,7 +63,10 @@ use crate::problem::{self, Problem, ProblemType};
 use crate::redis_store::{RedisStore, random_token};
 use crate::settings::{Config, CooldownScope, StoreErrorPolicy};
 
+mod held;
 mod revocation;
+
+use held::HeldWindows;
 
 /// The window, in one atomic script: refuse a revoked token (KEYS[2]
 /// exists), else `SET KEYS[1] ARGV[1] NX PX ARGV[2]`; on refusal, the
@@ -177,6 +195,8 @@ pub struct CooldownLock {
     acquire_script: Arc<Script>,
     release_script: Arc<Script>,
     mark_refused_script: Arc<Script>,
+    /// The windows this instance's requests took and still hold.
+    held: Arc<HeldWindows>,
     /// Requests let through because Redis could not be asked.
     fail_open_passes: IntCounter,
 }
@@ -196,6 +216,7 @@ impl CooldownLock {
             acquire_script: Arc::new(Script::new(ACQUIRE)),
             release_script: Arc::new(Script::new(crate::redis_store::RELEASE_IF_OWNER)),
             mark_refused_script: Arc::new(Script::new(MARK_REFUSED_IF_OWNER)),
+            held: Arc::new(HeldWindows::new(config.cooldown.windows_remembered_max)),
             fail_open_passes,
         }
     }
@@ -295,7 +316,12 @@ impl CooldownLock {
     #[tracing::instrument(
         name = "defense.cooldown",
         skip_all,
-        fields(defense.layer = "cooldown", defense.outcome = tracing::field::Empty, user.id = %caller.user_id)
+        fields(
+            defense.layer = "cooldown",
+            defense.outcome = tracing::field::Empty,
+            cooldown.decided_by = tracing::field::Empty,
+            user.id = %caller.user_id
+        )
     )]
     pub async fn try_acquire(
         &self,
@@ -306,7 +332,14 @@ impl CooldownLock {
         let Some(store) = &self.store else {
             return Ok(CooldownVerdict::Disabled);
         };
-        let decided = self.ask_redis(store, caller, action, canonical_body).await;
+        let key = self.key(caller.user_id, action, canonical_body);
+        let (decided, decided_by) = match self.held.still_open(&key, Instant::now()) {
+            Some(open) => (
+                Ok(self.active(open.retry_after, open.last_refused)),
+                "this instance",
+            ),
+            None => (self.ask_redis(store, caller, key).await, "redis"),
+        };
         let outcome = match &decided {
             Ok(CooldownVerdict::Acquired(_)) => "accepted",
             Ok(CooldownVerdict::Active { .. }) => "rejected",
@@ -315,19 +348,30 @@ impl CooldownLock {
             Ok(CooldownVerdict::Disabled) => "disabled",
             Err(CooldownUnavailable) => "error",
         };
-        tracing::Span::current().record("defense.outcome", outcome);
+        let span = tracing::Span::current();
+        span.record("defense.outcome", outcome);
+        span.record("cooldown.decided_by", decided_by);
         decided
+    }
+
+    /// A window that another request holds, with `retry_after` left.
+    fn active(&self, retry_after: Duration, last_refused: bool) -> CooldownVerdict {
+        let retry_after = retry_after.min(self.ttl);
+        CooldownVerdict::Active {
+            retry_after,
+            elapsed: self.ttl - retry_after,
+            last_refused,
+        }
     }
 
     async fn ask_redis(
         &self,
         store: &RedisStore,
         caller: &VerifiedToken,
-        action: &str,
-        canonical_body: &str,
+        key: String,
     ) -> Result<CooldownVerdict, CooldownUnavailable> {
-        let key = self.key(caller.user_id, action, canonical_body);
         let token = random_token();
+        let sent = Instant::now();
         let attempt = async {
             let mut conn = store.get().await?;
             self.acquire_script
@@ -341,19 +385,17 @@ impl CooldownLock {
                 .map_err(|e| e.to_string())
         };
         match tokio::time::timeout(self.command_timeout, attempt).await {
-            Ok(Ok((1, _, _))) => Ok(CooldownVerdict::Acquired(CooldownPermit { key, token })),
+            Ok(Ok((1, _, _))) => {
+                self.held.took(caller.user_id, &key, &token, sent, self.ttl);
+                Ok(CooldownVerdict::Acquired(CooldownPermit { key, token }))
+            }
             Ok(Ok((2, _, _))) => Ok(CooldownVerdict::TokenRevoked),
             // A window always has a TTL (the script sets none without one),
             // so a negative PTTL cannot happen; clamp it anyway.
-            Ok(Ok((_, remaining_ms, refused))) => {
-                let retry_after =
-                    Duration::from_millis(u64::try_from(remaining_ms).unwrap_or(0)).min(self.ttl);
-                Ok(CooldownVerdict::Active {
-                    retry_after,
-                    elapsed: self.ttl - retry_after,
-                    last_refused: refused == 1,
-                })
-            }
+            Ok(Ok((_, remaining_ms, refused))) => Ok(self.active(
+                Duration::from_millis(u64::try_from(remaining_ms).unwrap_or(0)),
+                refused == 1,
+            )),
             Ok(Err(error)) => self.store_failed(&error),
             Err(_elapsed) => self.store_failed("timed out"),
         }
@@ -383,6 +425,7 @@ impl CooldownLock {
     /// if Redis is gone, the next 429 says "sent", and the window expires
     /// as usual.
     pub async fn mark_refused(&self, permit: &CooldownPermit) {
+        self.held.refused(&permit.key, &permit.token);
         self.as_holder(&self.mark_refused_script, permit, "mark as refused")
             .await;
     }
@@ -390,6 +433,7 @@ impl CooldownLock {
     /// Gives the window back after a server-side failure, if we still own
     /// it. Best effort: if Redis is gone too, the window simply expires.
     pub async fn release(&self, permit: &CooldownPermit) -> bool {
+        self.held.given_back(&permit.key, &permit.token);
         self.as_holder(&self.release_script, permit, "release").await == Some(1)
     }
 

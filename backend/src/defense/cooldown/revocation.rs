@@ -22,6 +22,7 @@ impl CooldownLock {
     /// transaction's own check still refuses the token, and the window it
     /// takes then is given back.
     pub async fn note_revoked(&self, token: &VerifiedToken) {
+        self.held.forget_user(token.user_id);
         let Some(store) = &self.store else {
             return;
         };

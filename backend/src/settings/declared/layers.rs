@@ -25,6 +25,10 @@ macro_rules! layers_settings {
                 /// reached: let the request through (`fail_open`) or answer 503
                 /// (`fail_closed`).
                 cooldown_on_store_error: StoreErrorPolicy = StoreErrorPolicy::FailOpen;
+                /// The windows an instance remembers its own requests took, to refuse
+                /// a further attempt at one without asking Redis (about 200 bytes
+                /// each); past it, attempts ask Redis. 0 always asks Redis.
+                cooldown_windows_remembered_max: usize = 10_000, within 0..=1_000_000 "windows";
             }
 
             section "Layer 2: idempotency key" {

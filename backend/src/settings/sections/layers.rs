@@ -12,6 +12,8 @@ pub struct Cooldown {
     pub scope: CooldownScope,
     /// Also what the account limits do when Redis cannot be reached.
     pub on_store_error: StoreErrorPolicy,
+    /// The windows an instance remembers holding, at most.
+    pub windows_remembered_max: usize,
 }
 
 impl From<&Settings> for Cooldown {
@@ -21,6 +23,7 @@ impl From<&Settings> for Cooldown {
             ttl: Duration::from_millis(s.cooldown_ttl_ms),
             scope: s.cooldown_scope,
             on_store_error: s.cooldown_on_store_error,
+            windows_remembered_max: s.cooldown_windows_remembered_max,
         }
     }
 }
