@@ -248,11 +248,11 @@ stop_server
 # machine.
 start_server WALLET_COOLDOWN_TTL_MS=600000
 say "HTTP ceiling again, for the cooldown: /healthz"
-run healthz-cooldown healthz --concurrency 32
+run healthz-cooldown healthz --concurrency 32 --server-pid "$server_pid"
 xacts() { psql "$db_url" -Atqc "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = '$db_name'"; }
 sleep 11; before=$(xacts)
 say "service: cooldown rejections"
-run cooldown throughput --concurrency 32 --users 2
+run cooldown throughput --concurrency 32 --users 2 --server-pid "$server_pid"
 sleep 11; after=$(xacts)
 stop_server
 
@@ -336,6 +336,12 @@ replay_rps=$(f replay "round(d['replays_per_s'])")
 
 cpu_us=$(f throughput-32 "round(d['costs']['server_cpu_us'] / max(d['costs']['accepted'], 1))")
 healthz_cpu_us=$(f healthz "round(d['costs']['server_cpu_us'] / max(d['costs']['accepted'], 1), 1)")
+# The load generator's own CPU, which shares the two cores with the server.
+gen_cpu_us=$(f throughput-32 "round(d['costs']['load_generator_cpu_us'] / max(d['costs']['accepted'], 1))")
+healthz_gen_cpu_us=$(f healthz "round(d['costs']['load_generator_cpu_us'] / max(d['costs']['accepted'], 1), 1)")
+# What one cooldown refusal and one /healthz request cost, on the cooldown's server.
+per_refusal() { f cooldown "round(d['costs']['$1'] / max($cooldown_n, 1), 1)"; }
+per_cooldown_healthz() { f healthz-cooldown "round(d['costs']['$1'] / max(d['costs']['accepted'], 1), 1)"; }
 pg_trips=$(f wire "round(d['costs']['pg_round_trips'] / max(d['costs']['accepted'], 1), 2)")
 pg_messages=$(f wire "round(d['costs']['pg_query_messages'] / max(d['costs']['accepted'], 1), 2)")
 wrk_accepted=$(json "$work/wrk.json" "round(d['by_status'].get('201', 0) / d['seconds'])")
@@ -442,6 +448,7 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "|---|---|---|"
   echo "| server CPU (user + system, \`/proc/PID/stat\`), sign-ups excluded | $cpu_us µs | — |"
   echo "| the same, against one \`GET /healthz\` ($healthz_cpu_us µs, same server, same run) | $(ratio "$cpu_us" "$healthz_cpu_us")× | ≤ 5× |"
+  echo "| the load generator's own CPU (\`wallet-loadtest\`, same run), against its $healthz_gen_cpu_us µs for one \`GET /healthz\` | $gen_cpu_us µs | — |"
   echo "| PostgreSQL round trips, on the wire (\`wallet-loadtest pg-wire\`: each \`Sync\` or simple \`Query\`; a separate run through the counter) | $pg_trips | < 1 batched |"
   echo "| transfers per call to PostgreSQL (\`wallet_transfer_batch_transfers\`, the 32-client run) | $batch_mean | |"
   echo "| statement messages on the wire (a cached statement is a \`Bind\` and an \`Execute\`), the same run | $pg_messages | 2 |"
@@ -451,6 +458,8 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo
   echo "PostgreSQL transactions during the cooldown run: $((after - before)) for $cooldown_n rejected and $cooldown_accepted accepted"
   echo "requests (\`pg_stat_database.xact_commit + xact_rollback\`, read after the statistics flush): the rejections cost none."
+  echo "One rejection cost $(per_refusal server_cpu_us) µs of the server's CPU and $(per_refusal load_generator_cpu_us) µs of the load"
+  echo "generator's, against $(per_cooldown_healthz server_cpu_us) and $(per_cooldown_healthz load_generator_cpu_us) µs for one \`GET /healthz\` on the same server just before."
   echo
   echo "Invariant violations found by the load test across all runs: $violations."
   echo
@@ -478,8 +487,8 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "wallet-loadtest run hot-wallet --concurrency 32 --users $users --duration-s $duration"
   echo "wallet-loadtest run replay --concurrency 32 --users 32 --duration-s $duration"
   echo "WALLET_COOLDOWN_TTL_MS=600000 wallet-server serve"
-  echo "wallet-loadtest run healthz --concurrency 32 --duration-s $duration  # the cooldown's ceiling, same server"
-  echo "wallet-loadtest run throughput --concurrency 32 --users 2 --duration-s $duration"
+  echo "wallet-loadtest run healthz --concurrency 32 --duration-s $duration --server-pid PID  # the cooldown's ceiling, same server"
+  echo "wallet-loadtest run throughput --concurrency 32 --users 2 --duration-s $duration --server-pid PID"
   echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration --max-tries=10 -D n=$wallets -f loadtest/pgbench/deposit_fn.sql  # after setup.sql, clearing_setup.sql"
   echo "pgbench \"\$DB\" -n -M prepared -c $partitions -j 2 -T $duration --max-tries=10 -D n=$wallets -f loadtest/pgbench/command_fn.sql"
   echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration --max-tries=10 -D n=$wallets -f loadtest/pgbench/payout_fn.sql"

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use reqwest::{Method, RequestBuilder, Response};
+use reqwest::{Method, RequestBuilder, Response, Url};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use uuid::Uuid;
@@ -22,7 +22,8 @@ pub struct Client {
     http: reqwest::Client,
     /// One server, or several behind which attempts rotate, as a load
     /// balancer would spread them.
-    base_urls: Arc<[String]>,
+    /// Parsed once: each attempt only sets its path on a copy.
+    base_urls: Arc<[Url]>,
     next_base: Arc<AtomicUsize>,
     token: Option<String>,
     policy: RetryPolicy,
@@ -61,7 +62,10 @@ impl std::fmt::Debug for Client {
         // The token stays out of logs.
         formatter
             .debug_struct("Client")
-            .field("base_urls", &self.base_urls)
+            .field(
+                "base_urls",
+                &self.base_urls.iter().map(Url::as_str).collect::<Vec<_>>(),
+            )
             .field("policy", &self.policy)
             .finish_non_exhaustive()
     }
@@ -115,12 +119,15 @@ impl Client {
         if base_urls.is_empty() {
             return Err(Error::Request("no server to talk to".to_owned()));
         }
+        let base_urls = base_urls
+            .iter()
+            .map(|url| {
+                Url::parse(url).map_err(|error| Error::Request(format!("{url:?} is not a URL: {error}")))
+            })
+            .collect::<Result<_, _>>()?;
         Ok(Self {
             http,
-            base_urls: base_urls
-                .iter()
-                .map(|url| url.trim_end_matches('/').to_owned())
-                .collect(),
+            base_urls,
             next_base: Arc::new(AtomicUsize::new(0)),
             token: None,
             policy,
@@ -332,10 +339,9 @@ impl Client {
         if let Some(after) = after {
             path.push_str(&format!("&after={}", entry_id(after)?));
         }
-        let base = &self.base_urls[self.next_base.fetch_add(1, Ordering::Relaxed) % self.base_urls.len()];
         // A stream outlives any one request's time-out: the server ends it
         // after decision_stream_lifetime_s, at most a day.
-        let mut request = self.http.get(format!("{base}{path}")).timeout(STREAM_TIME_MAX);
+        let mut request = self.http.get(self.next_url(&path)).timeout(STREAM_TIME_MAX);
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }
@@ -374,8 +380,7 @@ impl Client {
         let give_up_at = Instant::now() + self.policy.call_time_max;
         let mut attempt = 0;
         loop {
-            let base = &self.base_urls[self.next_base.fetch_add(1, Ordering::Relaxed) % self.base_urls.len()];
-            let mut request = self.http.request(method.clone(), format!("{base}{path}"));
+            let mut request = self.http.request(method.clone(), self.next_url(path));
             if let Some(token) = &self.token {
                 request = request.bearer_auth(token);
             }
@@ -411,6 +416,23 @@ impl Client {
             tokio::time::sleep(wait).await;
             attempt += 1;
         }
+    }
+
+    /// `path` (with its query, if any) on the next server in turn, under
+    /// the base URL's own path. Setting the path on a parsed base costs a
+    /// busy client far less than parsing a whole URL for every attempt.
+    fn next_url(&self, path: &str) -> Url {
+        let base = &self.base_urls[self.next_base.fetch_add(1, Ordering::Relaxed) % self.base_urls.len()];
+        let (path, query) = path
+            .split_once('?')
+            .map_or((path, None), |(path, query)| (path, Some(query)));
+        let mut url = base.clone();
+        match base.path().trim_end_matches('/') {
+            "" => url.set_path(path),
+            prefix => url.set_path(&format!("{prefix}{path}")),
+        }
+        url.set_query(query);
+        url
     }
 
     fn observe(&self, answered: &Result<Answer, reqwest::Error>, took: Duration) {

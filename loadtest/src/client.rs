@@ -81,7 +81,10 @@ impl Api {
         connections_per_host: usize,
         policy: RetryPolicy,
     ) -> anyhow::Result<Self> {
+        // The API answers without redirects; not following any spares each
+        // request the redirect policy's work.
         let http = http_client_builder()
+            .redirect(reqwest::redirect::Policy::none())
             .pool_max_idle_per_host(connections_per_host)
             .timeout(Duration::from_secs(30))
             .build()?;

@@ -31,6 +31,9 @@ pub struct Costs {
     /// New transfers the run saw accepted: the divisor of every figure.
     pub accepted: u64,
     pub server_cpu_us: u64,
+    /// The load generator's own CPU time over the same phase: on a machine
+    /// it shares with the server, what it takes is not the server's.
+    pub load_generator_cpu_us: u64,
     /// `INFO commandstats` deltas; commands run by scripts count too.
     pub redis_commands: BTreeMap<String, u64>,
     pub redis_round_trips: u64,
@@ -51,6 +54,7 @@ pub struct Costs {
 #[derive(Default)]
 pub struct Sample {
     cpu_us: u64,
+    own_cpu_us: u64,
     redis_commands: BTreeMap<String, u64>,
     redis_round_trips: u64,
     pg_wire: Option<crate::pg_wire::WireCounts>,
@@ -69,7 +73,10 @@ impl Probes {
 
     pub async fn sample(&self) -> anyhow::Result<Sample> {
         tokio::time::sleep(self.settle).await;
-        let mut sample = Sample::default();
+        let mut sample = Sample {
+            own_cpu_us: cpu_us(std::process::id())?,
+            ..Sample::default()
+        };
         for pid in &self.server_pids {
             sample.cpu_us += cpu_us(*pid)?;
         }
@@ -109,6 +116,7 @@ impl Costs {
         Self {
             accepted,
             server_cpu_us: after.cpu_us.saturating_sub(before.cpu_us),
+            load_generator_cpu_us: after.own_cpu_us.saturating_sub(before.own_cpu_us),
             redis_commands,
             redis_round_trips: after.redis_round_trips.saturating_sub(before.redis_round_trips),
             pg_round_trips: wire.map(|wire| wire.round_trips),
