@@ -30,18 +30,11 @@
 //! The check inside the transfer's transaction stays the authority.
 //!
 //! **Windows this instance holds.** An instance remembers the windows its
-//! own requests took (`held`), and refuses a further attempt at one at
-//! once, without a Redis round trip: a burst of copies sent to the
-//! instance that took the window costs it no more than a small request.
-//! The memory is exact while Redis keeps the window, since only the holder
-//! gives a window back or marks it refused, and it does so here too; it
-//! lasts the TTL counted from before the `SET` was sent, never past Redis's
-//! expiry. What it cannot know: a window Redis lost (a failover) is still
-//! refused here for the rest of its TTL, as the window promised; and a
-//! token revoked through another instance is refused here with this 429
-//! rather than the 401 until the window ends (revoked through this
-//! instance, the user's windows are forgotten and Redis decides). Either
-//! way nothing reaches PostgreSQL. Other instances ask Redis. At most
+//! own requests took (`held`) and refuses a further attempt at one without
+//! a Redis round trip. It can differ from Redis in two ways, both refusals
+//! before PostgreSQL: a window Redis lost is still refused here until its
+//! TTL ends, and a token revoked through another instance gets this 429
+//! rather than the 401 until then. At most
 //! `cooldown_windows_remembered_max` windows are remembered.
 //!
 //! **When Redis fails:** `fail_open` (default) logs a warning, counts the
@@ -59,11 +52,12 @@ use super::Refusal;
 use crate::auth::VerifiedToken;
 use crate::decision::{Layer, Outcome};
 use crate::domain::UserId;
-use crate::problem::{self, Problem, ProblemType};
+use crate::problem::Problem;
 use crate::redis_store::{RedisStore, random_token};
 use crate::settings::{Config, CooldownScope, StoreErrorPolicy};
 
 mod held;
+mod refusal;
 mod revocation;
 
 use held::HeldWindows;
@@ -282,37 +276,6 @@ impl CooldownLock {
         }
     }
 
-    /// The 429, saying what happened and when the next transfer is possible.
-    fn window_still_open(&self, retry_after: Duration, elapsed: Duration, last_refused: bool) -> Problem {
-        let seconds = problem::retry_after_s(retry_after);
-        let ago = if elapsed.as_secs() == 0 {
-            "less than a second ago".to_owned()
-        } else {
-            format!("{} s ago", elapsed.as_secs())
-        };
-        let spacing = human_duration(self.ttl);
-        // A refused attempt keeps its window too: a burst of one refused
-        // request must still meet the edge, not the database.
-        let (last, kept) = if last_refused {
-            ("tried", " It was refused, and its window still holds.")
-        } else {
-            ("sent", "")
-        };
-        let detail = match self.scope {
-            CooldownScope::UserAction => format!(
-                "You {last} a transfer {ago}.{kept} Transfers are spaced at least {spacing} apart so that \
-                 duplicates cannot slip through. Try again in {seconds} s."
-            ),
-            CooldownScope::UserActionBody => format!(
-                "You {last} this same transfer {ago}.{kept} Identical transfers are spaced at least {spacing} \
-                 apart so that duplicates cannot slip through. Try again in {seconds} s."
-            ),
-        };
-        Problem::new(ProblemType::CooldownActive, detail)
-            .detail_is_for_people()
-            .with_retry_after_s(seconds)
-    }
-
     #[tracing::instrument(
         name = "defense.cooldown",
         skip_all,
@@ -480,14 +443,5 @@ impl CooldownPermit {
 
     pub fn key(&self) -> &str {
         &self.key
-    }
-}
-
-/// `5000` → `5 s`, `1500` → `1.5 s`, `300` → `300 ms`.
-fn human_duration(duration: Duration) -> String {
-    match duration.as_millis() {
-        ms if ms < 1_000 => format!("{ms} ms"),
-        ms if ms % 1_000 == 0 => format!("{} s", ms / 1_000),
-        ms => format!("{:.1} s", ms as f64 / 1_000.0),
     }
 }

@@ -7,7 +7,9 @@
 //! back, marks it refused), the holder is a request on this instance, and
 //! each change goes through here as well as to Redis. A window is
 //! remembered until its TTL counted from before the `SET` was sent, which
-//! is never later than Redis lets it expire.
+//! is never later than Redis lets it expire. A revocation through this
+//! instance forgets the user's windows, so that Redis, which knows it,
+//! answers 401; `docs/layers.md` says what the memory cannot know.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
