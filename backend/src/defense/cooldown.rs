@@ -234,11 +234,9 @@ impl CooldownLock {
         window_key(&self.key_prefix, self.scope, user, action, canonical_body)
     }
 
-    /// One script, one round trip: refuse a revoked token, else the atomic
-    /// `SET key token NX PX ttl`, and on refusal the window's `PTTL` for the
-    /// `Retry-After`.
     /// Layer 1 for one request: through, holding the window, or refused
-    /// with the layer's own answer. A refusal here touches no database.
+    /// with the layer's own answer. At most one Redis round trip (none for
+    /// a window this instance holds); a refusal here touches no database.
     pub async fn pass(
         &self,
         caller: &VerifiedToken,

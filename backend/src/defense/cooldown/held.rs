@@ -29,8 +29,16 @@ struct Held {
 
 /// The windows held here, at most `windows_max` of them.
 pub(super) struct HeldWindows {
-    windows: Mutex<HashMap<String, Held>>,
+    windows: Mutex<Memory>,
     windows_max: usize,
+}
+
+struct Memory {
+    windows: HashMap<String, Held>,
+    /// When full of open windows: the earliest any of them runs out, before
+    /// which a new window is not remembered without looking again, so that
+    /// a full memory costs an acquisition no scan.
+    full_until: Option<Instant>,
 }
 
 /// A remembered window that is still open.
@@ -44,14 +52,17 @@ impl HeldWindows {
     /// attempt asks Redis.
     pub(super) fn new(windows_max: usize) -> Self {
         Self {
-            windows: Mutex::new(HashMap::new()),
+            windows: Mutex::new(Memory {
+                windows: HashMap::new(),
+                full_until: None,
+            }),
             windows_max,
         }
     }
 
     /// The window at `key`, if this instance holds it and it is open.
     pub(super) fn still_open(&self, key: &str, now: Instant) -> Option<StillOpen> {
-        let mut windows = self.lock();
+        let windows = &mut self.lock().windows;
         let held = windows.get(key)?;
         if held.until <= now {
             windows.remove(key);
@@ -71,12 +82,18 @@ impl HeldWindows {
         if self.windows_max == 0 {
             return;
         }
-        let mut windows = self.lock();
+        let mut memory = self.lock();
+        let Memory { windows, full_until } = &mut *memory;
         if windows.len() >= self.windows_max && !windows.contains_key(key) {
-            windows.retain(|_, held| held.until > sent);
-            if windows.len() >= self.windows_max {
+            if full_until.is_some_and(|until| sent < until) {
                 return;
             }
+            windows.retain(|_, held| held.until > sent);
+            if windows.len() >= self.windows_max {
+                *full_until = windows.values().map(|held| held.until).min();
+                return;
+            }
+            *full_until = None;
         }
         windows.insert(
             key.to_owned(),
@@ -91,14 +108,19 @@ impl HeldWindows {
 
     /// The holder was refused: the next 429 says the last attempt was.
     pub(super) fn refused(&self, key: &str, token: &str) {
-        if let Some(held) = self.lock().get_mut(key).filter(|held| held.token == token) {
+        if let Some(held) = self
+            .lock()
+            .windows
+            .get_mut(key)
+            .filter(|held| held.token == token)
+        {
             held.last_refused = true;
         }
     }
 
     /// The holder gave the window back.
     pub(super) fn given_back(&self, key: &str, token: &str) {
-        let mut windows = self.lock();
+        let windows = &mut self.lock().windows;
         if windows.get(key).is_some_and(|held| held.token == token) {
             windows.remove(key);
         }
@@ -107,10 +129,10 @@ impl HeldWindows {
     /// Forgets every window of `user`: one of the user's tokens was revoked
     /// here, and Redis, which knows the revocation, decides again.
     pub(super) fn forget_user(&self, user: UserId) {
-        self.lock().retain(|_, held| held.user != user);
+        self.lock().windows.retain(|_, held| held.user != user);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Memory> {
         // A panic while holding the lock leaves no half-made entry: every
         // change is one map operation.
         self.windows.lock().unwrap_or_else(PoisonError::into_inner)
@@ -140,7 +162,10 @@ mod tests {
         assert_eq!(open.retry_after, Duration::from_secs(3));
         assert!(!open.last_refused);
         assert!(windows.still_open("w", sent + TTL).is_none());
-        assert!(windows.lock().is_empty(), "a window that ran out is dropped");
+        assert!(
+            windows.lock().windows.is_empty(),
+            "a window that ran out is dropped"
+        );
     }
 
     #[test]
@@ -172,6 +197,13 @@ mod tests {
         windows.took(user(), "d", "t", later, TTL);
         assert!(windows.still_open("d", later).is_none(), "full: not remembered");
         assert!(windows.still_open("b", later).is_some());
+        // Full until the first window runs out; then there is room again.
+        let after_b = sent + TTL;
+        windows.took(user(), "e", "t", after_b, TTL);
+        assert!(
+            windows.still_open("e", after_b).is_some(),
+            "room made once b ran out"
+        );
 
         let none = HeldWindows::new(0);
         none.took(user(), "a", "t", sent, TTL);
