@@ -5,9 +5,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use http::Method;
 use layered_wallet::decision::Decision;
 use uuid::Uuid;
 use wallet_client::{AttemptSeen, Client, IdempotencyKey, RetryPolicy, TransferOrder, http_client_builder};
+
+use crate::wire::{Answer, Wire};
 
 /// A user the load test created, with the instance it signed up on.
 #[derive(Debug, Clone)]
@@ -73,6 +76,9 @@ pub struct Api {
     /// library does (409, 429, 503; backoff with full jitter), each attempt
     /// to the call's own target, and every attempt is counted.
     clients: Vec<Client>,
+    /// The lean path (`wire`), for runs that send each request once over
+    /// plain HTTP; `None` otherwise.
+    wire: Option<Arc<Wire>>,
 }
 
 impl Api {
@@ -96,10 +102,15 @@ impl Api {
             .iter()
             .map(|target| Client::over_with(http.clone(), &[target.as_str()], policy))
             .collect::<Result<_, _>>()?;
+        let wire = match policy.attempts_max {
+            1 => Wire::over(&targets)?.map(Arc::new),
+            _ => None,
+        };
         Ok(Self {
             targets,
             http,
             clients,
+            wire,
         })
     }
 
@@ -117,6 +128,9 @@ impl Api {
 
     pub async fn transfer(&self, users: &[User], planned: &Planned) -> Sample {
         let user = &users[planned.from];
+        if let Some(wire) = &self.wire {
+            return transfer_once(wire, user, planned).await;
+        }
         let seen: Arc<Mutex<Vec<(Instant, AttemptSeen)>>> = Arc::default();
         let observer = seen.clone();
         let client = self.clients[planned.target]
@@ -181,6 +195,10 @@ impl Api {
     /// `GET /healthz`, for the HTTP ceiling.
     pub async fn healthz(&self, target: usize) -> Sample {
         let started = Instant::now();
+        if let Some(wire) = &self.wire {
+            let answer = wire.send(target, Method::GET, "/healthz", None, &[], None).await;
+            return Sample::of_one(answer, None, started);
+        }
         let result = self
             .http
             .get(format!("{}/healthz", self.targets[target]))
@@ -211,4 +229,87 @@ impl Api {
             }],
         }
     }
+}
+
+/// A transfer sent once down the lean path: what the client sends for one
+/// attempt, and the sample of its answer.
+async fn transfer_once(wire: &Wire, user: &User, planned: &Planned) -> Sample {
+    let order = TransferOrder {
+        from_wallet_id: user.wallet_id,
+        to_wallet_id: planned.to_wallet,
+        amount_minor: planned.amount_minor,
+    };
+    let body = serde_json::to_vec(&order).expect("a transfer order serializes");
+    let key_header: Vec<(&'static str, &str)> = planned
+        .key
+        .as_deref()
+        .map(|key| ("idempotency-key", key))
+        .into_iter()
+        .collect();
+    let started = Instant::now();
+    let answer = wire
+        .send(
+            planned.target,
+            Method::POST,
+            "/api/v1/transfers",
+            Some(&user.token),
+            &key_header,
+            Some(body),
+        )
+        .await;
+    Sample::of_one(answer, planned.key.clone(), started)
+}
+
+impl Sample {
+    /// The sample of a request sent once at `started`: its answer, if one
+    /// came; the body is kept for keyed requests only.
+    fn of_one(answer: Option<Answer>, key: Option<String>, started: Instant) -> Self {
+        let took = started.elapsed();
+        let Some(answer) = answer else {
+            return Sample {
+                status: 0,
+                decision: None,
+                replayed: false,
+                latency: took,
+                key,
+                body: None,
+                transport_error: true,
+                attempts: vec![AttemptRecord {
+                    status: 0,
+                    problem: None,
+                    ended: Instant::now(),
+                    took,
+                }],
+            };
+        };
+        let header = |name: &str| answer.headers.get(name).and_then(|value| value.to_str().ok());
+        // Only a refusal names a problem type; a receipt is not parsed.
+        let problem = (answer.status >= 400)
+            .then(|| serde_json::from_slice::<ProblemType>(&answer.body).ok())
+            .flatten()
+            .and_then(|problem| problem.kind)
+            .map(|kind| kind.trim_start_matches("/problems/").to_owned());
+        Sample {
+            status: answer.status,
+            decision: header("defense-decision").and_then(Decision::parse_header),
+            replayed: header("idempotent-replayed") == Some("true"),
+            latency: took,
+            body: key.as_ref().map(|_| answer.body.to_vec()),
+            key,
+            transport_error: false,
+            attempts: vec![AttemptRecord {
+                status: answer.status,
+                problem,
+                ended: Instant::now(),
+                took,
+            }],
+        }
+    }
+}
+
+/// A problem's `type`, the one field of a refusal the load test reads.
+#[derive(serde::Deserialize)]
+struct ProblemType {
+    #[serde(rename = "type")]
+    kind: Option<String>,
 }

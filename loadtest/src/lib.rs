@@ -21,6 +21,7 @@ pub mod report;
 pub mod retry_storm;
 pub mod scenarios;
 pub mod variants;
+pub mod wire;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

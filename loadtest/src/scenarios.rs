@@ -200,8 +200,9 @@ pub async fn run_for_duration(
     bar: &ProgressBar,
 ) -> Vec<Sample> {
     let deadline = Instant::now() + shape.duration;
+    // Shared, not cloned per operation: an `Api` holds a client per target.
     let one = {
-        let (api, users, shape) = (api.clone(), users.clone(), shape.clone());
+        let (api, users, shape) = (Arc::new(api.clone()), users.clone(), shape.clone());
         move |n: usize| {
             let (api, users, shape) = (api.clone(), users.clone(), shape.clone());
             async move { one_operation(scenario, &api, &users, &shape, n).await }
