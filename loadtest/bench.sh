@@ -17,8 +17,9 @@
 # wallet, cooldown rejections/s (with the PostgreSQL transactions they
 # caused), replays/s, the server's peak RSS, the same service sending each
 # transfer alone (transfers_batch_max = 1), the database alone batched
-# (pgbench calling transfer_batch() with the batches the service formed at
-# 32 clients), and what one accepted transfer
+# (pgbench calling transfer_batch() with the very batches the service
+# formed at 32 clients, right after them), /healthz at the transfers'
+# pace, and what one accepted transfer
 # costs outside PostgreSQL: server CPU (also against one /healthz request),
 # Redis commands and round trips, PostgreSQL statements, and PostgreSQL
 # round trips counted on the wire. The other entry points, each against
@@ -63,17 +64,23 @@ say() { printf 'bench: %s\n' "$*" >&2; }
 # that held /healthz and the first service runs.
 checkpoint() { psql "$db_url" -qc CHECKPOINT >/dev/null; }
 json() { python3 -c "import json,sys; d=json.load(open('$1')); print($2)"; }
-# pgbench's transactions per second running one of loadtest/pgbench's
-# scripts: clients, script, then the run's length (-T or -t) and variables.
-# A run that failed stops the benchmark with pgbench's own words.
-pgbench_tps() {
-  local clients=$1 script=$2 report; shift 2
+# pgbench's report of one run: clients, then pgbench's own arguments (the
+# run's length, -T or -t, its variables and its scripts). A run that failed
+# stops the benchmark with pgbench's own words.
+pgbench_report() {
+  local clients=$1 report; shift
   checkpoint
   if ! report=$(pgbench "$db_url" -n -M prepared -c "$clients" -j $((clients < 2 ? clients : 2)) --max-tries=10 "$@" \
-      -f "loadtest/pgbench/$script" 2> "$work/pgbench.log"); then
-    echo "pgbench failed running $script:" >&2; tail -n 5 "$work/pgbench.log" >&2; exit 1
+      2> "$work/pgbench.log"); then
+    echo "pgbench failed running $*:" >&2; tail -n 5 "$work/pgbench.log" >&2; exit 1
   fi
-  sed -n 's/^tps = \([0-9.]*\).*/\1/p' <<< "$report"
+  printf '%s\n' "$report"
+}
+# pgbench's transactions per second running one of loadtest/pgbench's
+# scripts: clients, script, then the run's length and variables.
+pgbench_tps() {
+  local clients=$1 script=$2; shift 2
+  pgbench_report "$clients" "$@" -f "loadtest/pgbench/$script" | sed -n 's/^tps = \([0-9.]*\).*/\1/p'
 }
 
 # --- Ceilings ---------------------------------------------------------------
@@ -136,9 +143,60 @@ run healthz healthz --concurrency 32 --server-pid "$server_pid"
 # The server's count of transfers carried by calls to PostgreSQL, and of
 # the calls: sum or count.
 batches() { curl -fs "http://127.0.0.1:$admin_port/metrics" | sed -n "s/^wallet_transfer_batch_transfers_$1 //p"; }
+# The same histogram's buckets, one per batch size: "size calls" lines,
+# each count of calls that carried at most that many transfers.
+batch_buckets() {
+  curl -fs "http://127.0.0.1:$admin_port/metrics" |
+    sed -n 's/^wallet_transfer_batch_transfers_bucket{le="\([0-9]*\)"} \([0-9]*\)$/\1 \2/p'
+}
+executors=4
+# The database alone, batched: pgbench calling transfer_batch() with the
+# very batches the service formed at 32 clients, measured at once after
+# them, on the same tables, from as many clients as the service has
+# executors. One script per batch size, weighted by the calls of that size
+# (pgbench picks a script per transaction by weight): with only their mean,
+# rounded, pgbench made fewer calls, each committing more transfers, than
+# the service did for the same transfers. Sets batch_sizes (each size the
+# service formed and its calls, "size: calls, …") and pg_batch (transfers/s).
+database_alone_batched() {
+  local args=() sizes=() size calls
+  batch_sizes=""
+  while read -r size calls; do
+    { echo "\\set batch $size"; cat loadtest/pgbench/transfer_batch_fn.sql; } > "$work/batch-$size.sql"
+    args+=(-f "$work/batch-$size.sql@$calls"); sizes+=("$size"); batch_sizes+="${batch_sizes:+, }$size: $calls"
+  done < <(python3 - "$work/batches-before.txt" "$work/batches-after.txt" <<'PY'
+import sys
+def read(path):
+    return {int(size): int(calls) for size, calls in (line.split() for line in open(path))}
+before, after = read(sys.argv[1]), read(sys.argv[2])
+below = 0
+for size in sorted(after):
+    cumulative = after[size] - before.get(size, 0)
+    if cumulative > below:
+        print(size, cumulative - below)
+    below = cumulative
+PY
+  )
+  say "pgbench: transfer_batch() with the service's batches (${sizes[*]} transfers a call), $executors clients"
+  pgbench_report "$executors" -T "$duration" -D n=$wallets -D hot=0 "${args[@]}" > "$work/pgbench-batched.txt"
+  # Transfers/s: each script's transactions/s times its batch size, in the
+  # order given (with one script, pgbench prints no per-script lines).
+  pg_batch=$(python3 - "$work/pgbench-batched.txt" "${sizes[@]}" <<'PY'
+import re, sys
+report, sizes = open(sys.argv[1]).read(), [int(size) for size in sys.argv[2:]]
+each = [float(tps) for tps in re.findall(r"^ - \d+ transactions \(.*tps = ([0-9.]+)\)", report, re.M)]
+if not each:
+    each = [float(re.search(r"^tps = ([0-9.]+)", report, re.M).group(1))]
+print(round(sum(tps * size for tps, size in zip(each, sizes))))
+PY
+  )
+}
 for clients in 8 32 128 512; do
   say "service: throughput at $clients clients"
-  [ "$clients" = 32 ] && batches_before=("$(batches sum)" "$(batches count)")
+  if [ "$clients" = 32 ]; then
+    batches_before=("$(batches sum)" "$(batches count)")
+    batch_buckets > "$work/batches-before.txt"
+  fi
   costs=()
   # At 32 clients, also what each transfer costs outside PostgreSQL,
   # sampled after the sign-ups and with PostgreSQL's statistics settled.
@@ -150,8 +208,15 @@ for clients in 8 32 128 512; do
   if [ "$clients" = 32 ]; then
     batch_mean=$(python3 -c "print(f'{($(batches sum) - ${batches_before[0]}) / max($(batches count) - ${batches_before[1]}, 1):.2f}')")
     rss_32_kib=$(sed -n 's/^VmHWM:[[:space:]]*\([0-9]*\) kB/\1/p' "/proc/$server_pid/status")
+    batch_buckets > "$work/batches-after.txt"
+    database_alone_batched
   fi
 done
+# /healthz again, at the pace the 32-client transfers were accepted: a busy
+# server reads many requests per wake-up and a slow one few, so the CPU of
+# one request depends on the pace, and this one compares like with like.
+say "/healthz at the 32-client transfers' pace"
+run healthz-paced healthz --rate-per-s "$(json "$work/throughput-32.json" "round(d['accepted_per_s'])")" --server-pid "$server_pid"
 say "wrk: keyed transfers from $users users, same server"
 loadtest/wrk/sign_up.py "$target" "$users" > "$work/wrk-users.txt"
 wrk -t2 -c32 -d"${duration}s" -s loadtest/wrk/transfers.lua "$target" -- "$work/wrk-users.txt" |
@@ -184,15 +249,6 @@ say "service: throughput at 32 clients, transfers_batch_max = 1"
 run unbatched throughput --concurrency 32 --users "$users"
 stop_server
 
-# The database alone, batched: pgbench calling transfer_batch() with the
-# batches the service formed at 32 clients (their mean, rounded), from as
-# many clients as the service has executors.
-batch_size=$(python3 -c "print(max(1, round($batch_mean)))")
-executors=4
-say "pgbench: transfer_batch(), $batch_size a batch, $executors clients"
-psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
-pg_batch_tps=$(pgbench_tps "$executors" transfer_batch_fn.sql -T "$duration" -D n=$wallets -D hot=0 -D batch="$batch_size")
-pg_batch=$(python3 -c "print(round($pg_batch_tps * $batch_size))")
 
 # PostgreSQL round trips per transfer, counted on the wire by a proxy
 # between the server and PostgreSQL; a run of its own, so that the proxy's
@@ -336,6 +392,8 @@ replay_rps=$(f replay "round(d['replays_per_s'])")
 
 cpu_us=$(f throughput-32 "round(d['costs']['server_cpu_us'] / max(d['costs']['accepted'], 1))")
 healthz_cpu_us=$(f healthz "round(d['costs']['server_cpu_us'] / max(d['costs']['accepted'], 1), 1)")
+paced_healthz_cpu_us=$(f healthz-paced "round(d['costs']['server_cpu_us'] / max(d['costs']['accepted'], 1), 1)")
+paced_healthz_rps=$(f healthz-paced "round(d['requests_per_s'])")
 # The load generator's own CPU, which shares the two cores with the server.
 gen_cpu_us=$(f throughput-32 "round(d['costs']['load_generator_cpu_us'] / max(d['costs']['accepted'], 1))")
 healthz_gen_cpu_us=$(f healthz "round(d['costs']['load_generator_cpu_us'] / max(d['costs']['accepted'], 1), 1)")
@@ -374,7 +432,7 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   for clients in 8 32 64; do
     echo "| pgbench, the service's \`transfer()\` called directly (the database alone), $clients clients | ${pg_fn_by_clients[$clients]} transfers/s |"
   done
-  echo "| pgbench, the service's \`transfer_batch()\` called directly (the database alone, batched): $batch_size transfers a call (the service's mean batch at 32 clients, $batch_mean), $executors clients (the service's executors) | $pg_batch transfers/s |"
+  echo "| pgbench, the service's \`transfer_batch()\` called directly (the database alone, batched): the batches the service formed at 32 clients (mean $batch_mean), each size weighted by its calls, $executors clients (the service's executors), right after the service's run | $pg_batch transfers/s |"
   echo "| pgbench, replays answered by \`transfer()\` directly, 32 clients | $pg_replay replays/s |"
   echo "| redis-benchmark, \`SET … NX PX\`, 32 clients | $redis_ops ops/s |"
   echo "| the server's \`GET /healthz\`, 32 clients, same load generator | $healthz_rps requests/s |"
@@ -389,7 +447,7 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   done
   echo "| accepted transfers/s, 32 clients, \`wallet-loadtest\`, against the database alone | $(accepted throughput-32) | $pg_fn (\`transfer()\`) | $(ratio "$(accepted throughput-32)" "$pg_fn") | ≥ 1.0 |"
   echo "| accepted transfers/s, 32 clients, \`wrk\` ($users users; p50 $wrk_p50 ms, p99 $wrk_p99 ms; answers $wrk_answers), against the database alone | $wrk_accepted | $pg_fn (\`transfer()\`) | $(ratio "$wrk_accepted" "$pg_fn") | ≥ 1.0 |"
-  echo "| accepted transfers/s, 32 clients, \`wallet-loadtest\`, against the database alone batched the same way | $(accepted throughput-32) | $pg_batch (\`transfer_batch()\`, $batch_size a call) | $(ratio "$(accepted throughput-32)" "$pg_batch") | ≥ 0.9 |"
+  echo "| accepted transfers/s, 32 clients, \`wallet-loadtest\`, against the database alone batched the same way | $(accepted throughput-32) | $pg_batch (\`transfer_batch()\`, the same batches) | $(ratio "$(accepted throughput-32)" "$pg_batch") | ≥ 0.9 |"
   echo "| accepted transfers/s, 32 clients, \`transfers_batch_max = 1\` (p50 $(pct unbatched p50_ms) ms, p99 $(pct unbatched p99_ms) ms), against the database alone | $(accepted unbatched) | $pg_fn (\`transfer()\`) | $(ratio "$(accepted unbatched)" "$pg_fn") | — |"
   echo "| \`wallet-loadtest\` against \`wrk\`, same server, same run | $(accepted throughput-32) | $wrk_accepted | $(ratio "$(accepted throughput-32)" "$wrk_accepted") | 0.9 – 1.1 |"
   echo "| one hot wallet, 32 clients | $(accepted hot) | $pg_hot | $(ratio "$(accepted hot)" "$pg_hot") | ≥ 2.0 |"
@@ -448,9 +506,10 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "|---|---|---|"
   echo "| server CPU (user + system, \`/proc/PID/stat\`), sign-ups excluded | $cpu_us µs | — |"
   echo "| the same, against one \`GET /healthz\` ($healthz_cpu_us µs, same server, same run) | $(ratio "$cpu_us" "$healthz_cpu_us")× | ≤ 5× |"
+  echo "| the same, against one \`GET /healthz\` at the transfers' own pace ($paced_healthz_cpu_us µs at $paced_healthz_rps requests/s, same server, same run) | $(ratio "$cpu_us" "$paced_healthz_cpu_us")× | — |"
   echo "| the load generator's own CPU (\`wallet-loadtest\`, same run), against its $healthz_gen_cpu_us µs for one \`GET /healthz\` | $gen_cpu_us µs | — |"
   echo "| PostgreSQL round trips, on the wire (\`wallet-loadtest pg-wire\`: each \`Sync\` or simple \`Query\`; a separate run through the counter) | $pg_trips | < 1 batched |"
-  echo "| transfers per call to PostgreSQL (\`wallet_transfer_batch_transfers\`, the 32-client run) | $batch_mean | |"
+  echo "| transfers per call to PostgreSQL (\`wallet_transfer_batch_transfers\`, the 32-client run; calls by size: $batch_sizes) | $batch_mean | |"
   echo "| statement messages on the wire (a cached statement is a \`Bind\` and an \`Execute\`), the same run | $pg_messages | 2 |"
   echo "| Redis commands (\`INFO commandstats\`, commands run by scripts included: $redis_by_cmd) | $redis_cmds | ≤ 2 |"
   echo "| Redis round trips (the server's \`wallet_redis_round_trips_total\`, feed batches included) | $redis_trips | 1 on the request path |"
@@ -469,12 +528,13 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "pgbench \"\$DB\" -n -M prepared -c {8,32,64} -j 2 -T $duration --max-tries=10 -D n=$wallets -D hot=0 -f loadtest/pgbench/transfer.sql"
   echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration --max-tries=10 -D n=$wallets -D hot=1 -f loadtest/pgbench/transfer.sql"
   echo "pgbench \"\$DB\" -n -M prepared -c {8,32,64} -j 2 -T $duration --max-tries=10 -D n={1000,100000,1000000} -D hot=0 -f loadtest/pgbench/transfer_fn.sql"
-  echo "pgbench \"\$DB\" -n -M prepared -c $executors -j 2 -T $duration --max-tries=10 -D n=$wallets -D hot=0 -D batch=$batch_size -f loadtest/pgbench/transfer_batch_fn.sql"
+  echo "pgbench \"\$DB\" -n -M prepared -c $executors -j 2 -T $duration --max-tries=10 -D n=$wallets -D hot=0 -f batch-SIZE.sql@CALLS …  # batch-SIZE.sql: '\\set batch SIZE', then loadtest/pgbench/transfer_batch_fn.sql; one per size the service formed"
   echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration --max-tries=10 -D n=$wallets -f loadtest/pgbench/replay_fn.sql  # after replay_setup.sql"
   echo "psql \"\$DB\" -v n=$wallets -v keys=$keys_at_size -f loadtest/pgbench/keys_fill.sql  # after setup.sql; then transfer_fn.sql at 32 clients, and the service"
   echo "redis-benchmark -q -c 32 -n 300000 -r 1000000 SET 'bench:cooldown:__rand_int__' token NX PX 5000"
   echo "WALLET_COOLDOWN_TTL_MS=1 wallet-server serve"
   echo "wallet-loadtest run healthz --concurrency 32 --duration-s $duration --server-pid PID"
+  echo "wallet-loadtest run healthz --rate-per-s RATE --duration-s $duration --server-pid PID  # RATE: the 32-client transfers accepted/s"
   echo "wallet-loadtest run throughput --concurrency {8,32,128,512} --users {$users,$users,$users,1024} --duration-s $duration"
   echo "  # at 32: --server-pid PID --redis-url URL --metrics-url ADMIN/metrics --settle-ms 11000"
   echo "loadtest/wrk/sign_up.py URL $users > users.txt"
