@@ -220,3 +220,64 @@ async fn retry_storm_clients_go_on_paying_after_the_outage() {
     );
     first.assert_invariants().await;
 }
+
+/// The lean path (`wire`) reads an answer as the client crate does: a
+/// keyed transfer's 201, a copy's 429 from the cooldown with its problem
+/// type, and after the window the key's replay, byte for byte; one transfer
+/// in the database.
+#[tokio::test]
+async fn a_request_sent_once_is_read_as_the_client_reads_it() {
+    use layered_wallet::decision::{Decision, Layer, Outcome};
+    use wallet_client::RetryPolicy;
+    use wallet_loadtest::client::{Api, Planned};
+
+    // A window long enough that the copy, sent right after the first
+    // answer, meets it even on a busy machine.
+    let app = spawn_app(|settings| settings.cooldown_ttl_ms = 2_000).await;
+    let once = RetryPolicy {
+        attempts_max: 1,
+        ..RetryPolicy::default()
+    };
+    let api = Api::new(vec![app.address.clone()], 2, once).expect("the load test's API");
+    let users = wallet_loadtest::sign_up_users(&api, 2, true)
+        .await
+        .expect("a payer and a payee");
+    let key = uuid::Uuid::new_v4().to_string();
+    let planned = Planned {
+        target: 0,
+        from: 0,
+        to_wallet: users[1].wallet_id,
+        amount_minor: 7,
+        key: Some(key.clone()),
+    };
+
+    let first = api.transfer(&users, &planned).await;
+    assert_eq!(first.status, 201, "{first:?}");
+    assert_eq!(
+        first.decision,
+        Some(Decision::new(Layer::RowGuard, Outcome::Accepted))
+    );
+    assert!(!first.replayed);
+    let copy = api.transfer(&users, &planned).await;
+    assert_eq!(copy.status, 429, "{copy:?}");
+    assert_eq!(
+        copy.decision,
+        Some(Decision::new(Layer::Cooldown, Outcome::Rejected))
+    );
+    assert_eq!(copy.attempts[0].problem.as_deref(), Some("cooldown-active"));
+    tokio::time::sleep(std::time::Duration::from_millis(2_100)).await;
+    let retry = api.transfer(&users, &planned).await;
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert!(retry.replayed);
+    assert_eq!(
+        retry.body, first.body,
+        "a replay is the first answer, byte for byte"
+    );
+
+    let transfers: i64 = sqlx::query_scalar("SELECT count(*) FROM transfers WHERE amount_minor = 7")
+        .fetch_one(&app.db)
+        .await
+        .expect("the transfers");
+    assert_eq!(transfers, 1);
+    app.assert_invariants().await;
+}
