@@ -1,5 +1,7 @@
 //! The load test's view of the API: sign-up, transfers, and one `Sample`
-//! per response, each sent through the workspace's client crate.
+//! per response. A request sent once goes down the lean path (`wire`);
+//! sign-ups, and every request of a run that retries, go through the
+//! workspace's client crate.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
