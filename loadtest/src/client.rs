@@ -201,35 +201,25 @@ impl Api {
             let answer = wire.send(target, Method::GET, "/healthz", None, &[], None).await;
             return Sample::of_one(answer, None, started);
         }
-        let result = self
+        // Through the client's HTTP pool when the run retries or a target is
+        // not plain `http://`: the same answer, read into the same sample.
+        let answer = match self
             .http
             .get(format!("{}/healthz", self.targets[target]))
             .send()
-            .await;
-        let (status, transport_error) = match result {
+            .await
+        {
             Ok(response) => {
-                let status = response.status().as_u16();
-                let _ = response.bytes().await;
-                (status, false)
+                let (status, headers) = (response.status().as_u16(), response.headers().clone());
+                response.bytes().await.ok().map(|body| Answer {
+                    status,
+                    headers,
+                    body,
+                })
             }
-            Err(_) => (0, true),
+            Err(_) => None,
         };
-        let took = started.elapsed();
-        Sample {
-            status,
-            decision: None,
-            replayed: false,
-            latency: took,
-            key: None,
-            body: None,
-            transport_error,
-            attempts: vec![AttemptRecord {
-                status,
-                problem: None,
-                ended: Instant::now(),
-                took,
-            }],
-        }
+        Sample::of_one(answer, None, started)
     }
 }
 
