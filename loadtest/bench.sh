@@ -113,12 +113,17 @@ redis_ops=$(redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -q -c 32 -n 300000 -r 
     SET "bench:cooldown:__rand_int__" token NX PX 5000 | tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -n 1 | cut -d' ' -f1)
 
 # --- The service --------------------------------------------------------------
+# The server's defaults, stated here because two figures depend on them: one
+# HTTP worker and one transfer executor (pgbench's batched ceiling runs from
+# as many clients as the service has executors).
+workers=1
+executors=1
 start_server() { # extra environment for the instance; KEEP_WALLETS=1 keeps the table as it is
   [ -n "${KEEP_WALLETS:-}" ] || psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
   checkpoint
   redis_prefix="bench:$(date +%s%N):"
   env DATABASE_URL="$db_url" REDIS_URL="$REDIS_URL" PORT=$port RUST_LOG=warn WALLET_ADMIN_HTTP_ADDR=127.0.0.1:$admin_port \
-      WALLET_ACCOUNT_LIMITS_ENABLED=false \
+      WALLET_ACCOUNT_LIMITS_ENABLED=false WALLET_HTTP_WORKERS=$workers WALLET_TRANSFERS_CONNECTIONS=$executors \
       WALLET_TOKEN_SIGNING_KEY=bench-signing-key-bench-signing-key-0000 \
       WALLET_REDIS_KEY_PREFIX="$redis_prefix" "$@" \
       "$server" serve > "$work/server.log" 2>&1 &
@@ -149,7 +154,6 @@ batch_buckets() {
   curl -fs "http://127.0.0.1:$admin_port/metrics" |
     sed -n 's/^wallet_transfer_batch_transfers_bucket{le="\([0-9]*\)"} \([0-9]*\)$/\1 \2/p'
 }
-executors=4
 # The database alone, batched: pgbench calling transfer_batch() with the
 # very batches the service formed at 32 clients, measured at once after
 # them, on the same tables, from as many clients as the service has
@@ -243,8 +247,11 @@ start_server WALLET_COOLDOWN_TTL_MS=1
 run replay replay --concurrency 32 --users 32
 stop_server
 
-# The same service sending each transfer in a call of its own.
-start_server WALLET_COOLDOWN_TTL_MS=1 WALLET_TRANSFERS_BATCH_MAX=1
+# The same service sending each transfer in a call of its own, as it did
+# before it batched: four executors, so that four transfers are in
+# PostgreSQL at once (one alone would send them one after another).
+unbatched_executors=4
+start_server WALLET_COOLDOWN_TTL_MS=1 WALLET_TRANSFERS_BATCH_MAX=1 WALLET_TRANSFERS_CONNECTIONS=$unbatched_executors
 say "service: throughput at 32 clients, transfers_batch_max = 1"
 run unbatched throughput --concurrency 32 --users "$users"
 stop_server
@@ -418,7 +425,7 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "Measured by \`loadtest/bench.sh\` on $(date -u +%Y-%m-%d): $(nproc) cores ($cpu), $(free -g | awk '/Mem:/ {print $2}') GiB,"
   echo "PostgreSQL $(psql "$db_url" -Atqc 'SHOW server_version' | cut -d' ' -f1), Redis $(redis-server --version | sed 's/.*v=\([0-9.]*\).*/\1/')."
   echo "Load generator, server, PostgreSQL and Redis share the machine. ${duration} s per measurement; release build;"
-  echo "server defaults (2 workers, 16 PostgreSQL connections, of which the 4 transfer executors, two on each worker's thread, hold one each and send up to 16 waiting transfers in one call)."
+  echo "server defaults ($workers HTTP worker, 16 PostgreSQL connections, of which the $executors transfer executor holds one and sends up to 16 waiting transfers in one call)."
   echo "Every connection to PostgreSQL, pgbench's and the service's, is over loopback without TLS (\`sslmode=disable\`). Absolute figures drift from run to run; the ratios are the point."
   echo
   echo "## Ceilings"
@@ -448,7 +455,7 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "| accepted transfers/s, 32 clients, \`wallet-loadtest\`, against the database alone | $(accepted throughput-32) | $pg_fn (\`transfer()\`) | $(ratio "$(accepted throughput-32)" "$pg_fn") | ≥ 1.0 |"
   echo "| accepted transfers/s, 32 clients, \`wrk\` ($users users; p50 $wrk_p50 ms, p99 $wrk_p99 ms; answers $wrk_answers), against the database alone | $wrk_accepted | $pg_fn (\`transfer()\`) | $(ratio "$wrk_accepted" "$pg_fn") | ≥ 1.0 |"
   echo "| accepted transfers/s, 32 clients, \`wallet-loadtest\`, against the database alone batched the same way | $(accepted throughput-32) | $pg_batch (\`transfer_batch()\`, the same batches) | $(ratio "$(accepted throughput-32)" "$pg_batch") | ≥ 0.9 |"
-  echo "| accepted transfers/s, 32 clients, \`transfers_batch_max = 1\` (p50 $(pct unbatched p50_ms) ms, p99 $(pct unbatched p99_ms) ms), against the database alone | $(accepted unbatched) | $pg_fn (\`transfer()\`) | $(ratio "$(accepted unbatched)" "$pg_fn") | — |"
+  echo "| accepted transfers/s, 32 clients, \`transfers_batch_max = 1\` on $unbatched_executors executors (p50 $(pct unbatched p50_ms) ms, p99 $(pct unbatched p99_ms) ms), against the database alone | $(accepted unbatched) | $pg_fn (\`transfer()\`) | $(ratio "$(accepted unbatched)" "$pg_fn") | — |"
   echo "| \`wallet-loadtest\` against \`wrk\`, same server, same run | $(accepted throughput-32) | $wrk_accepted | $(ratio "$(accepted throughput-32)" "$wrk_accepted") | 0.9 – 1.1 |"
   echo "| one hot wallet, 32 clients | $(accepted hot) | $pg_hot | $(ratio "$(accepted hot)" "$pg_hot") | ≥ 2.0 |"
   echo "| cooldown rejections/s, 32 clients | $cooldown_rps | $cooldown_healthz_rps (/healthz, same server, just before) | $(ratio "$cooldown_rps" "$cooldown_healthz_rps") | ≥ 0.5 |"
@@ -528,7 +535,7 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "pgbench \"\$DB\" -n -M prepared -c {8,32,64} -j 2 -T $duration --max-tries=10 -D n=$wallets -D hot=0 -f loadtest/pgbench/transfer.sql"
   echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration --max-tries=10 -D n=$wallets -D hot=1 -f loadtest/pgbench/transfer.sql"
   echo "pgbench \"\$DB\" -n -M prepared -c {8,32,64} -j 2 -T $duration --max-tries=10 -D n={1000,100000,1000000} -D hot=0 -f loadtest/pgbench/transfer_fn.sql"
-  echo "pgbench \"\$DB\" -n -M prepared -c $executors -j 2 -T $duration --max-tries=10 -D n=$wallets -D hot=0 -f batch-SIZE.sql@CALLS …  # batch-SIZE.sql: '\\set batch SIZE', then loadtest/pgbench/transfer_batch_fn.sql; one per size the service formed"
+  echo "pgbench \"\$DB\" -n -M prepared -c $executors -j $((executors < 2 ? executors : 2)) -T $duration --max-tries=10 -D n=$wallets -D hot=0 -f batch-SIZE.sql@CALLS …  # batch-SIZE.sql: '\\set batch SIZE', then loadtest/pgbench/transfer_batch_fn.sql; one per size the service formed"
   echo "pgbench \"\$DB\" -n -M prepared -c 32 -j 2 -T $duration --max-tries=10 -D n=$wallets -f loadtest/pgbench/replay_fn.sql  # after replay_setup.sql"
   echo "psql \"\$DB\" -v n=$wallets -v keys=$keys_at_size -f loadtest/pgbench/keys_fill.sql  # after setup.sql; then transfer_fn.sql at 32 clients, and the service"
   echo "redis-benchmark -q -c 32 -n 300000 -r 1000000 SET 'bench:cooldown:__rand_int__' token NX PX 5000"
@@ -542,7 +549,7 @@ cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
   echo "wallet-loadtest pg-wire --listen 127.0.0.1:WIRE --upstream PGHOST:PGPORT --stats-listen 127.0.0.1:STATS"
   echo "DATABASE_URL=postgres://…@127.0.0.1:WIRE/DB?sslmode=disable WALLET_COOLDOWN_TTL_MS=1 wallet-server serve"
   echo "wallet-loadtest run throughput --concurrency 32 --users $users --pg-wire-url http://127.0.0.1:STATS/"
-  echo "WALLET_COOLDOWN_TTL_MS=1 WALLET_TRANSFERS_BATCH_MAX=1 wallet-server serve"
+  echo "WALLET_COOLDOWN_TTL_MS=1 WALLET_TRANSFERS_BATCH_MAX=1 WALLET_TRANSFERS_CONNECTIONS=$unbatched_executors wallet-server serve"
   echo "wallet-loadtest run throughput --concurrency 32 --users $users --duration-s $duration"
   echo "wallet-loadtest run hot-wallet --concurrency 32 --users $users --duration-s $duration"
   echo "wallet-loadtest run replay --concurrency 32 --users 32 --duration-s $duration"

@@ -13,7 +13,11 @@ pub const SIGNING_KEY: &str = "test-signing-key-test-signing-key-0123456789";
 pub fn test_settings(database_url: &str, redis_prefix: &str) -> Settings {
     Settings {
         http_port: 0,
+        // Two workers with two executors each: the storms and the batch
+        // races then cross threads, executors and calls, as a larger
+        // deployment's do.
         http_workers: 2,
+        transfers_connections: 4,
         database_url: SecretString::from(database_url.to_owned()),
         db_pool_connections_max: 10,
         // The storms fire hundreds of transfers at once to prove the

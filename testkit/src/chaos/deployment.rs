@@ -126,6 +126,7 @@ impl Deployment {
             ("WALLET_COOLDOWN_TTL_MS", CHAOS_COOLDOWN_TTL_MS.to_string()),
             ("WALLET_SIGNUP_GRANT_MINOR", CHAOS_GRANT_MINOR.to_string()),
             ("WALLET_HTTP_WORKERS", "2".to_owned()),
+            ("WALLET_TRANSFERS_CONNECTIONS", "4".to_owned()),
             ("WALLET_ADMIN_HTTP_ADDR", "127.0.0.1:0".to_owned()),
             ("WALLET_ACCOUNT_LIMITS_ENABLED", "false".to_owned()),
             ("WALLET_MIGRATE_ON_START", "false".to_owned()),

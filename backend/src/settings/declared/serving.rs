@@ -18,8 +18,12 @@ macro_rules! serving_settings {
                 /// `host:port` of the admin listener: `/metrics` and the detailed
                 /// `/readyz`. Keep it off the public network; port 0 picks a free one.
                 admin_http_addr: String = "127.0.0.1:9090".into();
-                /// actix worker threads; one per core is enough for an I/O-bound service.
-                http_workers: usize = 2, within 1..=256 "workers";
+                /// actix worker threads. One is the default: an I/O-bound service on
+                /// a machine it shares with its stores does the same work with less
+                /// CPU on one event loop, which has more to do each time it wakes
+                /// (`docs/benchmarks.md`). Raise it, with `transfers_connections`, on
+                /// a machine with cores to spare, or run more instances.
+                http_workers: usize = 1, within 1..=256 "workers";
                 /// Connections each worker holds open at once. Past it, the
                 /// listeners stop accepting until one closes, and new connections
                 /// wait in the kernel's backlog: idle keep-alive connections cannot

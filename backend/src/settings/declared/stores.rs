@@ -52,8 +52,9 @@ macro_rules! stores_settings {
                 db_host_connect_wait_ms_max: u64 = 1_000, within 10..=60_000 "ms";
                 /// Transfers that may run at once on this instance: waiting for a
                 /// transfer executor or inside its call. The executors carry at most
-                /// `transfers_connections` × `transfers_batch_max` (64) at once, so
-                /// more would only queue; fewer leaves the batches short.
+                /// `transfers_connections` × `transfers_batch_max` (16) at once; the
+                /// rest wait in their queue, ready to fill the next call. Fewer
+                /// leaves the batches short.
                 transfers_in_flight_max: u32 = 64, within 1..=10_000 "transfers";
                 /// Transfers that may wait for one of those places; one that finds
                 /// this queue full is refused at once with 503
@@ -71,8 +72,12 @@ macro_rules! stores_settings {
                 /// no check before or after it. Shared out among the HTTP workers,
                 /// each running its executors on its own thread, so at least
                 /// `http_workers`. The rest of the pool serves every other path, so
-                /// this must stay under `db_pool_connections_max`.
-                transfers_connections: u32 = 4, within 1..=1_000 "connections";
+                /// this must stay under `db_pool_connections_max`. One is the
+                /// default: a lone executor takes everything that waited while its
+                /// last call ran, so its calls are the fullest and the fewest, and
+                /// on two cores it accepted as many transfers as four executors with
+                /// a third less CPU per transfer (`docs/benchmarks-analysis.md`).
+                transfers_connections: u32 = 1, within 1..=1_000 "connections";
                 /// Most transfers one executor sends to PostgreSQL in one call
                 /// (`transfer_batch()`), taken from those waiting when it is free; it
                 /// never waits for more. 1: each transfer in a call of its own
