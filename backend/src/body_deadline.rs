@@ -44,7 +44,8 @@ pub async fn bound_body_wait(
         (payload, Some(wait)) => request.set_payload(Payload::Stream {
             payload: Box::pin(Deadline {
                 body: payload,
-                deadline: Box::pin(tokio::time::sleep(wait)),
+                ends: tokio::time::Instant::now() + wait,
+                timer: None,
                 wait,
                 expired: expired.clone(),
             }),
@@ -67,7 +68,11 @@ pub fn is_deadline(error: &PayloadError) -> bool {
 
 struct Deadline {
     body: Payload,
-    deadline: Pin<Box<tokio::time::Sleep>>,
+    /// When the body must be in by.
+    ends: tokio::time::Instant,
+    /// Set only once the body keeps the handler waiting: a body that came
+    /// with its head, as nearly every one does, never starts a timer.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
     wait: Duration,
     expired: Arc<AtomicBool>,
 }
@@ -84,7 +89,11 @@ impl Stream for Deadline {
         if let Poll::Ready(item) = Pin::new(&mut self.body).poll_next(cx) {
             return Poll::Ready(item);
         }
-        if self.deadline.as_mut().poll(cx).is_ready() {
+        let ends = self.ends;
+        let timer = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(ends)));
+        if timer.as_mut().poll(cx).is_ready() {
             self.expired.store(true, Ordering::Relaxed);
             let wait_ms = self.wait.as_millis();
             return Poll::Ready(Some(Err(PayloadError::Io(io::Error::new(

@@ -11,6 +11,7 @@
 //! returned to clients, and nothing is exported or logged about exporting.
 
 use std::io::IsTerminal;
+use std::rc::Rc;
 use std::time::Instant;
 
 use actix_web::HttpMessage;
@@ -137,16 +138,21 @@ pub struct RequestContext {
 }
 
 impl RequestContext {
-    pub fn of(request: &actix_web::HttpRequest) -> Self {
+    /// The context the middleware made for this request, shared rather
+    /// than copied: a handler that reads it takes one reference count, not
+    /// three strings.
+    pub fn of(request: &actix_web::HttpRequest) -> Rc<Self> {
         request
             .extensions()
-            .get::<RequestContext>()
+            .get::<Rc<RequestContext>>()
             .cloned()
-            .unwrap_or_else(|| RequestContext {
-                request_id: Uuid::new_v4().to_string(),
-                trace_id: "0".repeat(32),
-                traceparent: None,
-                started: Instant::now(),
+            .unwrap_or_else(|| {
+                Rc::new(RequestContext {
+                    request_id: Uuid::new_v4().to_string(),
+                    trace_id: "0".repeat(32),
+                    traceparent: None,
+                    started: Instant::now(),
+                })
             })
     }
 }
@@ -222,27 +228,21 @@ pub async fn trace_requests(
         made_here(&caller)
     };
     let traceparent = traceparent_of_context(&span_context);
-    request.extensions_mut().insert(RequestContext {
+    request.extensions_mut().insert(Rc::new(RequestContext {
         request_id: request_id.clone(),
         trace_id: span_context.trace_id().to_string(),
         traceparent: traceparent.clone(),
         started,
-    });
-    // The latency histogram is the public API's; scrapes and probes on the
-    // admin listener would only add noise to it.
-    let on_admin_listener =
-        request.extensions().get::<crate::listener::Listener>() == Some(&crate::listener::Listener::Admin);
-    let metrics = request
-        .app_data::<actix_web::web::Data<crate::state::AppState>>()
-        .filter(|_| !on_admin_listener)
-        .map(|state| state.metrics.clone());
+    }));
+    let state = public_api_state(&request);
 
     let mut response = next.call(request).instrument(span.clone()).await?;
 
     let status = response.status();
     span.record("http.response.status_code", status.as_u16());
-    if let Some(metrics) = metrics {
-        metrics
+    if let Some(state) = state {
+        state
+            .metrics
             .http_latency
             .with_label_values(&[route, method, status_class(status.as_u16())])
             .observe(started.elapsed().as_secs_f64());
@@ -257,6 +257,19 @@ pub async fn trace_requests(
         headers.insert(HeaderName::from_static("traceparent"), value);
     }
     Ok(response)
+}
+
+/// The app's state, for the latency histogram, which is the public API's:
+/// scrapes and probes on the admin listener would only add noise to it. The
+/// state, not its metrics: one reference count, where cloning the metrics
+/// took one for each of them.
+fn public_api_state(request: &ServiceRequest) -> Option<actix_web::web::Data<crate::state::AppState>> {
+    let on_admin_listener =
+        request.extensions().get::<crate::listener::Listener>() == Some(&crate::listener::Listener::Admin);
+    request
+        .app_data::<actix_web::web::Data<crate::state::AppState>>()
+        .filter(|_| !on_admin_listener)
+        .cloned()
 }
 
 /// A request's trace identity when no span is recorded: the caller's trace
