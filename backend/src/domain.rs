@@ -122,6 +122,9 @@ impl TransferRequest {
     /// (`errors[].pointer`). Wallet ids are read in their canonical form
     /// only, as everywhere else (`parse_uuid`).
     pub fn parse(body: &[u8], amount_minor_max: i64) -> Result<Self, Problem> {
+        if let Some(plain) = Self::plain(body, amount_minor_max) {
+            return Ok(plain);
+        }
         let mut fields = Fields::of(body, &["from_wallet_id", "to_wallet_id", "amount_minor"])?;
         let from = wallet_id_field(&mut fields, "from_wallet_id");
         let to = wallet_id_field(&mut fields, "to_wallet_id");
@@ -146,6 +149,26 @@ impl TransferRequest {
             // `finish` refused any body missing one of them.
             _ => Err(Problem::validation("The transfer body is not valid.")),
         }
+    }
+
+    /// Nearly every body is plain: the three fields once each and nothing
+    /// else, ids without escapes, a whole amount, every rule kept. Read
+    /// straight into its fields, such a body costs no map and no strings.
+    /// Any other body, and every one that breaks a rule, is `None`, and
+    /// `parse` reads it field by field, which names what is wrong; so this
+    /// accepts only what that would accept, with the same values.
+    fn plain(body: &[u8], amount_minor_max: i64) -> Option<Self> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Plain<'a> {
+            from_wallet_id: &'a str,
+            to_wallet_id: &'a str,
+            amount_minor: i64,
+        }
+        let plain: Plain = serde_json::from_slice(body).ok()?;
+        let from = parse_uuid(plain.from_wallet_id)?;
+        let to = parse_uuid(plain.to_wallet_id)?;
+        Self::new(WalletId(from), WalletId(to), plain.amount_minor, amount_minor_max).ok()
     }
 
     /// The same rules for a request that did not come as JSON (the
@@ -216,6 +239,39 @@ mod tests {
         .expect("valid");
         assert_eq!(a.fingerprint("POST", "/p"), b.fingerprint("POST", "/p"));
         assert_ne!(a.fingerprint("POST", "/p"), a.fingerprint("POST", "/q"));
+    }
+
+    #[test]
+    fn a_body_read_plainly_or_field_by_field_gives_the_same_transfer() {
+        const FROM: &str = "00000000-0000-0000-0000-000000000001";
+        const TO: &str = "00000000-0000-0000-0000-000000000002";
+        let plain = format!(r#"{{"from_wallet_id":"{FROM}","to_wallet_id":"{TO}","amount_minor":5}}"#);
+        let expected = TransferRequest::plain(plain.as_bytes(), 1_000).expect("a plain body");
+        assert_eq!(body(&plain).expect("valid"), expected);
+        // Each of these misses the plain reading (an escape, a whole number
+        // written as a fraction, a repeated field) and is read field by
+        // field, to the same transfer.
+        for other in [
+            format!(
+                r#"{{"from_wallet_id":"\u0030{}","to_wallet_id":"{TO}","amount_minor":5}}"#,
+                &FROM[1..]
+            ),
+            format!(r#"{{"from_wallet_id":"{FROM}","to_wallet_id":"{TO}","amount_minor":5.0}}"#),
+            format!(
+                r#"{{"amount_minor":7,"from_wallet_id":"{FROM}","to_wallet_id":"{TO}","amount_minor":5}}"#
+            ),
+        ] {
+            assert_eq!(TransferRequest::plain(other.as_bytes(), 1_000), None, "{other}");
+            assert_eq!(body(&other).expect("valid"), expected, "{other}");
+        }
+        // A plain body that breaks a rule is left to the reading that says
+        // which.
+        let same_wallet = plain.replace(TO, FROM);
+        assert_eq!(TransferRequest::plain(same_wallet.as_bytes(), 1_000), None);
+        assert_eq!(
+            body(&same_wallet).expect_err("refused").kind,
+            ProblemType::SameWallet
+        );
     }
 
     #[test]

@@ -380,14 +380,13 @@ pub fn layer_span(
     layer: Layer,
     outcome: Outcome,
     db_ms: Option<f64>,
-    key_hash: Option<String>,
+    key: Option<IdempotencyKey>,
 ) {
     let outcome = outcome.as_str();
     let db_ms = db_ms.unwrap_or(0.0);
-    state.metrics.observe_layer(
-        layer.as_str(),
-        std::time::Duration::from_secs_f64(db_ms.max(0.0) / 1000.0),
-    );
+    state
+        .metrics
+        .observe_layer(layer, std::time::Duration::from_secs_f64(db_ms.max(0.0) / 1000.0));
     // Span names must be static: one arm per layer that runs in SQL.
     let span = match layer {
         Layer::Idempotency => tracing::info_span!(
@@ -395,7 +394,9 @@ pub fn layer_span(
             defense.layer = layer.as_str(),
             defense.outcome = outcome,
             defense.db_ms = db_ms,
-            idempotency.key_hash = key_hash,
+            // Hashed only when the span is recorded: a span field's value
+            // is not computed for a span no one collects.
+            idempotency.key_hash = key.map(IdempotencyKey::hash_hex),
         ),
         Layer::Inbox => tracing::info_span!(
             "defense.inbox",

@@ -109,9 +109,7 @@ pub async fn at_the_edge(
 ) -> Result<Passed, Decided> {
     let started = Instant::now();
     let edge = state.event_lock.pass(origin.source, &event.event_id).await;
-    state
-        .metrics
-        .observe_layer(Layer::EdgeLock.as_str(), started.elapsed());
+    state.metrics.observe_layer(Layer::EdgeLock, started.elapsed());
     match edge {
         EdgeVerdict::Holder(permit) => Ok(Passed {
             permit: Some(permit),

@@ -65,9 +65,7 @@ pub async fn through_the_layers(
         .cooldown
         .pass(caller, COOLDOWN_ACTION, &request.canonical_json())
         .await;
-    state
-        .metrics
-        .observe_layer(Layer::Cooldown.as_str(), started.elapsed());
+    state.metrics.observe_layer(Layer::Cooldown, started.elapsed());
     let cooldown = match cooldown {
         Ok(pass) => pass,
         Err(refusal) => return ended(Decided::refused(EntryPoint::Payout, refusal, user)),

@@ -128,7 +128,7 @@ fn read_row(
             Layer::Idempotency,
             claim.outcome(),
             row.claim_ms,
-            Some(key.hash_hex()),
+            Some(key),
         );
         match claim {
             Claim::Started => {}

@@ -68,9 +68,7 @@ pub async fn through_the_layers(
         }
         None => Ok(CooldownPass::OFF),
     };
-    state
-        .metrics
-        .observe_layer(Layer::Cooldown.as_str(), started.elapsed());
+    state.metrics.observe_layer(Layer::Cooldown, started.elapsed());
     let cooldown = match cooldown {
         Ok(pass) => pass,
         Err(refusal) => return ended(Decided::refused(EntryPoint::Transfer, refusal, user)),

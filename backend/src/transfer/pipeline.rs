@@ -54,9 +54,7 @@ pub async fn through_the_layers(
     let started = Instant::now();
     let body = transfer_request.canonical_json();
     let cooldown = state.cooldown.pass(caller, COOLDOWN_ACTION, &body).await;
-    state
-        .metrics
-        .observe_layer(Layer::Cooldown.as_str(), started.elapsed());
+    state.metrics.observe_layer(Layer::Cooldown, started.elapsed());
     let cooldown = match cooldown {
         Ok(pass) => pass,
         Err(refusal) => return ended(Decided::refused(EntryPoint::Transfer, refusal, user)),

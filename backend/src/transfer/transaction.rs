@@ -24,7 +24,8 @@
 use std::future::Future;
 
 use chrono::{DateTime, Utc};
-use sqlx::FromRow;
+use sqlx::Row;
+use sqlx::postgres::PgRow;
 use uuid::Uuid;
 
 use crate::auth::VerifiedToken;
@@ -172,8 +173,8 @@ fn database_refusal(error: &sqlx::Error, may_have_committed: bool, retries: u32)
     )
 }
 
-/// `transfer()`'s row, by column name.
-#[derive(sqlx::FromRow)]
+/// `transfer()`'s row: its columns, or the same columns of a batch's
+/// `transfer_answer`.
 struct OneCallRow {
     /// Set when access was refused; nothing else is then.
     refused: Option<AccessRefusal>,
@@ -187,8 +188,39 @@ struct OneCallRow {
     balance_minor_after: Option<i64>,
     created_at: Option<DateTime<Utc>>,
     /// The response to send, fresh or replayed.
-    #[sqlx(flatten)]
     stored: StoredColumns,
+}
+
+/// `transfer()`'s columns, in the order it and the `transfer_answer` type
+/// of `transfer_batch()` both give them.
+const ANSWER_COLUMNS: usize = 11;
+
+impl OneCallRow {
+    /// Reads the answer from the row's last `ANSWER_COLUMNS` columns: the
+    /// whole row from `transfer()`, all but the transfer's place (`idx`)
+    /// from `transfer_batch()`. By position, each still type-checked: by
+    /// name, every column of every transfer cost a lookup.
+    fn of(row: &PgRow) -> Result<Self, sqlx::Error> {
+        let at = row
+            .len()
+            .checked_sub(ANSWER_COLUMNS)
+            .ok_or_else(|| sqlx::Error::Protocol(format!("a transfer's answer had {} columns", row.len())))?;
+        Ok(Self {
+            refused: row.try_get(at)?,
+            claim: row.try_get(at + 1)?,
+            claim_ms: row.try_get(at + 2)?,
+            guard: row.try_get(at + 3)?,
+            guard_ms: row.try_get(at + 4)?,
+            balance_minor_after: row.try_get(at + 5)?,
+            created_at: row.try_get(at + 6)?,
+            stored: StoredColumns {
+                response_status: row.try_get(at + 7)?,
+                response_body: row.try_get(at + 8)?,
+                response_refusal: row.try_get(at + 9)?,
+                response_trace_id: row.try_get(at + 10)?,
+            },
+        })
+    }
 }
 
 /// The whole transaction in one call, by one of the transfer executors
@@ -228,7 +260,7 @@ async fn in_one_call(call: Call<'_>) -> Result<Settled, TransactionError> {
             });
         }
     };
-    settle(state, key, OneCallRow::from_row(&row)?)
+    settle(state, key, OneCallRow::of(&row)?)
 }
 
 /// Reads `transfer()`'s row: the layers ran inside the database; each is
@@ -249,7 +281,7 @@ fn settle(
             Layer::Idempotency,
             claim.outcome(),
             row.claim_ms,
-            Some(key.hash_hex()),
+            Some(key),
         );
         if let Some(ended) = ended_by_claim(claim) {
             return ended;

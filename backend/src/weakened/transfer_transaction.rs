@@ -114,9 +114,7 @@ async fn in_steps(call: Call<'_>, variants: Variants) -> Result<Settled, Transac
     if let Some(key) = key {
         let started = Instant::now();
         let claim = claim(&mut tx, call, key, variants).await?;
-        state
-            .metrics
-            .observe_layer(Layer::Idempotency.as_str(), started.elapsed());
+        state.metrics.observe_layer(Layer::Idempotency, started.elapsed());
         if let Some(ended) = ended_by_claim(claim) {
             return ended;
         }
@@ -126,9 +124,7 @@ async fn in_steps(call: Call<'_>, variants: Variants) -> Result<Settled, Transac
     let transfer_id = Uuid::now_v7();
     let started = Instant::now();
     let guarded = guard(&mut tx, call, key, transfer_id, variants).await?;
-    state
-        .metrics
-        .observe_layer(Layer::RowGuard.as_str(), started.elapsed());
+    state.metrics.observe_layer(Layer::RowGuard, started.elapsed());
     let decision = decision_of(guarded.verdict)?;
     let response = response_of(&mut tx, call, transfer_id, &guarded).await?;
     let receipt = guarded.applied.map(|_| response.body.as_str());

@@ -9,12 +9,12 @@ use crate::auth::VerifiedToken;
 impl CooldownLock {
     /// The revocation entry of one token.
     pub fn revocation_key(&self, token: &VerifiedToken) -> String {
-        format!(
-            "{}revoked:{{{}}}:{}",
-            self.key_prefix,
-            token.user_id,
-            hex::encode(token.hash)
-        )
+        // Hex into a buffer on the stack: `hex::encode` builds its string
+        // one char at a time, and this key is made for every transfer.
+        let mut hex = [0u8; 64];
+        hex::encode_to_slice(token.hash, &mut hex).expect("32 bytes are 64 hex digits");
+        let hash = std::str::from_utf8(&hex).expect("hex digits are ASCII");
+        format!("{}revoked:{{{}}}:{hash}", self.key_prefix, token.user_id)
     }
 
     /// Writes the revocation entry of a token that was just revoked, to
