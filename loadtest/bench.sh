@@ -113,11 +113,18 @@ redis_ops=$(redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" -q -c 32 -n 300000 -r 
     SET "bench:cooldown:__rand_int__" token NX PX 5000 | tr '\r' '\n' | grep -o '[0-9.]* requests per second' | tail -n 1 | cut -d' ' -f1)
 
 # --- The service --------------------------------------------------------------
-# The server's defaults, stated here because two figures depend on them: one
-# HTTP worker and one transfer executor (pgbench's batched ceiling runs from
-# as many clients as the service has executors).
-workers=1
-executors=1
+# The server's defaults for two settings that figures here depend on
+# (pgbench's batched ceiling runs from as many clients as the service has
+# executors), read from docs/settings.md, which the settings' declarations
+# generate, so that they are declared in one place.
+setting_default() {
+  local value
+  value=$(sed -n "s/^| \`$1\` | [^|]* | [^|]* | \`\([0-9]*\)\` |.*/\1/p" docs/settings.md)
+  [ -n "$value" ] || { echo "no default for $1 in docs/settings.md" >&2; exit 1; }
+  printf '%s\n' "$value"
+}
+workers=$(setting_default http_workers)
+executors=$(setting_default transfers_connections)
 start_server() { # extra environment for the instance; KEEP_WALLETS=1 keeps the table as it is
   [ -n "${KEEP_WALLETS:-}" ] || psql "$db_url" -q -v n=$wallets -f loadtest/pgbench/setup.sql >/dev/null
   checkpoint
