@@ -96,26 +96,31 @@ async fn feed(app: &TestApp, user: &TestUser, at_least: usize) -> Vec<Value> {
 /// The user's stream read straight from Redis (the feed API itself needs
 /// PostgreSQL to authenticate, and one case takes PostgreSQL away).
 async fn feed_in_redis(app: &TestApp, user: &TestUser, at_least: usize) -> Vec<Value> {
-    let client = redis::Client::open(redis_url()).expect("redis url");
-    let mut conn = client.get_multiplexed_async_connection().await.expect("redis");
-    let key = format!("{}decisions:{}", app.redis_prefix, user.user_id);
     for _ in 0..100 {
-        let rows: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-            .arg(&key)
-            .arg("-")
-            .arg("+")
-            .query_async(&mut conn)
-            .await
-            .expect("XRANGE");
+        let rows = stream_in_redis(app, user).await;
         if rows.len() >= at_least {
-            return rows
-                .into_iter()
-                .map(|(_, fields)| serde_json::from_str(&fields[0].1).expect("a JSON entry"))
-                .collect();
+            return rows.into_iter().map(|(_, entry)| entry).collect();
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     panic!("the feed never reached {at_least} entries");
+}
+
+/// Every entry of the user's stream in Redis now, with its stream id.
+async fn stream_in_redis(app: &TestApp, user: &TestUser) -> Vec<(String, Value)> {
+    let client = redis::Client::open(redis_url()).expect("redis url");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("redis");
+    let key = format!("{}decisions:{}", app.redis_prefix, user.user_id);
+    let rows: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(&key)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .expect("XRANGE");
+    rows.into_iter()
+        .map(|(id, fields)| (id, serde_json::from_str(&fields[0].1).expect("a JSON entry")))
+        .collect()
 }
 
 /// A storm of identical requests: exactly one accepted, every other one
@@ -812,4 +817,66 @@ async fn the_alerts_series_say_what_happened() {
     let text = app.metrics().await;
     let age = sample(&text, "wallet_idempotency_oldest_expired_age_seconds").expect("the age");
     assert!((3600.0..3700.0).contains(&age), "{age}");
+}
+
+/// One user's burst, longer than their stream's cap, within one write of
+/// the feed: that write carries only the cap's worth, the burst's last
+/// entries, since the cap would trim the others at once. Each write is
+/// told apart by its entries' stream ids (one write is one pipeline; two
+/// are a write interval apart), so that a burst a slow machine spread over
+/// two writes still passes.
+#[tokio::test]
+async fn a_burst_past_a_streams_cap_writes_only_what_the_cap_keeps() {
+    let cap = 5;
+    let write_interval_ms = 1_000;
+    let app = spawn_app(|settings| {
+        settings.decision_feed_entries_per_user_max = cap;
+        settings.decision_feed_write_interval_ms = write_interval_ms;
+    })
+    .await;
+    let (alice, bob) = app.alice_and_bob().await;
+    let requests = (0..40)
+        .map(|_| app.transfer_request(&alice, bob.wallet_id, 1, None))
+        .collect();
+    let responses = fire_together(requests).await;
+    let request_ids: Vec<String> = responses
+        .iter()
+        .map(|response| {
+            response.headers()["x-request-id"]
+                .to_str()
+                .expect("ascii")
+                .to_owned()
+        })
+        .collect();
+    feed_in_redis(&app, &alice, usize::try_from(cap).expect("small")).await;
+    // Long enough for a second write, if the burst needed one.
+    tokio::time::sleep(Duration::from_millis(2 * write_interval_ms)).await;
+
+    let rows = stream_in_redis(&app, &alice).await;
+    let mut writes: Vec<Vec<String>> = Vec::new();
+    let mut last_ms = None;
+    for (id, entry) in rows {
+        let ms: u64 = id
+            .split('-')
+            .next()
+            .and_then(|ms| ms.parse().ok())
+            .expect("a stream id");
+        if last_ms.is_none_or(|last| ms > last + write_interval_ms / 2) {
+            writes.push(Vec::new());
+        }
+        last_ms = Some(ms);
+        let request_id = entry["request_id"].as_str().expect("a request id").to_owned();
+        assert!(
+            request_ids.contains(&request_id),
+            "{request_id} was not one of the burst's"
+        );
+        writes.last_mut().expect("a write").push(request_id);
+    }
+    let sizes: Vec<usize> = writes.iter().map(Vec::len).collect();
+    let cap = usize::try_from(cap).expect("small");
+    assert!(
+        sizes.iter().all(|size| *size <= cap),
+        "entries per write: {sizes:?}"
+    );
+    assert!(sizes.contains(&cap), "entries per write: {sizes:?}");
 }

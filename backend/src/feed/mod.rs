@@ -20,6 +20,11 @@
 //! background task writes what is queued every `decision_feed_write_interval_ms`,
 //! so that no request wakes it. A full queue or a Redis error
 //! drops entries and counts them (`wallet_decision_feed_dropped_total`).
+//! A write never sends a stream more entries than its cap: of one user's
+//! burst (a client hammering a window the cooldown holds), only the last
+//! cap's worth in each write reaches Redis, since the cap would trim the
+//! rest at once. So a storm of refusals costs Redis a bounded number of
+//! appends per user and interval, not one per refusal.
 //!
 //! **The feed can never fill Redis, and no one's burst silences anyone
 //! else's feed.** Redis runs with `noeviction`, so a full Redis would refuse
@@ -177,10 +182,24 @@ fn stream_cap(feed: &crate::settings::Feed, source: Source) -> u64 {
 /// A stream's name: its user, and `lab` for the race lab's. Its key is the
 /// name under the prefix; the footprint's keys list it by name.
 fn stream_name(user: UserId, source: Source) -> String {
-    match source {
-        Source::Real => user.to_string(),
-        Source::Lab => format!("{user}:lab"),
-    }
+    stream_name_after(&[], user, source)
+}
+
+/// The parts of `before`, then the stream's name: joined rather than
+/// formatted, since the writer names every stream it writes to, every
+/// batch.
+fn stream_name_after(before: &[&str], user: UserId, source: Source) -> String {
+    let mut user_hex = Uuid::encode_buffer();
+    let user = user.0.hyphenated().encode_lower(&mut user_hex);
+    let suffix = match source {
+        Source::Real => "",
+        Source::Lab => ":lab",
+    };
+    let mut name = String::with_capacity(before.iter().map(|part| part.len()).sum::<usize>() + 45);
+    before.iter().for_each(|part| name.push_str(part));
+    name.push_str(user);
+    name.push_str(suffix);
+    name
 }
 
 /// The stream a name names, if it names one.
@@ -336,7 +355,7 @@ impl DecisionFeed {
 }
 
 pub fn stream_key(prefix: &str, user: UserId, source: Source) -> String {
-    format!("{prefix}decisions:{}", stream_name(user, source))
+    stream_name_after(&[prefix, "decisions:"], user, source)
 }
 
 /// Accepts stream ids only (`<ms>-<seq>`, each a number Redis can hold),

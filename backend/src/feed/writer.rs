@@ -15,8 +15,11 @@ use crate::domain::UserId;
 use crate::metrics::Metrics;
 use crate::redis_store::RedisStore;
 
-/// How many entries the writer sends to Redis in one pipeline.
-const WRITE_BATCH_ENTRIES_MAX: usize = 256;
+/// How many queued entries the writer takes at once, at most. Larger than
+/// a stream's cap, so that a burst for one stream within one interval is
+/// cut to its cap before it is written (`Writer::write`), and bounded by
+/// the queue (`decision_feed_queue_entries_max`), which it drains.
+const WRITE_BATCH_ENTRIES_MAX: usize = 4_096;
 
 /// The writer: drains the queue in batches, sends each batch to Redis in
 /// one pipeline, then keeps the feed within its budget. Ends when every
@@ -32,10 +35,11 @@ pub(super) async fn write_batches(
         retention_s: stream_lifetime(settings.feed.retention).as_secs(),
         expiry: ExpiryMemo::new(),
         footprint: Footprint::new(),
+        json: Vec::new(),
         store,
         settings,
     };
-    let mut batch = Vec::with_capacity(WRITE_BATCH_ENTRIES_MAX);
+    let mut batch = Vec::new();
     // A tick, not a wake-up per entry: a request's `try_send` wakes a task
     // parked in `recv`, which under load was one more thread wake-up for
     // every transfer. A task asleep on its timer is not woken by senders.
@@ -113,49 +117,90 @@ struct Writer {
     retention_s: u64,
     expiry: ExpiryMemo,
     footprint: Footprint,
+    /// One entry's JSON, written here and copied into the pipeline; kept
+    /// between entries so that each does not allocate its own.
+    json: Vec<u8>,
 }
 
 impl Writer {
     /// Appends the batch to its streams; returns how many entries each
-    /// stream got.
+    /// stream got. A stream keeps only its last `stream_cap` entries, so of
+    /// a batch holding more than that for one stream (one user's burst,
+    /// most of it refused at the edge) only the last `stream_cap` are
+    /// written: `MAXLEN` would trim the older ones in the same pipeline,
+    /// and writing them cost Redis and this writer as much as the burst.
     async fn write(
         &mut self,
         batch: &[(UserId, FeedEntry)],
     ) -> Result<HashMap<(UserId, Source), u64>, String> {
-        let mut pipes = Pipelines::new(self.store.is_cluster());
-        let mut added: HashMap<(UserId, Source), u64> = HashMap::new();
+        let mut streams: HashMap<(UserId, Source), BatchStream> = HashMap::with_capacity(batch.len());
         for (user, entry) in batch {
-            let stream = (*user, Source::of(entry));
-            let key = stream_key(&self.settings.key_prefix, *user, stream.1);
-            let cap = stream_cap(&self.settings.feed, stream.1);
-            let json = serde_json::to_string(entry).unwrap_or_default();
+            streams
+                .entry((*user, Source::of(entry)))
+                .or_insert_with(|| BatchStream::new(&self.settings, *user, Source::of(entry)))
+                .queued += 1;
+        }
+        let mut pipes = Pipelines::new(self.store.is_cluster());
+        for (user, entry) in batch {
+            let Some(stream) = streams.get_mut(&(*user, Source::of(entry))) else {
+                continue;
+            };
+            stream.seen += 1;
+            if stream.seen + stream.cap <= stream.queued {
+                continue;
+            }
+            self.json.clear();
+            if serde_json::to_writer(&mut self.json, entry).is_err() {
+                continue;
+            }
             pipes
-                .for_key(&key)
+                .for_key(&stream.key)
                 .cmd("XADD")
-                .arg(&key)
+                .arg(&stream.key)
                 .arg("MAXLEN")
                 .arg("~")
-                .arg(cap)
+                .arg(stream.cap)
                 .arg("*")
                 .arg("d")
-                .arg(json)
+                .arg(&self.json[..])
                 .ignore();
-            *added.entry(stream).or_default() += 1;
         }
         // At most one EXPIRE per stream and interval, not per entry.
         let now = std::time::Instant::now();
-        for stream in added.keys() {
+        for (stream, written) in &streams {
             if self.expiry.needs_refresh(*stream, now) {
-                let key = stream_key(&self.settings.key_prefix, stream.0, stream.1);
                 pipes
-                    .for_key(&key)
+                    .for_key(&written.key)
                     .cmd("EXPIRE")
-                    .arg(&key)
+                    .arg(&written.key)
                     .arg(self.retention_s)
                     .ignore();
             }
         }
         pipes.send(&self.store).await?;
-        Ok(added)
+        Ok(streams
+            .into_iter()
+            .map(|(stream, written)| (stream, written.queued.min(written.cap)))
+            .collect())
+    }
+}
+
+/// One stream's share of a batch.
+struct BatchStream {
+    key: String,
+    cap: u64,
+    /// Its entries in the batch, and how many of them were looked at.
+    queued: u64,
+    seen: u64,
+}
+
+impl BatchStream {
+    fn new(settings: &WriterSettings, user: UserId, source: Source) -> Self {
+        Self {
+            key: stream_key(&settings.key_prefix, user, source),
+            cap: stream_cap(&settings.feed, source),
+            queued: 0,
+            seen: 0,
+        }
     }
 }
