@@ -139,10 +139,25 @@ impl Decision {
     /// Puts the `Defense-Decision` header on a response: the one place it
     /// is set, for the API and the browser alike.
     pub fn mark(self, response: &mut actix_web::HttpResponse) {
-        if let Ok(value) = actix_web::http::header::HeaderValue::from_str(&self.header_value()) {
+        use actix_web::http::header::{HeaderName, HeaderValue};
+        thread_local! {
+            /// Each decision's header value, made once per thread: there
+            /// are a few dozen, and every response carries one.
+            static VALUES: std::cell::RefCell<std::collections::HashMap<Decision, HeaderValue>> =
+                std::cell::RefCell::default();
+        }
+        let value = VALUES.with_borrow_mut(|values| {
+            if let Some(value) = values.get(&self) {
+                return Some(value.clone());
+            }
+            let value = HeaderValue::from_str(&self.header_value()).ok()?;
+            values.insert(self, value.clone());
+            Some(value)
+        });
+        if let Some(value) = value {
             response
                 .headers_mut()
-                .insert(actix_web::http::header::HeaderName::from_static(HEADER), value);
+                .insert(HeaderName::from_static(HEADER), value);
         }
     }
 

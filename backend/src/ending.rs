@@ -216,7 +216,7 @@ impl Answer {
     /// and the trace.
     pub fn into_response(self, decision: Decision, context: &RequestContext) -> HttpResponse {
         let mut response = match self {
-            Answer::Stored { response, replayed } => stored_response(&response, replayed),
+            Answer::Stored { response, replayed } => stored_response(response, replayed),
             Answer::Refused(problem) => problem
                 .with_layer(decision.layer)
                 .with_trace_id(&context.trace_id)
@@ -228,7 +228,7 @@ impl Answer {
 }
 
 /// Sends a response exactly as stored: the same status and the same bytes.
-fn stored_response(stored: &StoredResponse, replayed: bool) -> HttpResponse {
+fn stored_response(stored: StoredResponse, replayed: bool) -> HttpResponse {
     let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let content_type = if status.is_success() {
         "application/json"
@@ -240,7 +240,7 @@ fn stored_response(stored: &StoredResponse, replayed: bool) -> HttpResponse {
     if replayed {
         response.insert_header(("Idempotent-Replayed", "true"));
     }
-    response.body(stored.body.clone())
+    response.body(stored.body)
 }
 
 /// The entry point as the metrics and the log line name it.
@@ -299,7 +299,7 @@ pub fn report(state: &AppState, context: &RequestContext, decided: &Decided) {
             user,
             FeedEntry {
                 time: Utc::now(),
-                instance_id: state.instance_id.to_string(),
+                instance_id: String::from(&*state.instance_id),
                 request_id: context.request_id.clone(),
                 trace_id: context.trace_id.clone(),
                 idempotency_key: key.map(IdempotencyKey::as_uuid),

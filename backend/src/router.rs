@@ -81,6 +81,21 @@ pub fn pattern_of(path: &str) -> Option<&'static str> {
 /// The public route `path` matches, and its methods. A `{…}` segment of a
 /// pattern matches any one segment.
 fn route_of(path: &str) -> Option<(&'static str, &'static str)> {
+    // Most routes have no `{…}` segment: those are found by one lookup,
+    // not by trying the table in order (every request asks, for its
+    // span and metrics).
+    static LITERAL_ROUTES: std::sync::OnceLock<std::collections::HashMap<&'static str, &'static str>> =
+        std::sync::OnceLock::new();
+    let literal = LITERAL_ROUTES.get_or_init(|| {
+        ROUTE_METHODS
+            .iter()
+            .filter(|(pattern, _)| !pattern.contains('{'))
+            .copied()
+            .collect()
+    });
+    if let Some((pattern, methods)) = literal.get_key_value(path) {
+        return Some((pattern, methods));
+    }
     let matches = |pattern: &str| {
         let (mut want, mut have) = (pattern.split('/'), path.split('/'));
         loop {

@@ -18,11 +18,17 @@ use crate::problem::Problem;
 
 const TOKEN_PREFIX: &str = "lw1";
 const PAYLOAD_BYTES: usize = 16 + 8 + 32;
+/// A tag's bytes: SHA-256's 32. The buffer a tag is decoded into holds one
+/// more, so that a longer tag decodes and then fails the check.
+const TAG_BYTES_MAX: usize = 33;
 
 /// Signs and verifies bearer tokens.
 #[derive(Clone)]
 pub struct TokenSigner {
-    key: SecretString,
+    /// The MAC already keyed: keying it hashes the key's two pads, which
+    /// is a third of the work of checking a token, so it is done once.
+    /// Only the key's hashes are kept, never the key itself.
+    keyed: Hmac<Sha256>,
 }
 
 /// A freshly issued token. The string is shown to the client once and never
@@ -64,17 +70,20 @@ impl TokenSigner {
             );
             let mut bytes = [0u8; 32];
             rand::thread_rng().fill_bytes(&mut bytes);
-            return Self {
-                key: SecretString::from(hex::encode(bytes)),
-            };
+            return Self::keyed_with(hex::encode(bytes).as_bytes());
         }
-        Self { key: key.clone() }
+        Self::keyed_with(key.expose_secret().as_bytes())
+    }
+
+    fn keyed_with(key: &[u8]) -> Self {
+        // HMAC accepts keys of any length, so this cannot fail.
+        #[expect(clippy::expect_used, reason = "HMAC takes keys of any length")]
+        let keyed = Hmac::<Sha256>::new_from_slice(key).expect("any key length");
+        Self { keyed }
     }
 
     pub(super) fn mac(&self) -> Hmac<Sha256> {
-        // HMAC accepts keys of any length, so this cannot fail.
-        #[expect(clippy::expect_used, reason = "HMAC takes keys of any length")]
-        Hmac::<Sha256>::new_from_slice(self.key.expose_secret().as_bytes()).expect("any key length")
+        self.keyed.clone()
     }
 
     pub fn issue(&self, user_id: UserId, ttl: Duration) -> IssuedToken {
@@ -107,14 +116,22 @@ impl TokenSigner {
         else {
             return Err(invalid());
         };
-        let payload = URL_SAFE_NO_PAD.decode(payload).map_err(|_| invalid())?;
-        let tag = URL_SAFE_NO_PAD.decode(tag).map_err(|_| invalid())?;
-        if payload.len() != PAYLOAD_BYTES {
+        // Decoded on the stack: a part longer than its buffer is refused.
+        let mut payload_bytes = [0u8; PAYLOAD_BYTES];
+        let mut tag_bytes = [0u8; TAG_BYTES_MAX];
+        let payload_len = URL_SAFE_NO_PAD
+            .decode_slice(payload, &mut payload_bytes)
+            .map_err(|_| invalid())?;
+        let tag_len = URL_SAFE_NO_PAD
+            .decode_slice(tag, &mut tag_bytes)
+            .map_err(|_| invalid())?;
+        if payload_len != PAYLOAD_BYTES {
             return Err(invalid());
         }
+        let payload = payload_bytes;
         let mut mac = self.mac();
         mac.update(&payload);
-        mac.verify_slice(&tag).map_err(|_| invalid())?;
+        mac.verify_slice(&tag_bytes[..tag_len]).map_err(|_| invalid())?;
         let user_id = Uuid::from_slice(&payload[..16]).map_err(|_| invalid())?;
         let mut expiry = [0u8; 8];
         expiry.copy_from_slice(&payload[16..24]);
@@ -237,5 +254,22 @@ mod tests {
         let other = TokenSigner::new(&SecretString::from("x".repeat(32)));
         assert!(other.verify(&token).is_err());
         assert!(signer().verify("lw1.abc").is_err());
+        // A part one byte longer or shorter than it should be, or a tag
+        // cut short, is refused, not read past or padded.
+        let (rest, tag) = token.rsplit_once('.').expect("three parts");
+        let (prefix, payload) = rest.split_once('.').expect("three parts");
+        let signed_payload = URL_SAFE_NO_PAD.decode(payload).expect("base64");
+        for changed in [
+            [&signed_payload[..], &[0]].concat(),
+            signed_payload[..PAYLOAD_BYTES - 1].to_vec(),
+        ] {
+            let changed = format!("{prefix}.{}.{tag}", URL_SAFE_NO_PAD.encode(changed));
+            assert!(signer().verify(&changed).is_err());
+        }
+        let signed_tag = URL_SAFE_NO_PAD.decode(tag).expect("base64");
+        for changed in [[&signed_tag[..], &[0]].concat(), signed_tag[..31].to_vec()] {
+            let changed = format!("{rest}.{}", URL_SAFE_NO_PAD.encode(changed));
+            assert!(signer().verify(&changed).is_err());
+        }
     }
 }

@@ -165,8 +165,11 @@ pub fn window_key(
     action: &str,
     canonical_body: &str,
 ) -> String {
+    // Joined rather than formatted: this key is made for every transfer.
+    let mut user_hex = uuid::Uuid::encode_buffer();
+    let user = user.0.hyphenated().encode_lower(&mut user_hex);
     match scope {
-        CooldownScope::UserAction => format!("{key_prefix}cooldown:{{{user}}}:{action}"),
+        CooldownScope::UserAction => [key_prefix, "cooldown:{", user, "}:", action].concat(),
         CooldownScope::UserActionBody => {
             let digest = Sha256::digest(canonical_body.as_bytes());
             format!(

@@ -244,7 +244,7 @@ impl ResponseError for Problem {
         let mut response = HttpResponse::build(self.status_code());
         response.insert_header((header::CONTENT_TYPE, PROBLEM_CONTENT_TYPE));
         if let Some(seconds) = self.retry_after_s {
-            response.insert_header((header::RETRY_AFTER, seconds.to_string()));
+            response.insert_header((header::RETRY_AFTER, HeaderValue::from(seconds)));
         }
         if let Some(challenge) = self.www_authenticate {
             response.insert_header((header::WWW_AUTHENTICATE, HeaderValue::from_static(challenge)));

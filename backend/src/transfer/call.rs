@@ -64,7 +64,7 @@ impl BatchedCall for TransferCall {
         // executor runs it alone once this call has committed, and it
         // waits for the first copy or replays its answer, as a copy sent
         // a moment later would.
-        let mut keys_seen = std::collections::HashSet::new();
+        let mut keys_seen = std::collections::HashSet::with_capacity(orders.len());
         let first_of_its_key: Vec<bool> = orders
             .iter()
             .map(|order| order.key.is_none_or(|key| keys_seen.insert((order.user, key))))

@@ -14,7 +14,9 @@ impl CooldownLock {
         let mut hex = [0u8; 64];
         hex::encode_to_slice(token.hash, &mut hex).expect("32 bytes are 64 hex digits");
         let hash = std::str::from_utf8(&hex).expect("hex digits are ASCII");
-        format!("{}revoked:{{{}}}:{hash}", self.key_prefix, token.user_id)
+        let mut user = uuid::Uuid::encode_buffer();
+        let user = token.user_id.0.hyphenated().encode_lower(&mut user);
+        [&self.key_prefix, "revoked:{", user, "}:", hash].concat()
     }
 
     /// Writes the revocation entry of a token that was just revoked, to
