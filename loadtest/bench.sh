@@ -313,14 +313,16 @@ stop_server
 # Cooldown rejections: a long window and two users, so all but each user's
 # first request are refused at the edge. PostgreSQL's transaction counter
 # shows what the refusals cost the database. Their ceiling is /healthz on
-# the same server just before, for the reason given above the hot wallet:
+# the same server right before, for the reason given above the hot wallet:
 # measured at the start of the run, minutes earlier, it met another
-# machine.
+# machine. Nothing runs between the two: the 11 s the statistics need to
+# flush the server's start-up are the /healthz run's (it touches no
+# database), not a pause in which the machine could change.
 start_server WALLET_COOLDOWN_TTL_MS=600000
 say "HTTP ceiling again, for the cooldown: /healthz"
 run healthz-cooldown healthz --concurrency 32 --server-pid "$server_pid"
 xacts() { psql "$db_url" -Atqc "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = '$db_name'"; }
-sleep 11; before=$(xacts)
+before=$(xacts)
 say "service: cooldown rejections"
 run cooldown throughput --concurrency 32 --users 2 --server-pid "$server_pid"
 sleep 11; after=$(xacts)
