@@ -21,6 +21,15 @@ pub struct UserId(pub Uuid);
 #[serde(transparent)]
 pub struct WalletId(pub Uuid);
 
+impl UserId {
+    /// The id as `Display` writes it (lower-case, hyphenated), written into
+    /// `buffer` rather than formatted: the Redis keys made for every
+    /// request name their user.
+    pub fn written_in(self, buffer: &mut [u8; uuid::fmt::Hyphenated::LENGTH]) -> &str {
+        self.0.hyphenated().encode_lower(buffer)
+    }
+}
+
 impl std::fmt::Display for UserId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.0.fmt(f)
@@ -227,6 +236,13 @@ mod tests {
 
     fn body(json: &str) -> Result<TransferRequest, Problem> {
         TransferRequest::parse(json.as_bytes(), 1_000)
+    }
+
+    #[test]
+    fn a_user_id_written_in_a_buffer_reads_as_it_displays() {
+        let user = UserId(Uuid::now_v7());
+        let mut buffer = [0; uuid::fmt::Hyphenated::LENGTH];
+        assert_eq!(user.written_in(&mut buffer), user.to_string());
     }
 
     #[test]

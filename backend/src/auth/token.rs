@@ -117,18 +117,18 @@ impl TokenSigner {
             return Err(invalid());
         };
         // Decoded on the stack: a part longer than its buffer is refused.
-        let mut payload_bytes = [0u8; PAYLOAD_BYTES];
+        let (encoded_payload, encoded_tag) = (payload, tag);
+        let mut payload = [0u8; PAYLOAD_BYTES];
         let mut tag_bytes = [0u8; TAG_BYTES_MAX];
         let payload_len = URL_SAFE_NO_PAD
-            .decode_slice(payload, &mut payload_bytes)
+            .decode_slice(encoded_payload, &mut payload)
             .map_err(|_| invalid())?;
         let tag_len = URL_SAFE_NO_PAD
-            .decode_slice(tag, &mut tag_bytes)
+            .decode_slice(encoded_tag, &mut tag_bytes)
             .map_err(|_| invalid())?;
         if payload_len != PAYLOAD_BYTES {
             return Err(invalid());
         }
-        let payload = payload_bytes;
         let mut mac = self.mac();
         mac.update(&payload);
         mac.verify_slice(&tag_bytes[..tag_len]).map_err(|_| invalid())?;

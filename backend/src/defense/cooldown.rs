@@ -166,8 +166,8 @@ pub fn window_key(
     canonical_body: &str,
 ) -> String {
     // Joined rather than formatted: this key is made for every transfer.
-    let mut user_hex = uuid::Uuid::encode_buffer();
-    let user = user.0.hyphenated().encode_lower(&mut user_hex);
+    let mut buffer = [0; uuid::fmt::Hyphenated::LENGTH];
+    let user = user.written_in(&mut buffer);
     match scope {
         CooldownScope::UserAction => [key_prefix, "cooldown:{", user, "}:", action].concat(),
         CooldownScope::UserActionBody => {

@@ -189,13 +189,14 @@ fn stream_name(user: UserId, source: Source) -> String {
 /// formatted, since the writer names every stream it writes to, every
 /// batch.
 fn stream_name_after(before: &[&str], user: UserId, source: Source) -> String {
-    let mut user_hex = Uuid::encode_buffer();
-    let user = user.0.hyphenated().encode_lower(&mut user_hex);
+    let mut buffer = [0; uuid::fmt::Hyphenated::LENGTH];
+    let user = user.written_in(&mut buffer);
     let suffix = match source {
         Source::Real => "",
         Source::Lab => ":lab",
     };
-    let mut name = String::with_capacity(before.iter().map(|part| part.len()).sum::<usize>() + 45);
+    let length = before.iter().map(|part| part.len()).sum::<usize>() + user.len() + suffix.len();
+    let mut name = String::with_capacity(length);
     before.iter().for_each(|part| name.push_str(part));
     name.push_str(user);
     name.push_str(suffix);

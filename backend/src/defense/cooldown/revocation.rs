@@ -14,8 +14,8 @@ impl CooldownLock {
         let mut hex = [0u8; 64];
         hex::encode_to_slice(token.hash, &mut hex).expect("32 bytes are 64 hex digits");
         let hash = std::str::from_utf8(&hex).expect("hex digits are ASCII");
-        let mut user = uuid::Uuid::encode_buffer();
-        let user = token.user_id.0.hyphenated().encode_lower(&mut user);
+        let mut buffer = [0; uuid::fmt::Hyphenated::LENGTH];
+        let user = token.user_id.written_in(&mut buffer);
         [&self.key_prefix, "revoked:{", user, "}:", hash].concat()
     }
 
