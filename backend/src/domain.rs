@@ -200,14 +200,22 @@ impl TransferRequest {
 
     /// One spelling per request, whatever the client's key order or
     /// whitespace: the input to the idempotency fingerprint and the cooldown
-    /// body scope.
+    /// body scope. Joined from its pieces: through `format!`, each id and
+    /// the amount took a formatter call on every transfer. The spelling is
+    /// part of every stored fingerprint, so it never changes.
     pub fn canonical_json(&self) -> String {
-        format!(
-            r#"{{"amount_minor":{},"from_wallet_id":"{}","to_wallet_id":"{}"}}"#,
-            self.amount.get(),
-            self.from.0,
-            self.to.0
-        )
+        let mut amount = itoa::Buffer::new();
+        let (mut from, mut to) = (Uuid::encode_buffer(), Uuid::encode_buffer());
+        [
+            r#"{"amount_minor":"#,
+            amount.format(self.amount.get()),
+            r#","from_wallet_id":""#,
+            self.from.0.hyphenated().encode_lower(&mut from),
+            r#"","to_wallet_id":""#,
+            self.to.0.hyphenated().encode_lower(&mut to),
+            r#""}"#,
+        ]
+        .concat()
     }
 
     /// SHA-256 of method, path and canonical body.
@@ -243,6 +251,18 @@ mod tests {
         let user = UserId(Uuid::now_v7());
         let mut buffer = [0; uuid::fmt::Hyphenated::LENGTH];
         assert_eq!(user.written_in(&mut buffer), user.to_string());
+    }
+
+    /// Every stored fingerprint hashes this spelling: a key sent before a
+    /// change to it would no longer replay.
+    #[test]
+    fn the_canonical_body_is_spelled_as_it_always_was() {
+        let request = body(r#"{"to_wallet_id":"0190b5c4-7e2a-7c11-9a3b-00000000abcd","amount_minor":907,"from_wallet_id":"0190B5C4-7E2A-7C11-9A3B-000000001234"}"#)
+            .expect("valid");
+        assert_eq!(
+            request.canonical_json(),
+            r#"{"amount_minor":907,"from_wallet_id":"0190b5c4-7e2a-7c11-9a3b-000000001234","to_wallet_id":"0190b5c4-7e2a-7c11-9a3b-00000000abcd"}"#
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! waiting together. Both answer in `transfer()`'s columns, which
 //! `transaction::settle` reads.
 
+use futures::TryStreamExt;
 use sqlx::Row;
 use sqlx::postgres::{PgConnection, PgRow};
 use uuid::Uuid;
@@ -90,7 +91,7 @@ async fn decided_together(
     orders: &[&TransferOrder],
 ) -> Result<Vec<PgRow>, sqlx::Error> {
     let column = |of: fn(&TransferOrder) -> Uuid| orders.iter().map(|order| of(order)).collect::<Vec<_>>();
-    let rows = sqlx::query(
+    let query = sqlx::query(
         "SELECT idx, (answer).* FROM transfer_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
     )
     .bind(column(|order| order.user.0))
@@ -124,9 +125,14 @@ async fn decided_together(
     )
     .bind(call.retention_hours)
     .bind(call.claim_wait_ms)
-    .bind(call.wallet_wait_ms)
-    .fetch_all(connection)
-    .await?;
+    .bind(call.wallet_wait_ms);
+    // Room for every row at once: grown row by row, the vector was
+    // reallocated as the batch's rows came in.
+    let mut rows = Vec::with_capacity(orders.len());
+    let mut answered = query.fetch(connection);
+    while let Some(row) = answered.try_next().await? {
+        rows.push(row);
+    }
     if rows.len() != orders.len() {
         return Err(sqlx::Error::Protocol(format!(
             "transfer_batch() answered {} rows for {} transfers",
@@ -137,7 +143,9 @@ async fn decided_together(
     rows.into_iter()
         .zip(1..)
         .map(|(row, index)| {
-            let idx: i32 = row.try_get("idx")?;
+            // `idx`, the first column, read by position: by name it was a
+            // lookup for every row.
+            let idx: i32 = row.try_get(0)?;
             if idx != index {
                 return Err(sqlx::Error::Protocol(format!(
                     "transfer_batch() answered {idx} in place {index}"
