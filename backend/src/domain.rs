@@ -205,7 +205,8 @@ impl TransferRequest {
     /// part of every stored fingerprint, so it never changes.
     pub fn canonical_json(&self) -> String {
         let mut amount = itoa::Buffer::new();
-        let (mut from, mut to) = (Uuid::encode_buffer(), Uuid::encode_buffer());
+        let mut from = [0; uuid::fmt::Hyphenated::LENGTH];
+        let mut to = [0; uuid::fmt::Hyphenated::LENGTH];
         [
             r#"{"amount_minor":"#,
             amount.format(self.amount.get()),
@@ -218,14 +219,15 @@ impl TransferRequest {
         .concat()
     }
 
-    /// SHA-256 of method, path and canonical body.
-    pub fn fingerprint(&self, method: &str, path: &str) -> [u8; 32] {
+    /// SHA-256 of method, path and the canonical body, which the caller
+    /// spells once (`canonical_json`) for this and the cooldown's scope.
+    pub fn fingerprint(method: &str, path: &str, canonical_body: &str) -> [u8; 32] {
         let mut hasher = Sha256::new();
         hasher.update(method.as_bytes());
         hasher.update(b"\n");
         hasher.update(path.as_bytes());
         hasher.update(b"\n");
-        hasher.update(self.canonical_json().as_bytes());
+        hasher.update(canonical_body.as_bytes());
         hasher.finalize().into()
     }
 }
@@ -273,8 +275,11 @@ mod tests {
             "from_wallet_id": "00000000-0000-0000-0000-000000000001" }"#,
         )
         .expect("valid");
-        assert_eq!(a.fingerprint("POST", "/p"), b.fingerprint("POST", "/p"));
-        assert_ne!(a.fingerprint("POST", "/p"), a.fingerprint("POST", "/q"));
+        let fingerprint = |request: &TransferRequest, path| {
+            TransferRequest::fingerprint("POST", path, &request.canonical_json())
+        };
+        assert_eq!(fingerprint(&a, "/p"), fingerprint(&b, "/p"));
+        assert_ne!(fingerprint(&a, "/p"), fingerprint(&a, "/q"));
     }
 
     #[test]

@@ -231,7 +231,7 @@ async fn header_body_span_metric_and_feed_agree_for_every_outcome() {
     )
     .bind(alice.user_id)
     .bind(held_key)
-    .bind(&layered_wallet::transfer::pipeline::fingerprint_of(&parsed)[..])
+    .bind(&layered_wallet::transfer::pipeline::fingerprint_of(&parsed.canonical_json())[..])
     .execute(&mut *held)
     .await
     .expect("hold a claim");

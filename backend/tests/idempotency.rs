@@ -121,7 +121,7 @@ async fn hold_claim(
     )
     .bind(user.user_id)
     .bind(key)
-    .bind(&layered_wallet::transfer::pipeline::fingerprint_of(body)[..])
+    .bind(&layered_wallet::transfer::pipeline::fingerprint_of(&body.canonical_json())[..])
     .bind(response.map(|(status, _)| status))
     .bind(response.map(|(_, body)| body.to_owned()))
     .execute(&mut *tx)

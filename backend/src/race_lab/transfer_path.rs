@@ -61,11 +61,9 @@ pub async fn through_the_layers(
 
     // Layer 1: the cooldown lock, in the lab's own window, or off.
     let started = Instant::now();
+    let body = transfer_request.canonical_json();
     let cooldown = match cooldown_action(switches) {
-        Some(action) => {
-            let body = transfer_request.canonical_json();
-            state.cooldown.pass(caller, &action, &body).await
-        }
+        Some(action) => state.cooldown.pass(caller, &action, &body).await,
         None => Ok(CooldownPass::OFF),
     };
     state.metrics.observe_layer(Layer::Cooldown, started.elapsed());
@@ -75,7 +73,7 @@ pub async fn through_the_layers(
     };
 
     // Layers 2 and 3, on one of the lab's own connections.
-    let fingerprint = fingerprint_of(transfer_request);
+    let fingerprint = fingerprint_of(&body);
     let call = Call {
         state,
         caller,

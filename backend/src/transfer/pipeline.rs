@@ -28,10 +28,11 @@ use crate::weakened::transfer_transaction::{self, Variants};
 /// The action name the cooldown window is scoped to.
 pub const COOLDOWN_ACTION: &str = "transfer";
 
-/// The idempotency fingerprint of a transfer: the same operation whether it
-/// came from a script or the browser's form.
-pub fn fingerprint_of(transfer_request: &TransferRequest) -> [u8; 32] {
-    transfer_request.fingerprint("POST", "/api/v1/transfers")
+/// The idempotency fingerprint of a transfer, from its canonical body
+/// (`TransferRequest::canonical_json`): the same operation whether it came
+/// from a script or the browser's form.
+pub fn fingerprint_of(canonical_body: &str) -> [u8; 32] {
+    TransferRequest::fingerprint("POST", "/api/v1/transfers", canonical_body)
 }
 
 /// The three layers in order, for a request that passed the cheap checks.
@@ -75,7 +76,7 @@ pub async fn through_the_layers(
     };
 
     // Layers 2 and 3: the idempotency claim and the row guard, in one call.
-    let fingerprint = fingerprint_of(transfer_request);
+    let fingerprint = fingerprint_of(&body);
     let call = Call {
         state,
         caller,

@@ -113,7 +113,7 @@ pub async fn transfer(
 
     let original = match (decided.decision.layer, decided.decision.outcome) {
         (Layer::Cooldown, Outcome::Rejected) => {
-            let fingerprint = pipeline::fingerprint_of(&confirmed.transfer);
+            let fingerprint = pipeline::fingerprint_of(&confirmed.transfer.canonical_json());
             wait_for_original(&state, &session, key, &fingerprint).await
         }
         _ => None,
