@@ -41,7 +41,7 @@ CREATE TABLE payouts (
     user_id             uuid         NOT NULL REFERENCES users (id),
     wallet_id           uuid         NOT NULL REFERENCES wallets (id),
     amount_minor        bigint       NOT NULL CHECK (amount_minor > 0),
-    currency            text         NOT NULL CHECK (currency ~ '^[A-Z]{3}$'),
+    currency            currency_code NOT NULL,
     destination         text         NOT NULL CHECK (destination ~ '^[A-Za-z0-9_.:-]{1,64}$'),
     idempotency_key     uuid,
     state               payout_state NOT NULL DEFAULT 'pending',

@@ -868,7 +868,7 @@ async fn the_server_role_can_do_its_work_and_nothing_more() {
     for statement in [
         "CREATE TABLE intruder (id int)",
         "DROP TABLE transfers",
-        "ALTER TABLE wallets DROP CONSTRAINT wallets_balance_minor_check",
+        "ALTER TABLE wallets DROP CONSTRAINT wallets_never_below_zero",
         "TRUNCATE ledger_entries",
         "CREATE ROLE intruder",
         "CREATE OR REPLACE FUNCTION transfer() RETURNS int LANGUAGE sql AS 'SELECT 1'",
