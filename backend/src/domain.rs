@@ -198,16 +198,15 @@ impl TransferRequest {
         })
     }
 
-    /// One spelling per request, whatever the client's key order or
-    /// whitespace: the input to the idempotency fingerprint and the cooldown
-    /// body scope. Joined from its pieces: through `format!`, each id and
-    /// the amount took a formatter call on every transfer. The spelling is
-    /// part of every stored fingerprint, so it never changes.
-    pub fn canonical_json(&self) -> String {
+    /// This transfer's body in its one spelling. Joined from its pieces:
+    /// through `format!`, each id and the amount took a formatter call on
+    /// every transfer. The spelling is part of every stored fingerprint, so
+    /// it never changes.
+    pub fn canonical_json(&self) -> CanonicalBody {
         let mut amount = itoa::Buffer::new();
         let mut from = [0; uuid::fmt::Hyphenated::LENGTH];
         let mut to = [0; uuid::fmt::Hyphenated::LENGTH];
-        [
+        let pieces = [
             r#"{"amount_minor":"#,
             amount.format(self.amount.get()),
             r#","from_wallet_id":""#,
@@ -215,19 +214,38 @@ impl TransferRequest {
             r#"","to_wallet_id":""#,
             self.to.0.hyphenated().encode_lower(&mut to),
             r#""}"#,
-        ]
-        .concat()
+        ];
+        CanonicalBody::spelled(pieces.concat())
+    }
+}
+
+/// A request's body in its one spelling, whatever the client's key order or
+/// whitespace: the cooldown's body scope and the input to the idempotency
+/// fingerprint. Every stored fingerprint hashes this spelling, so only a
+/// request's own `canonical_json()` makes one, and a caller spells it once
+/// for both uses.
+pub struct CanonicalBody(String);
+
+impl CanonicalBody {
+    /// For a request's `canonical_json()` alone.
+    pub(crate) fn spelled(spelling: String) -> Self {
+        Self(spelling)
     }
 
-    /// SHA-256 of method, path and the canonical body, which the caller
-    /// spells once (`canonical_json`) for this and the cooldown's scope.
-    pub fn fingerprint(method: &str, path: &str, canonical_body: &str) -> [u8; 32] {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// SHA-256 of method, path and this body: the same body sent to another
+    /// endpoint is another operation, so a key used for both is a key
+    /// reused.
+    pub fn fingerprint(&self, method: &str, path: &str) -> [u8; 32] {
         let mut hasher = Sha256::new();
         hasher.update(method.as_bytes());
         hasher.update(b"\n");
         hasher.update(path.as_bytes());
         hasher.update(b"\n");
-        hasher.update(canonical_body.as_bytes());
+        hasher.update(self.0.as_bytes());
         hasher.finalize().into()
     }
 }
@@ -262,7 +280,7 @@ mod tests {
         let request = body(r#"{"to_wallet_id":"0190b5c4-7e2a-7c11-9a3b-00000000abcd","amount_minor":907,"from_wallet_id":"0190B5C4-7E2A-7C11-9A3B-000000001234"}"#)
             .expect("valid");
         assert_eq!(
-            request.canonical_json(),
+            request.canonical_json().as_str(),
             r#"{"amount_minor":907,"from_wallet_id":"0190b5c4-7e2a-7c11-9a3b-000000001234","to_wallet_id":"0190b5c4-7e2a-7c11-9a3b-00000000abcd"}"#
         );
     }
@@ -275,9 +293,8 @@ mod tests {
             "from_wallet_id": "00000000-0000-0000-0000-000000000001" }"#,
         )
         .expect("valid");
-        let fingerprint = |request: &TransferRequest, path| {
-            TransferRequest::fingerprint("POST", path, &request.canonical_json())
-        };
+        let fingerprint =
+            |request: &TransferRequest, path| request.canonical_json().fingerprint("POST", path);
         assert_eq!(fingerprint(&a, "/p"), fingerprint(&b, "/p"));
         assert_ne!(fingerprint(&a, "/p"), fingerprint(&a, "/q"));
     }

@@ -24,10 +24,9 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use crate::domain::{AmountMinor, WalletId, wallet_id_field};
+use crate::domain::{AmountMinor, CanonicalBody, WalletId, wallet_id_field};
 use crate::problem::{Fields, Problem};
 
 pub mod dispatcher;
@@ -110,25 +109,22 @@ impl PayoutRequest {
         })
     }
 
-    /// One spelling per request: the input to the idempotency fingerprint
-    /// and the cooldown's body scope.
-    pub fn canonical_json(&self) -> String {
-        format!(
+    /// This payout's body in its one spelling. Part of every stored
+    /// fingerprint, so it never changes.
+    pub fn canonical_json(&self) -> CanonicalBody {
+        CanonicalBody::spelled(format!(
             r#"{{"amount_minor":{},"destination":"{}","from_wallet_id":"{}"}}"#,
             self.amount.get(),
             self.destination,
             self.from.0
-        )
+        ))
     }
+}
 
-    /// SHA-256 of method, path and canonical body: a key used for a
-    /// transfer and then for a payout is a key reused.
-    pub fn fingerprint(&self) -> [u8; 32] {
-        let mut hasher = Sha256::new();
-        hasher.update(b"POST\n/api/v1/payouts\n");
-        hasher.update(self.canonical_json().as_bytes());
-        hasher.finalize().into()
-    }
+/// The idempotency fingerprint of a payout, from its canonical body: a key
+/// used for a transfer and then for a payout is a key reused.
+pub fn fingerprint_of(canonical_body: &CanonicalBody) -> [u8; 32] {
+    canonical_body.fingerprint("POST", "/api/v1/payouts")
 }
 
 /// Where a payout stands: the PostgreSQL enum `payout_state`, value for
@@ -234,7 +230,10 @@ mod tests {
         let reordered = r#"{"destination":"acct-42","amount_minor":500,
             "from_wallet_id":"0190f0a0-0000-7000-8000-000000000001"}"#;
         let same = PayoutRequest::parse(reordered.as_bytes(), 1_000).expect("valid");
-        assert_eq!(payout.fingerprint(), same.fingerprint());
+        assert_eq!(
+            fingerprint_of(&payout.canonical_json()),
+            fingerprint_of(&same.canonical_json())
+        );
 
         let bad = r#"{"from_wallet_id":"{0190f0a0-0000-7000-8000-000000000001}","amount_minor":1001,
             "destination":"acct 42","extra":1}"#;

@@ -61,10 +61,8 @@ pub async fn through_the_layers(
 
     // Layer 1: the cooldown lock. A refusal here touches no database.
     let started = Instant::now();
-    let cooldown = state
-        .cooldown
-        .pass(caller, COOLDOWN_ACTION, &request.canonical_json())
-        .await;
+    let body = request.canonical_json();
+    let cooldown = state.cooldown.pass(caller, COOLDOWN_ACTION, body.as_str()).await;
     state.metrics.observe_layer(Layer::Cooldown, started.elapsed());
     let cooldown = match cooldown {
         Ok(pass) => pass,
@@ -76,10 +74,12 @@ pub async fn through_the_layers(
     // request's: the dispatcher's spans continue it.
     let traceparent =
         telemetry::traceparent_of(&tracing::Span::current()).or_else(|| context.traceparent.clone());
+    let fingerprint = super::fingerprint_of(&body);
     let call = PayoutCall {
         caller,
         request: &request,
         key,
+        fingerprint: &fingerprint,
         trace_id: &context.trace_id,
         traceparent: traceparent.as_deref(),
         sent_by_dispatcher: true,

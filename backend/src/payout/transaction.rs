@@ -38,6 +38,9 @@ pub struct PayoutCall<'a> {
     pub caller: &'a VerifiedToken,
     pub request: &'a PayoutRequest,
     pub key: Option<IdempotencyKey>,
+    /// The request's idempotency fingerprint (`payout::fingerprint_of`),
+    /// from the body spelled once for it and the cooldown's scope.
+    pub fingerprint: &'a [u8; 32],
     pub trace_id: &'a str,
     /// The request span's, stored with the payout: the dispatcher's spans
     /// continue its trace.
@@ -79,7 +82,7 @@ pub fn bind<'q>(
         .bind(call.caller.user_id.0)
         .bind(call.caller.hash.to_vec())
         .bind(call.key.map(IdempotencyKey::as_uuid))
-        .bind(call.request.fingerprint().to_vec())
+        .bind(&call.fingerprint[..])
         .bind(i32::from(config.idempotency.retention_hours))
         .bind(i32::from(config.idempotency.wait_ms_max))
         .bind(i32::from(config.database.wallet_lock_wait_ms_max))

@@ -32,9 +32,9 @@ use crate::decision::{Layer, Outcome};
 use crate::defense::Refusal;
 use crate::defense::idempotency::IdempotencyKey;
 use crate::domain::{AmountMinor, WalletId};
-use crate::payout::PayoutRequest;
 use crate::payout::dispatcher::{self, Taken};
 use crate::payout::transaction::{self, PayoutCall};
+use crate::payout::{self, PayoutRequest};
 use crate::problem::Problem;
 use crate::race_lab::bank::{BankCounts, LabBank};
 use crate::settings::PayoutMode;
@@ -98,10 +98,12 @@ async fn one_order(
                 destination: destination(index),
             };
             let trace_id = "0".repeat(32);
+            let fingerprint = payout::fingerprint_of(&request.canonical_json());
             let call = PayoutCall {
                 caller,
                 request: &request,
                 key: shot.key.map(IdempotencyKey::from),
+                fingerprint: &fingerprint,
                 trace_id: &trace_id,
                 traceparent: None,
                 sent_by_dispatcher: false,

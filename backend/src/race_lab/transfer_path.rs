@@ -63,7 +63,7 @@ pub async fn through_the_layers(
     let started = Instant::now();
     let body = transfer_request.canonical_json();
     let cooldown = match cooldown_action(switches) {
-        Some(action) => state.cooldown.pass(caller, &action, &body).await,
+        Some(action) => state.cooldown.pass(caller, &action, body.as_str()).await,
         None => Ok(CooldownPass::OFF),
     };
     state.metrics.observe_layer(Layer::Cooldown, started.elapsed());

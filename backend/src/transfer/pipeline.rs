@@ -17,7 +17,7 @@ use std::time::Instant;
 use crate::auth::VerifiedToken;
 use crate::decision::Layer;
 use crate::defense::idempotency::IdempotencyKey;
-use crate::domain::TransferRequest;
+use crate::domain::{CanonicalBody, TransferRequest};
 use crate::ending::{Decided, Subject, give_the_window_back_if_unused};
 use crate::feed::EntryPoint;
 use crate::state::AppState;
@@ -31,8 +31,8 @@ pub const COOLDOWN_ACTION: &str = "transfer";
 /// The idempotency fingerprint of a transfer, from its canonical body
 /// (`TransferRequest::canonical_json`): the same operation whether it came
 /// from a script or the browser's form.
-pub fn fingerprint_of(canonical_body: &str) -> [u8; 32] {
-    TransferRequest::fingerprint("POST", "/api/v1/transfers", canonical_body)
+pub fn fingerprint_of(canonical_body: &CanonicalBody) -> [u8; 32] {
+    canonical_body.fingerprint("POST", "/api/v1/transfers")
 }
 
 /// The three layers in order, for a request that passed the cheap checks.
@@ -54,7 +54,7 @@ pub async fn through_the_layers(
     // Layer 1: the cooldown lock. A refusal here touches no database.
     let started = Instant::now();
     let body = transfer_request.canonical_json();
-    let cooldown = state.cooldown.pass(caller, COOLDOWN_ACTION, &body).await;
+    let cooldown = state.cooldown.pass(caller, COOLDOWN_ACTION, body.as_str()).await;
     state.metrics.observe_layer(Layer::Cooldown, started.elapsed());
     let cooldown = match cooldown {
         Ok(pass) => pass,
