@@ -121,12 +121,6 @@ impl PayoutRequest {
     }
 }
 
-/// The idempotency fingerprint of a payout, from its canonical body: a key
-/// used for a transfer and then for a payout is a key reused.
-pub fn fingerprint_of(canonical_body: &CanonicalBody) -> [u8; 32] {
-    canonical_body.fingerprint("POST", "/api/v1/payouts")
-}
-
 /// Where a payout stands: the PostgreSQL enum `payout_state`, value for
 /// value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type, Serialize, utoipa::ToSchema)]
@@ -231,8 +225,8 @@ mod tests {
             "from_wallet_id":"0190f0a0-0000-7000-8000-000000000001"}"#;
         let same = PayoutRequest::parse(reordered.as_bytes(), 1_000).expect("valid");
         assert_eq!(
-            fingerprint_of(&payout.canonical_json()),
-            fingerprint_of(&same.canonical_json())
+            pipeline::fingerprint_of(&payout.canonical_json()),
+            pipeline::fingerprint_of(&same.canonical_json())
         );
 
         let bad = r#"{"from_wallet_id":"{0190f0a0-0000-7000-8000-000000000001}","amount_minor":1001,

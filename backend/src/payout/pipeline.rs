@@ -19,6 +19,7 @@ use crate::auth::VerifiedToken;
 use crate::decision::{Layer, Outcome};
 use crate::defense::Refusal;
 use crate::defense::idempotency::IdempotencyKey;
+use crate::domain::CanonicalBody;
 use crate::ending::{Decided, Settled, Subject, give_the_window_back_if_unused};
 use crate::feed::EntryPoint;
 use crate::problem::{Problem, ProblemType};
@@ -26,6 +27,12 @@ use crate::settings::PayoutMode;
 use crate::state::AppState;
 use crate::telemetry::{self, RequestContext};
 use crate::weakened;
+
+/// The idempotency fingerprint of a payout, from its canonical body: a key
+/// used for a transfer and then for a payout is a key reused.
+pub fn fingerprint_of(canonical_body: &CanonicalBody) -> [u8; 32] {
+    canonical_body.fingerprint("POST", "/api/v1/payouts")
+}
 
 /// The action the cooldown window is scoped to: a payout and a transfer of
 /// one person never hold each other's window.
@@ -74,7 +81,7 @@ pub async fn through_the_layers(
     // request's: the dispatcher's spans continue it.
     let traceparent =
         telemetry::traceparent_of(&tracing::Span::current()).or_else(|| context.traceparent.clone());
-    let fingerprint = super::fingerprint_of(&body);
+    let fingerprint = fingerprint_of(&body);
     let call = PayoutCall {
         caller,
         request: &request,

@@ -38,7 +38,7 @@ pub struct PayoutCall<'a> {
     pub caller: &'a VerifiedToken,
     pub request: &'a PayoutRequest,
     pub key: Option<IdempotencyKey>,
-    /// The request's idempotency fingerprint (`payout::fingerprint_of`),
+    /// The request's idempotency fingerprint (`payout::pipeline::fingerprint_of`),
     /// from the body spelled once for it and the cooldown's scope.
     pub fingerprint: &'a [u8; 32],
     pub trace_id: &'a str,

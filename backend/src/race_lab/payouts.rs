@@ -98,7 +98,7 @@ async fn one_order(
                 destination: destination(index),
             };
             let trace_id = "0".repeat(32);
-            let fingerprint = payout::fingerprint_of(&request.canonical_json());
+            let fingerprint = payout::pipeline::fingerprint_of(&request.canonical_json());
             let call = PayoutCall {
                 caller,
                 request: &request,
