@@ -65,6 +65,15 @@ fn currencies_are_exactly_their_pattern() {
     }
 }
 
+/// The schema's `currency_code` domain holds the same rule, for deposits
+/// and payouts alike: a currency the document admits is one a row accepts.
+#[test]
+fn the_schema_holds_currencies_to_the_same_pattern() {
+    let schema = include_str!("../../../migrations/20261202000002_wallets_and_ledger.sql");
+    let domain = format!("CREATE DOMAIN currency_code AS text CHECK (VALUE ~ '{CURRENCY_PATTERN}');");
+    assert!(schema.contains(&domain), "the migration must declare `{domain}`");
+}
+
 #[test]
 fn every_name_of_the_narrow_form_is_accepted() {
     let allowed = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789'._:-";
