@@ -348,6 +348,9 @@ impl CooldownLock {
                 .await
                 .map_err(|e| e.to_string())
         };
+        // redis-rs bounds each round trip on its own; this bounds the whole
+        // attempt, which is three round trips when Redis has lost the script
+        // (`EVALSHA`, `SCRIPT LOAD`, `EVALSHA` again).
         match tokio::time::timeout(self.command_timeout, attempt).await {
             Ok(Ok((1, _, _))) => {
                 self.held.took(caller.user_id, &key, &token, sent, self.ttl);
