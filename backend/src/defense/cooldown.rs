@@ -30,12 +30,11 @@
 //! The check inside the transfer's transaction stays the authority.
 //!
 //! **Windows this instance holds.** An instance remembers the windows its
-//! own requests took (`held`) and refuses a further attempt at one without
-//! a Redis round trip. It can differ from Redis in two ways, both refusals
-//! before PostgreSQL: a window Redis lost is still refused here until its
-//! TTL ends, and a token revoked through another instance gets this 429
-//! rather than the 401 until then. At most
-//! `cooldown_windows_remembered_max` windows are remembered.
+//! own requests took (`held`, at most `cooldown_windows_remembered_max`) and
+//! refuses a further attempt at one without a Redis round trip. It can
+//! differ from Redis in two ways, both refusals before PostgreSQL: a window
+//! Redis lost is still refused here until its TTL ends, and a token revoked
+//! through another instance gets this 429 rather than the 401 until then.
 //!
 //! **When Redis fails:** `fail_open` (default) logs a warning, counts the
 //! pass and lets the request through; `fail_closed` answers 503. An
@@ -348,9 +347,8 @@ impl CooldownLock {
                 .await
                 .map_err(|e| e.to_string())
         };
-        // redis-rs bounds each round trip on its own; this bounds the whole
-        // attempt, which is three round trips when Redis has lost the script
-        // (`EVALSHA`, `SCRIPT LOAD`, `EVALSHA` again).
+        // redis-rs bounds each round trip; this bounds the attempt, three round
+        // trips when Redis lost the script (EVALSHA, SCRIPT LOAD, EVALSHA).
         match tokio::time::timeout(self.command_timeout, attempt).await {
             Ok(Ok((1, _, _))) => {
                 self.held.took(caller.user_id, &key, &token, sent, self.ttl);
