@@ -5,9 +5,10 @@
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use prometheus::core::Collector;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 
 use crate::decision::{Decision, Layer};
@@ -31,7 +32,7 @@ pub struct Metrics {
     /// Outbox rows, due or leased, as last counted.
     pub payout_outbox_rows: IntGauge,
     /// How long the oldest due outbox row has waited, as last counted.
-    pub payout_oldest_due_age: prometheus::Gauge,
+    pub payout_oldest_due_age: Gauge,
     /// Payouts waiting for `wallet-server reconcile`, as last counted.
     pub payouts_needing_attention: IntGauge,
     /// Commands claimed from a consumer whose claim time ran out.
@@ -72,257 +73,168 @@ pub struct Metrics {
     transfer_admission: IntGaugeVec,
     /// Transfers each call to PostgreSQL carried: 1 for `transfer()`,
     /// more for `transfer_batch()` (`crate::executors`).
-    pub transfer_batch_transfers: prometheus::Histogram,
+    pub transfer_batch_transfers: Histogram,
     /// 1 while the cooldown runs without Redis (fail-open), as last seen by
     /// a readiness probe.
     pub cooldown_degraded: IntGauge,
     /// The configured cooldown window, so that an alert can hold the
     /// transfers' latency against it.
-    pub cooldown_window: prometheus::Gauge,
+    pub cooldown_window: Gauge,
     /// Transfers answered with a problem, by its type (`outcome-unknown`,
     /// `idempotency-key-in-flight`, `cooldown-active`, …).
     problems: IntCounterVec,
     /// How long the oldest expired idempotency key has waited for the
     /// sweeper, read at every scrape; 0 when none has expired.
-    pub idempotency_oldest_expired_age: prometheus::Gauge,
+    pub idempotency_oldest_expired_age: Gauge,
 }
 
 impl Metrics {
+    /// Every metric with its name and help, made and registered in one
+    /// step (`Registrar`), so that none is defined without being served.
     pub fn new() -> Self {
-        let registry = Registry::new_custom(Some("wallet".into()), None).unwrap_or_default();
-        let decisions = IntCounterVec::new(
-            Opts::new(
+        let registrar = Registrar(Registry::new_custom(Some("wallet".into()), None).unwrap_or_default());
+        let metrics = Self {
+            decisions: registrar.counter_vec(
                 "decisions_total",
                 "Decisions by entry point (transfer, deposit, command, payout), the layer that decided and the outcome",
+                &["entry_point", "layer", "outcome"],
             ),
-            &["entry_point", "layer", "outcome"],
-        )
-        .expect("static metric definition");
-        let payout_attempts = IntCounterVec::new(
-            Opts::new(
+            payout_attempts: registrar.counter_vec(
                 "payout_attempts_total",
                 "Gateway calls by how they ended: sent, refused, unknown (time-out, 5xx, broken connection) or \
                  rejected (an answer no retry changes)",
+                &["answer"],
             ),
-            &["answer"],
-        )
-        .expect("static metric definition");
-        let payouts_given_up = IntCounter::new(
-            "payouts_needs_attention_total",
-            "Payouts set aside for a person: their gateway calls ran out (payout_attempts_max) without a known outcome, \
-             or a retry came past payout_gateway_key_retention_hours",
-        )
-        .expect("static metric definition");
-        let payout_outbox_rows = IntGauge::new(
-            "payout_outbox_rows",
-            "Payout outbox rows, due or leased (counted every payout_census_interval_ms)",
-        )
-        .expect("static metric definition");
-        let payout_oldest_due_age = prometheus::Gauge::new(
-            "payout_outbox_oldest_due_age_seconds",
-            "How long the oldest due payout outbox row has waited (counted every payout_census_interval_ms)",
-        )
-        .expect("static metric definition");
-        let payouts_needing_attention = IntGauge::new(
-            "payouts_needing_attention",
-            "Payouts waiting for wallet-server reconcile (counted every payout_census_interval_ms)",
-        )
-        .expect("static metric definition");
-        let commands_claimed = IntCounter::new(
-            "commands_claimed_total",
-            "Commands claimed from a consumer whose claim time (commands_claim_idle_ms) ran out",
-        )
-        .expect("static metric definition");
-        let commands_dead_lettered = IntCounter::new(
-            "commands_dead_lettered_total",
-            "Command stream entries moved to the dead-letter stream",
-        )
-        .expect("static metric definition");
-        let commands_pending = IntGaugeVec::new(
-            Opts::new(
+            payouts_given_up: registrar.counter(
+                "payouts_needs_attention_total",
+                "Payouts set aside for a person: their gateway calls ran out (payout_attempts_max) without a known outcome, \
+                 or a retry came past payout_gateway_key_retention_hours",
+            ),
+            payout_outbox_rows: registrar.gauge(
+                "payout_outbox_rows",
+                "Payout outbox rows, due or leased (counted every payout_census_interval_ms)",
+            ),
+            payout_oldest_due_age: registrar.float_gauge(
+                "payout_outbox_oldest_due_age_seconds",
+                "How long the oldest due payout outbox row has waited (counted every payout_census_interval_ms)",
+            ),
+            payouts_needing_attention: registrar.gauge(
+                "payouts_needing_attention",
+                "Payouts waiting for wallet-server reconcile (counted every payout_census_interval_ms)",
+            ),
+            commands_claimed: registrar.counter(
+                "commands_claimed_total",
+                "Commands claimed from a consumer whose claim time (commands_claim_idle_ms) ran out",
+            ),
+            commands_dead_lettered: registrar.counter(
+                "commands_dead_lettered_total",
+                "Command stream entries moved to the dead-letter stream",
+            ),
+            commands_pending: registrar.gauge_vec(
                 "commands_pending",
                 "Command entries delivered and not yet acknowledged, by partition (read while idle)",
+                &["partition"],
             ),
-            &["partition"],
-        )
-        .expect("static metric definition");
-        let commands_lag = IntGaugeVec::new(
-            Opts::new(
+            commands_lag: registrar.gauge_vec(
                 "commands_lag",
                 "Command entries not yet delivered to any consumer, by partition (read while idle)",
+                &["partition"],
             ),
-            &["partition"],
-        )
-        .expect("static metric definition");
-        let http_latency = HistogramVec::new(
-            HistogramOpts::new("http_request_duration_seconds", "HTTP request latency")
-                .buckets(LATENCY_BUCKETS_S.to_vec()),
-            &["route", "method", "status"],
-        )
-        .expect("static metric definition");
-        let layer_latency = HistogramVec::new(
-            HistogramOpts::new(
+            http_latency: registrar.latency(
+                "http_request_duration_seconds",
+                "HTTP request latency",
+                &["route", "method", "status"],
+            ),
+            layer_latency: registrar.latency(
                 "defense_layer_duration_seconds",
                 "Time spent in each defense layer",
-            )
-            .buckets(LATENCY_BUCKETS_S.to_vec()),
-            &["layer"],
-        )
-        .expect("static metric definition");
-        let cooldown_fail_open = IntCounter::new(
-            "cooldown_fail_open_total",
-            "Requests passed without the cooldown because Redis was unreachable",
-        )
-        .expect("static metric definition");
-        let account_limits_fail_open = IntCounter::new(
-            "account_limits_fail_open_total",
-            "Sign-ups and sign-ins passed without their rate limit because Redis was unreachable",
-        )
-        .expect("static metric definition");
-        let feed_dropped = IntCounter::new(
-            "decision_feed_dropped_total",
-            "Decision feed entries dropped (queue full or Redis unavailable)",
-        )
-        .expect("static metric definition");
-        let redis_round_trips = IntCounter::new(
-            "redis_round_trips_total",
-            "Commands and pipelines sent to Redis on the shared connections, each one round trip",
-        )
-        .expect("static metric definition");
-        let pool_connections = IntGaugeVec::new(
-            Opts::new("pool_connections", "Connections in each store's pool by state"),
-            &["store", "state"],
-        )
-        .expect("static metric definition");
-        let transfer_admission = IntGaugeVec::new(
-            Opts::new(
+                &["layer"],
+            ),
+            layer_latency_of: Arc::default(),
+            cooldown_fail_open: registrar.counter(
+                "cooldown_fail_open_total",
+                "Requests passed without the cooldown because Redis was unreachable",
+            ),
+            feed_entries: registrar.gauge(
+                "decision_feed_entries",
+                "Entries the decision feed holds across every user's streams, as last counted",
+            ),
+            feed_streams_removed: registrar.counter(
+                "decision_feed_streams_removed_total",
+                "Users' feed streams removed whole, least recently written first, to keep the feed within its budget",
+            ),
+            account_limits_fail_open: registrar.counter(
+                "account_limits_fail_open_total",
+                "Sign-ups and sign-ins passed without their rate limit because Redis was unreachable",
+            ),
+            feed_dropped: registrar.counter(
+                "decision_feed_dropped_total",
+                "Decision feed entries dropped (queue full or Redis unavailable)",
+            ),
+            redis_round_trips: registrar.counter(
+                "redis_round_trips_total",
+                "Commands and pipelines sent to Redis on the shared connections, each one round trip",
+            ),
+            pool_connections: registrar.gauge_vec(
+                "pool_connections",
+                "Connections in each store's pool by state",
+                &["store", "state"],
+            ),
+            transfer_admission: registrar.gauge_vec(
                 "transfer_admission",
                 "Transfers running and waiting for a place under the admission limit, and the limits",
+                &["state"],
             ),
-            &["state"],
-        )
-        .expect("static metric definition");
-        let transfer_batch_transfers = prometheus::Histogram::with_opts(
-            HistogramOpts::new(
-                "transfer_batch_transfers",
-                "Transfers each call to PostgreSQL carried: 1 alone (transfer()), more together (transfer_batch())",
-            )
-            // One bucket per size a batch can have (`transfers_batch_max`
-            // is at most 32), so that the sizes themselves, not only their
-            // mean, can be read back: the benchmark has the database alone
-            // run the same batches.
-            .buckets((1..=32).map(f64::from).collect()),
-        )
-        .expect("static metric definition");
-        let feed_entries = IntGauge::new(
-            "decision_feed_entries",
-            "Entries the decision feed holds across every user's streams, as last counted",
-        )
-        .expect("static metric definition");
-        let feed_streams_removed = IntCounter::new(
-            "decision_feed_streams_removed_total",
-            "Users' feed streams removed whole, least recently written first, to keep the feed within its budget",
-        )
-        .expect("static metric definition");
-        let cooldown_degraded = IntGauge::new(
-            "cooldown_degraded",
-            "1 while Redis is unreachable and the cooldown fails open (set by each /readyz probe)",
-        )
-        .expect("static metric definition");
-        let cooldown_window = prometheus::Gauge::new(
-            "cooldown_window_seconds",
-            "The configured cooldown window (cooldown_ttl_ms), in seconds",
-        )
-        .expect("static metric definition");
-        let problems = IntCounterVec::new(
-            Opts::new(
+            transfer_batch_transfers: registrar.add(Histogram::with_opts(
+                HistogramOpts::new(
+                    "transfer_batch_transfers",
+                    "Transfers each call to PostgreSQL carried: 1 alone (transfer()), more together (transfer_batch())",
+                )
+                // One bucket per size a batch can have (`transfers_batch_max`
+                // is at most 32), so that the sizes themselves, not only their
+                // mean, can be read back: the benchmark has the database alone
+                // run the same batches.
+                .buckets((1..=32).map(f64::from).collect()),
+            )),
+            cooldown_degraded: registrar.gauge(
+                "cooldown_degraded",
+                "1 while Redis is unreachable and the cooldown fails open (set by each /readyz probe)",
+            ),
+            cooldown_window: registrar.float_gauge(
+                "cooldown_window_seconds",
+                "The configured cooldown window (cooldown_ttl_ms), in seconds",
+            ),
+            problems: registrar.counter_vec(
                 "problems_total",
                 "Requests answered with a problem, by entry point and the problem's type",
+                &["entry_point", "type"],
             ),
-            &["entry_point", "type"],
-        )
-        .expect("static metric definition");
-        let idempotency_oldest_expired_age = prometheus::Gauge::new(
-            "idempotency_oldest_expired_age_seconds",
-            "How long the oldest expired idempotency key has waited for the sweeper, read at each scrape",
-        )
-        .expect("static metric definition");
-        for collector in [
-            Box::new(decisions.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(payout_attempts.clone()),
-            Box::new(payouts_given_up.clone()),
-            Box::new(payout_outbox_rows.clone()),
-            Box::new(payout_oldest_due_age.clone()),
-            Box::new(payouts_needing_attention.clone()),
-            Box::new(commands_claimed.clone()),
-            Box::new(commands_dead_lettered.clone()),
-            Box::new(commands_pending.clone()),
-            Box::new(commands_lag.clone()),
-            Box::new(http_latency.clone()),
-            Box::new(layer_latency.clone()),
-            Box::new(cooldown_fail_open.clone()),
-            Box::new(account_limits_fail_open.clone()),
-            Box::new(feed_dropped.clone()),
-            Box::new(redis_round_trips.clone()),
-            Box::new(pool_connections.clone()),
-            Box::new(transfer_admission.clone()),
-            Box::new(transfer_batch_transfers.clone()),
-            Box::new(cooldown_degraded.clone()),
-            Box::new(feed_entries.clone()),
-            Box::new(feed_streams_removed.clone()),
-            Box::new(cooldown_window.clone()),
-            Box::new(problems.clone()),
-            Box::new(idempotency_oldest_expired_age.clone()),
-        ] {
-            registry
-                .register(collector)
-                .expect("each metric is registered once");
-        }
-        // A counter that is born with its first event has no earlier sample,
-        // so `rate()` misses that event. The series the alerting rules
-        // divide by are made at zero from the start.
+            idempotency_oldest_expired_age: registrar.float_gauge(
+                "idempotency_oldest_expired_age_seconds",
+                "How long the oldest expired idempotency key has waited for the sweeper, read at each scrape",
+            ),
+            registry: registrar.0,
+        };
+        metrics.start_the_series_alerts_divide_by();
+        metrics
+    }
+
+    /// A counter that is born with its first event has no earlier sample,
+    /// so `rate()` misses that event. The series the alerting rules divide
+    /// by are made at zero from the start.
+    fn start_the_series_alerts_divide_by(&self) {
         for (layer, outcome) in [
             ("cooldown", "rejected"),
             ("row_guard", "accepted"),
             ("idempotency", "replayed"),
             ("idempotency", "in_flight"),
         ] {
-            decisions.with_label_values(&["transfer", layer, outcome]);
+            self.decisions.with_label_values(&["transfer", layer, outcome]);
         }
         for kind in crate::problem::ProblemType::ALL {
-            problems.with_label_values(&["transfer", kind.slug()]);
-        }
-        Self {
-            registry,
-            decisions,
-            payout_attempts,
-            payouts_given_up,
-            payout_outbox_rows,
-            payout_oldest_due_age,
-            payouts_needing_attention,
-            commands_claimed,
-            commands_dead_lettered,
-            commands_pending,
-            commands_lag,
-            http_latency,
-            layer_latency,
-            layer_latency_of: Arc::default(),
-            cooldown_fail_open,
-            feed_entries,
-            feed_streams_removed,
-            account_limits_fail_open,
-            feed_dropped,
-            redis_round_trips,
-            pool_connections,
-            transfer_admission,
-            transfer_batch_transfers,
-            cooldown_degraded,
-            cooldown_window,
-            problems,
-            idempotency_oldest_expired_age,
+            self.problems.with_label_values(&["transfer", kind.slug()]);
         }
     }
-
     /// Counts a decision at one entry point (`ending::entry_point_label`).
     pub fn count_decision(&self, entry_point: &str, decision: Decision) {
         self.decisions
@@ -380,6 +292,47 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Makes a metric and registers it in the same step. The definitions are
+/// fixed in this file, so a bad one or a name registered twice is a
+/// programming error found by every test that starts the application.
+struct Registrar(Registry);
+
+impl Registrar {
+    fn add<M: Collector + Clone + 'static>(&self, made: prometheus::Result<M>) -> M {
+        let metric = made.expect("static metric definition");
+        self.0
+            .register(Box::new(metric.clone()))
+            .expect("each metric is registered once");
+        metric
+    }
+
+    fn counter(&self, name: &str, help: &str) -> IntCounter {
+        self.add(IntCounter::new(name, help))
+    }
+
+    fn counter_vec(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        self.add(IntCounterVec::new(Opts::new(name, help), labels))
+    }
+
+    fn gauge(&self, name: &str, help: &str) -> IntGauge {
+        self.add(IntGauge::new(name, help))
+    }
+
+    fn float_gauge(&self, name: &str, help: &str) -> Gauge {
+        self.add(Gauge::new(name, help))
+    }
+
+    fn gauge_vec(&self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+        self.add(IntGaugeVec::new(Opts::new(name, help), labels))
+    }
+
+    /// A latency histogram over `LATENCY_BUCKETS_S`.
+    fn latency(&self, name: &str, help: &str, labels: &[&str]) -> HistogramVec {
+        let opts = HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS_S.to_vec());
+        self.add(HistogramVec::new(opts, labels))
     }
 }
 
